@@ -1,0 +1,1 @@
+"""edgellm: CPU- and edge-first quantized LLM inference for GGUF models."""
