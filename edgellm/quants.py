@@ -302,14 +302,15 @@ def _quant_q8_k(x: Blocks) -> Blocks:
     with np.errstate(divide="ignore"):
         d = np.where(iscale == 0, np.float32(0), np.float32(1) / iscale).astype("<f4")
     return np.concatenate(
-        [d.view(np.uint8), q.view(np.uint8), np.ascontiguousarray(bsums.astype("<i2")).view(np.uint8)], axis=-1
+        [d.view(np.uint8), q.view(np.uint8), np.ascontiguousarray(bsums.astype("<i2")).view(np.uint8)],
+        axis=-1,
     )
 
 
 # ------------------------------------------------------------------------------------------------ table
 
 _TABLE = (
-    # type      name     block  bytes  dequantize        quantize     vec_dot_type
+    # QuantType(type, name, block_size, type_size, dequantize_blocks, quantize_blocks, vec_dot_type)
     QuantType(T.F32, "F32", 1, 4, _dequant_f32, _quant_f32, T.F32),
     QuantType(T.F16, "F16", 1, 2, _dequant_f16, _quant_f16, T.F16),
     QuantType(T.BF16, "BF16", 1, 2, _dequant_bf16, _quant_bf16, T.BF16),
@@ -374,8 +375,10 @@ def dequantize(raw: np.ndarray, t: int | T, shape: tuple[int, ...]) -> np.ndarra
     blocks = flat.reshape(-1, q.type_size)
     out = np.empty((blocks.shape[0], q.block_size), dtype=np.float32)
     step = max(1, _CHUNK_BYTES // q.type_size)
-    for i in range(0, blocks.shape[0], step):
-        out[i : i + step] = q.dequantize_blocks(blocks[i : i + step])
+    # Inf/NaN scales in a damaged file give NaN weights, as in ggml; numpy need not warn about it.
+    with np.errstate(invalid="ignore", over="ignore"):
+        for i in range(0, blocks.shape[0], step):
+            out[i : i + step] = q.dequantize_blocks(blocks[i : i + step])
     return out.reshape(shape)
 
 
@@ -385,9 +388,9 @@ def quantize(x: np.ndarray, t: int | T) -> np.ndarray:
     if q.quantize_blocks is None:
         names = ", ".join(p.name for p in _TABLE if p.quantize_blocks is not None)
         raise NotImplementedError(f"no reference quantizer for {q.name}; edgellm quantizes to: {names}")
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    if x.ndim == 0:
+    if np.ndim(x) == 0:
         raise ValueError("cannot quantize a 0-d array")
+    x = np.ascontiguousarray(x, dtype=np.float32)
     row_bytes = row_nbytes(q.type, x.shape[-1])
     blocks = x.reshape(-1, q.block_size)
     out = np.empty((blocks.shape[0], q.type_size), dtype=np.uint8)
