@@ -1,0 +1,187 @@
+"""Llama-family transformer (Llama 2/3, SmolLM, TinyLlama, Mistral): config from GGUF metadata and forward.
+
+Mirrors ggml-org/llama.cpp `src/llama-model.cpp` (llm_build_llama): pre-norm blocks of RMSNorm ->
+grouped-query attention with RoPE (ggml "normal" mode: GGUF converters permute Q/K for it) -> residual,
+RMSNorm -> SwiGLU FFN -> residual; final RMSNorm; output matrix (or the tied token embedding).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edgellm.backends.base import Backend, RopeSpec
+from edgellm.gguf import ModelFile
+
+
+class ConfigError(ValueError):
+    """Metadata needed to build the model is missing or inconsistent."""
+
+
+def _req(mf: ModelFile, key: str) -> Any:
+    v = mf.get(key)
+    if v is None:
+        raise ConfigError(f"{mf.path}: missing metadata key {key!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    arch: str
+    n_layer: int
+    n_embd: int  # D
+    n_ff: int
+    n_head: int  # H
+    n_head_kv: int  # Hkv
+    head_dim: int  # Dh
+    n_vocab: int
+    n_ctx_train: int
+    rms_eps: float
+    rope: RopeSpec
+    sliding_window: int | None = None  # Mistral-style, all layers
+
+    @classmethod
+    def from_gguf(cls, mf: ModelFile) -> LlamaConfig:
+        a = mf.arch
+        n_embd = int(_req(mf, f"{a}.embedding_length"))
+        n_head = int(_req(mf, f"{a}.attention.head_count"))
+        n_head_kv = int(mf.get(f"{a}.attention.head_count_kv", n_head))
+        head_dim = int(mf.get(f"{a}.attention.key_length", n_embd // n_head))
+        if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
+            raise ConfigError(f"head counts {n_head}/{n_head_kv}: query heads must be a multiple of kv heads")
+        tokens = mf.get("tokenizer.ggml.tokens")
+        n_vocab = int(mf.get(f"{a}.vocab_size", len(tokens) if tokens is not None else 0))
+        freq_scale = 1.0
+        if mf.get(f"{a}.rope.scaling.type") == "linear":
+            freq_scale = 1.0 / float(mf.get(f"{a}.rope.scaling.factor", 1.0))
+        elif mf.get(f"{a}.rope.scaling.type") not in (None, "none"):
+            raise ConfigError(f"rope scaling {mf.get(f'{a}.rope.scaling.type')!r} is not supported yet")
+        factors = mf.tensors.get("rope_freqs.weight")  # Llama 3.1+: per-frequency divisors
+        window = mf.get(f"{a}.attention.sliding_window")
+        return cls(
+            arch=a,
+            n_layer=int(_req(mf, f"{a}.block_count")),
+            n_embd=n_embd,
+            n_ff=int(_req(mf, f"{a}.feed_forward_length")),
+            n_head=n_head,
+            n_head_kv=n_head_kv,
+            head_dim=head_dim,
+            n_vocab=n_vocab,
+            n_ctx_train=int(mf.get(f"{a}.context_length", 2048)),
+            rms_eps=float(mf.get(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)),
+            rope=RopeSpec(
+                n_dims=int(mf.get(f"{a}.rope.dimension_count", head_dim)),
+                freq_base=float(mf.get(f"{a}.rope.freq_base", 10000.0)),
+                neox=False,
+                freq_scale=freq_scale,
+                freq_factors=factors.dequantize().reshape(-1) if factors is not None else None,
+            ),
+            sliding_window=int(window) if window else None,
+        )
+
+
+@dataclass
+class LlamaLayer:
+    attn_norm: np.ndarray  # (D,)
+    wq: Any  # (H*Dh, D)
+    wk: Any  # (Hkv*Dh, D)
+    wv: Any  # (Hkv*Dh, D)
+    wo: Any  # (D, H*Dh)
+    ffn_norm: np.ndarray  # (D,)
+    w_gate: Any  # (F, D)
+    w_up: Any  # (F, D)
+    w_down: Any  # (D, F)
+    bq: np.ndarray | None = None  # optional biases (Qwen 2 style)
+    bk: np.ndarray | None = None
+    bv: np.ndarray | None = None
+
+
+class LlamaModel:
+    """Weights bound to a backend, and the forward pass over a flat batch of tokens."""
+
+    Config = LlamaConfig
+
+    def __init__(self, mf: ModelFile, backend: Backend, config: LlamaConfig | None = None):
+        self.config = cfg = config or LlamaConfig.from_gguf(mf)
+        self.backend = b = backend
+        t = _TensorGetter(mf)
+        self.tok_embd = b.bind(t("token_embd.weight", (cfg.n_vocab, cfg.n_embd)))
+        self.output_norm = b.vector(t("output_norm.weight", (cfg.n_embd,)))
+        out = t.optional("output.weight", (cfg.n_vocab, cfg.n_embd))
+        self.output = b.bind(out) if out is not None else self.tok_embd  # tied embeddings
+        q_dim, kv_dim = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+        self.layers = []
+        for i in range(cfg.n_layer):
+            p = f"blk.{i}."
+            opt_vec = lambda name, n: (lambda q: b.vector(q) if q is not None else None)(t.optional(p + name, (n,)))  # noqa: E731
+            self.layers.append(LlamaLayer(
+                attn_norm=b.vector(t(p + "attn_norm.weight", (cfg.n_embd,))),
+                wq=b.bind(t(p + "attn_q.weight", (q_dim, cfg.n_embd))),
+                wk=b.bind(t(p + "attn_k.weight", (kv_dim, cfg.n_embd))),
+                wv=b.bind(t(p + "attn_v.weight", (kv_dim, cfg.n_embd))),
+                wo=b.bind(t(p + "attn_output.weight", (cfg.n_embd, q_dim))),
+                ffn_norm=b.vector(t(p + "ffn_norm.weight", (cfg.n_embd,))),
+                w_gate=b.bind(t(p + "ffn_gate.weight", (cfg.n_ff, cfg.n_embd))),
+                w_up=b.bind(t(p + "ffn_up.weight", (cfg.n_ff, cfg.n_embd))),
+                w_down=b.bind(t(p + "ffn_down.weight", (cfg.n_embd, cfg.n_ff))),
+                bq=opt_vec("attn_q.bias", q_dim),
+                bk=opt_vec("attn_k.bias", kv_dim),
+                bv=opt_vec("attn_v.bias", kv_dim),
+            ))  # fmt: skip
+
+    def new_kv_cache(self, n_ctx: int, n_seqs: int = 1) -> Any:
+        c = self.config
+        return self.backend.new_kv_cache(c.n_layer, c.n_head_kv, c.head_dim, n_ctx, n_seqs)
+
+    def forward(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, kv: Any,
+                logits_rows: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+        """Run N tokens (each with its position and sequence) and return logits (len(logits_rows), V).
+
+        `logits_rows` selects which of the N tokens need logits (default: all).
+        """
+        c, b = self.config, self.backend
+        n = len(tokens)
+        x = b.get_rows(self.tok_embd, tokens)  # (N, D)
+        scale = 1.0 / math.sqrt(c.head_dim)
+        for il, L in enumerate(self.layers):
+            h = b.rms_norm(x, L.attn_norm, c.rms_eps)
+            q, k, v = b.matmul(L.wq, h), b.matmul(L.wk, h), b.matmul(L.wv, h)
+            if L.bq is not None:
+                q, k, v = q + L.bq, k + L.bk, v + L.bv
+            q = b.rope(q.reshape(n, c.n_head, c.head_dim), positions, c.rope)
+            k = b.rope(k.reshape(n, c.n_head_kv, c.head_dim), positions, c.rope)
+            v = v.reshape(n, c.n_head_kv, c.head_dim)
+            a = b.attention(q, k, v, kv, il, seq_ids, positions, scale, window=c.sliding_window)
+            x = b.add(x, b.matmul(L.wo, a.reshape(n, -1)))
+            h = b.rms_norm(x, L.ffn_norm, c.rms_eps)
+            f = b.silu_mul(b.matmul(L.w_gate, h), b.matmul(L.w_up, h))
+            x = b.add(x, b.matmul(L.w_down, f))
+        if logits_rows is not None:
+            x = x[logits_rows]
+        x = b.rms_norm(x, self.output_norm, c.rms_eps)
+        return b.matmul(self.output, x)
+
+
+class _TensorGetter:
+    """Fetches tensors by name, checking their shapes against the config (numpy order)."""
+
+    def __init__(self, mf: ModelFile):
+        self.mf = mf
+
+    def optional(self, name: str, shape: tuple[int, ...]):
+        t = self.mf.tensors.get(name)
+        if t is None:
+            return None
+        got = tuple(d for d in t.shape if d != 1) or (1,)
+        if got != tuple(shape):
+            raise ConfigError(f"{self.mf.path}: tensor {name!r} has shape {t.shape}, expected {shape}")
+        return t
+
+    def __call__(self, name: str, shape: tuple[int, ...]):
+        t = self.optional(name, shape)
+        if t is None:
+            raise ConfigError(f"{self.mf.path}: missing tensor {name!r}")
+        return t

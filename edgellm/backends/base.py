@@ -1,0 +1,91 @@
+"""The backend interface: the ops architectures are written against, on memory the backend owns.
+
+A backend binds each weight once (it may dequantize, repack or upload it then), owns the KV cache, and
+runs ops over a flat batch of N tokens (prefill: one sequence's prompt; decode: one token for each of B
+sequences; or a mix). Shapes below use N tokens, D model width, H query heads, Hkv key/value heads,
+Dh head width, V vocabulary, T cache positions.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edgellm.gguf import QTensor
+
+
+class BackendUnavailable(RuntimeError):
+    """A backend cannot run here; the message says why in one line."""
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """How positions rotate queries and keys (ggml's rope modes: 0 = normal/GPT-J pairs, 2 = neox halves)."""
+
+    n_dims: int  # rotated dimensions of each head (<= Dh)
+    freq_base: float
+    neox: bool = False
+    freq_scale: float = 1.0  # linear scaling: positions are multiplied by this
+    freq_factors: np.ndarray | None = None  # (n_dims/2,) per-frequency divisors (Llama 3 rope_freqs)
+
+
+class Backend(ABC):
+    """One interface for every compute backend (reference numpy, numba, native C, devices)."""
+
+    name: str = "?"
+
+    # -- weights ---------------------------------------------------------------------------------------
+    @abstractmethod
+    def bind(self, t: QTensor) -> Any:
+        """Take ownership of a weight tensor (called once per tensor at load); returns an opaque handle."""
+
+    @abstractmethod
+    def vector(self, t: QTensor) -> np.ndarray:
+        """A small 1-D weight (norm scales, biases) as float32."""
+
+    # -- ops -------------------------------------------------------------------------------------------
+    @abstractmethod
+    def get_rows(self, w: Any, ids: np.ndarray) -> np.ndarray:
+        """Embedding lookup: ids (N,) -> (N, D) float32."""
+
+    @abstractmethod
+    def matmul(self, w: Any, x: np.ndarray) -> np.ndarray:
+        """x (N, K) float32 times weight (M, K)ᵀ -> (N, M) float32."""
+
+    @abstractmethod
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
+        """Normalize the last axis by its root mean square, then scale by weight."""
+
+    @abstractmethod
+    def rope(self, x: np.ndarray, positions: np.ndarray, spec: RopeSpec) -> np.ndarray:
+        """Rotate x (N, heads, Dh) by positions (N,)."""
+
+    @abstractmethod
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, kv: Any, layer: int,
+                  seq_ids: np.ndarray, positions: np.ndarray, scale: float,
+                  window: int | None = None, softcap: float | None = None) -> np.ndarray:  # fmt: skip
+        """Store k, v (N, Hkv, Dh) at (seq, position) in the cache, then attend causally.
+
+        q (N, H, Dh) -> (N, H, Dh). `window` limits attention to the last `window` positions (sliding window).
+        """
+
+    @abstractmethod
+    def new_kv_cache(self, n_layers: int, n_kv_heads: int, head_dim: int, n_ctx: int, n_seqs: int) -> Any:
+        """Allocate a KV cache for n_seqs sequences of up to n_ctx positions."""
+
+    # -- elementwise ops with plain numpy defaults ---------------------------------------------------------
+    def silu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        """SwiGLU: silu(gate) * up."""
+        return gate / (np.float32(1) + np.exp(-gate)) * up
+
+    def gelu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        """GeGLU with GELU's tanh approximation (ggml_gelu): gelu(gate) * up."""
+        c = np.float32(np.sqrt(2 / np.pi))
+        g = np.float32(0.5) * gate * (1 + np.tanh(c * gate * (1 + np.float32(0.044715) * gate * gate)))
+        return g * up
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return a + b

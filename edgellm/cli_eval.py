@@ -1,0 +1,70 @@
+"""`edgellm perplexity` and `edgellm tokenize`: evaluation and debugging commands."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import typer
+
+
+def perplexity(
+    model: Optional[str] = typer.Argument(None, help="Model alias or .gguf path (default: smollm2-135m)."),
+    file: Path = typer.Option(..., "-f", "--file", help="Text file to score."),
+    ctx: int = typer.Option(512, "-c", "--ctx-size", help="Tokens per chunk (llama-perplexity's -c)."),
+    chunks: Optional[int] = typer.Option(None, "--chunks", help="Score at most this many chunks."),
+    backend: str = typer.Option("auto", "--backend"),
+    threads: Optional[int] = typer.Option(None, "-t", "--threads"),
+    save_logits: Optional[Path] = typer.Option(None, "--save-logits", help="Save scored log-probs (.npz)."),
+    kl_base: Optional[Path] = typer.Option(None, "--kl-base", help="Compare with a --save-logits file by KL."),
+) -> None:
+    """Perplexity of a text, by llama.cpp's method (second half of each -c chunk)."""
+    from edgellm.llm import LLM
+    from edgellm.perplexity import kl_divergence, perplexity as ppl_of
+
+    llm = LLM(model, backend=backend, threads=threads, n_ctx=ctx, log=lambda m: print(m, file=sys.stderr))
+    text = file.read_text(encoding="utf-8")
+
+    def progress(i: int, n: int, ppl: float) -> None:
+        print(f"\r[{i}/{n}] running PPL = {ppl:.4f}", end="" if i < n else "\n", file=sys.stderr, flush=True)
+
+    keep = save_logits is not None or kl_base is not None
+    r = ppl_of(llm, text, ctx, max_chunks=chunks, keep_log_probs=keep, progress=progress)
+    print(f"Final estimate: PPL = {r.ppl:.4f} +/- {r.ppl_err:.5f} ({r.n_chunks} chunks of {ctx}, "
+          f"{r.n_scored} tokens scored)")  # fmt: skip
+    if save_logits is not None:
+        with open(save_logits, "wb") as f:
+            np.savez_compressed(f, log_probs=r.log_probs, tokens=r.tokens)
+        print(f"saved log-probs of {r.n_scored} positions to {save_logits}", file=sys.stderr)
+    if kl_base is not None:
+        base = np.load(kl_base)
+        if not np.array_equal(base["tokens"], r.tokens):
+            raise ValueError(f"{kl_base} scored different tokens (another text, model vocabulary or -c)")
+        k = kl_divergence(base["log_probs"], r.log_probs)
+        print(f"KL(base || this): mean {k.mean_kl:.6f}, max {k.max_kl:.6f}; top-1 agreement "
+              f"{100 * k.top1_agreement:.2f}%; confident disagreements (> 0.5 nats): {k.confident_disagreements}")
+
+
+def tokenize(
+    model: Optional[str] = typer.Argument(None, help="Model alias or .gguf path."),
+    text: str = typer.Argument(..., help="Text to tokenize."),
+    ids_only: bool = typer.Option(False, "--ids-only", help="Print only the ids, as a JSON list."),
+    no_bos: bool = typer.Option(False, "--no-bos", help="Do not add BOS/EOS even if the model does."),
+    parse_special: bool = typer.Option(False, "--parse-special", help="Turn special-token text into ids."),
+) -> None:
+    """Print the token ids (and pieces) of a text."""
+    from edgellm import store
+    from edgellm.gguf import ModelFile
+    from edgellm.tokenizer import Tokenizer, format_tokens
+
+    tok = Tokenizer.from_gguf(ModelFile(store.resolve(model)))
+    ids = tok.encode(text, add_special=not no_bos, parse_special=parse_special)
+    if ids_only:
+        print(json.dumps(ids))
+        return
+    for i, piece in format_tokens(tok, ids):
+        print(f"{i:>8} {piece}")
+    print(f"{len(ids)} tokens", file=sys.stderr)

@@ -1,0 +1,108 @@
+"""Make forward-pass fixtures from llama.cpp (via llama-cpp-python) for tests/test_forward_*.py.
+
+For a model it records, with llama.cpp's own tokenization:
+  - greedy continuations of a few prompts (64 tokens each) with the top-1/top-2 logit margin at every step;
+  - teacher-forced log-probs over a >= 512-token text: the top-K ids and log-probs per position (K=256
+    covers all but a sliver of the probability mass; the test folds the rest into one "other" bin);
+  - perplexity of the license texts by llama-perplexity's method (chunks of -c, second half scored).
+
+Usage (needs `pip install llama-cpp-python`; not needed by the tests):
+    python scripts/make_llama_fixtures.py smollm2-135m
+    python scripts/make_llama_fixtures.py gemma3-270m
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+FIX = ROOT / "tests" / "fixtures" / "forward"
+TEXT = ROOT / "tests" / "fixtures" / "text" / "licenses.txt"  # GPL-3 + Apache-2.0, as in DESIGN.md
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea,",
+    "def fibonacci(n):\n",
+    "The three primary colors are",
+    "Water boils at a temperature of",
+    "In 1969, Neil Armstrong",
+]
+N_GEN = 64
+TOPK = 256
+PPL_CTX = 256
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def main(alias: str) -> None:
+    import llama_cpp
+
+    sys.path.insert(0, str(ROOT))
+    from edgellm import store
+
+    path = store.resolve(alias)
+    llm = llama_cpp.Llama(str(path), n_ctx=1024, n_batch=1024, n_ubatch=1024, n_threads=2, logits_all=True,
+                          flash_attn=False, verbose=False)  # fmt: skip
+    add_bos = llama_cpp.llama_vocab_get_add_bos(llama_cpp.llama_model_get_vocab(llm.model))
+    out: dict = {"model": alias, "llama_cpp_version": llama_cpp.__version__, "flash_attn": False,
+                 "kv_type": "f16", "greedy": []}  # fmt: skip
+
+    for prompt in PROMPTS:
+        ids = llm.tokenize(prompt.encode(), add_bos=True, special=False)
+        llm.reset()
+        llm.eval(ids)
+        gen, margins = [], []
+        for _ in range(N_GEN):
+            logits = np.array(llm.scores[llm.n_tokens - 1], np.float32)
+            top2 = np.argsort(-logits)[:2]
+            nxt = int(top2[0])
+            gen.append(nxt)
+            margins.append(round(float(logits[top2[0]] - logits[top2[1]]), 5))
+            llm.eval([nxt])
+        out["greedy"].append({"prompt": prompt, "prompt_ids": ids, "ids": gen, "margins": margins})
+        print(f"{prompt!r}: {llm.detokenize(gen).decode(errors='replace')!r}", file=sys.stderr)
+
+    # teacher-forced: the first 600 tokens of the license text, one pass
+    text = TEXT.read_text(encoding="utf-8")
+    toks = llm.tokenize(text.encode(), add_bos=True, special=False)[:600]
+    llm.reset()
+    llm.eval(toks)
+    lp = log_softmax(np.array(llm.scores[: len(toks)], np.float32))
+    top = np.argsort(-lp, axis=1)[:, :TOPK]
+    top_lp = np.take_along_axis(lp, top, axis=1)
+    np.savez_compressed(FIX / f"{alias}-teacher.npz", tokens=np.array(toks, np.int32), top_ids=top.astype(np.int32),
+                        top_logprobs=top_lp.astype(np.float32))  # fmt: skip
+    covered = np.exp(top_lp).sum(axis=1)
+    print(f"teacher-forced: {len(toks)} tokens, top-{TOPK} mass min {covered.min():.5f}", file=sys.stderr)
+
+    # perplexity, llama-perplexity's method (tools/perplexity/perplexity.cpp)
+    all_toks = llm.tokenize(text.encode(), add_bos=True, special=False)
+    n_chunks = len(all_toks) // PPL_CTX
+    first = PPL_CTX // 2
+    nll = []
+    for i in range(n_chunks):
+        chunk = list(all_toks[i * PPL_CTX : (i + 1) * PPL_CTX])
+        if add_bos:
+            chunk[0] = llm.token_bos()
+        llm.reset()
+        llm.eval(chunk)
+        lpc = log_softmax(np.array(llm.scores[first : PPL_CTX - 1], np.float32))
+        tgt = all_toks[i * PPL_CTX + first + 1 : (i + 1) * PPL_CTX]
+        nll.extend(-lpc[np.arange(len(tgt)), tgt])
+    ppl = math.exp(float(np.mean(nll)))
+    out["perplexity"] = {"ctx": PPL_CTX, "chunks": n_chunks, "ppl": ppl, "text": TEXT.name}
+    print(f"perplexity -c {PPL_CTX}: {ppl:.4f} over {n_chunks} chunks", file=sys.stderr)
+    (FIX / f"{alias}.json").write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    FIX.mkdir(parents=True, exist_ok=True)
+    main(sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m")
