@@ -1,11 +1,11 @@
 """Token sampling: llama.cpp's default sampler chain, one token per row of a [B, V] logits array.
 
 Mirrors ggml-org/llama.cpp `src/llama-sampler.cpp` (the `llama_sampler_*_apply` steps; the file was
-`src/llama-sampling.cpp` before its rename) and `common/sampling.cpp` (`common_sampler_init`, which builds the
-chain in the order of `common_params_sampling::samplers` in `common/common.h`), read from the copy vendored in
-llama-cpp-python 0.3.36. Promise: same params, same seed, same logits and history -> same tokens, in any process.
-Each step is a small pure function (like mlx-lm's `sample_utils`); `make_sampler` composes them for one row and
-`Sampler` runs one such row sampler per sequence of a batch.
+`src/llama-sampling.cpp` before its rename) and `common/sampling.cpp` (`common_sampler_init`, which builds
+the chain in the order of `common_params_sampling::samplers` in `common/common.h`), as vendored in
+llama-cpp-python 0.3.36. Promise: same params, seed, logits and history -> same tokens, in any process.
+Each step is a small pure function (like mlx-lm's `sample_utils`); `make_sampler` composes them for one
+row and `Sampler` runs one such row sampler per sequence of a batch.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 import numbers
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -25,7 +25,7 @@ import numpy as np
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-sequence sampling parameters; defaults are llama.cpp's (`common/common.h`, common_params_sampling)."""
+    """Per-sequence sampling parameters; defaults are llama.cpp's (common/common.h)."""
 
     temperature: float = 0.8  # 0 => greedy argmax of the logits after logit bias and penalties
     top_k: int = 40  # <= 0 => disabled
@@ -53,9 +53,10 @@ class SamplingParams:
         """Defaults from a model's `general.sampling.*` keys; explicit `overrides` win.
 
         Mirrors `common_init_sampler_from_model` (llama.cpp `common/common.cpp`; key names from
-        `src/llama-arch.cpp`): a value that does not parse as a number is skipped, as llama.cpp's strtol/strtof
-        do. Keys for samplers edgellm does not implement (mirostat, xtc, sequence) are ignored. A value that
-        parses but is out of range (a NaN temperature in an untrusted file) raises ValueError naming the key.
+        `src/llama-arch.cpp`): a value that does not parse as a number is skipped, as llama.cpp's
+        strtol/strtof do. Keys for samplers edgellm does not implement (mirostat, xtc, sequence) are ignored.
+        A value that parses but is out of range (a NaN temperature in an untrusted file) raises ValueError
+        naming the key.
         """
         from_file: dict[str, str] = {}
         kwargs: dict[str, Any] = {}
@@ -108,32 +109,30 @@ def _is_real(v: Any) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
 
 
-def _field_errors(p: SamplingParams, n_vocab: int | None):
+def _field_errors(p: SamplingParams, n_vocab: int | None) -> Iterator[tuple[str, str]]:
     """Yield (field, message) for every invalid field, in declaration order."""
 
-    def real_in(name: str, lo: float, hi: float, lo_open: bool, hi_open: bool, what: str):
+    def real(name: str, ok: Callable[[float], bool], what: str) -> Iterator[tuple[str, str]]:
         v = getattr(p, name)
-        ok = _is_real(v) and math.isfinite(v)
-        ok = ok and (lo < v if lo_open else lo <= v) and (v < hi if hi_open else v <= hi)
-        return None if ok else (name, f"must be {what}, got {v!r}")
+        if not (_is_real(v) and math.isfinite(v) and ok(v)):
+            yield name, f"must be {what}, got {v!r}"
 
-    checks = [
-        real_in("temperature", 0.0, math.inf, False, True, "a finite number >= 0 (0 = greedy)"),
-        None if _is_int(p.top_k) and p.top_k >= -1 else ("top_k", f"must be an int >= -1 (<= 0 = off), got {p.top_k!r}"),
-        real_in("top_p", 0.0, 1.0, True, False, "in (0, 1] (1 = off)"),
-        real_in("min_p", 0.0, 1.0, False, False, "in [0, 1] (0 = off)"),
-        real_in("typical_p", 0.0, 1.0, True, False, "in (0, 1] (1 = off)"),
-        real_in("repeat_penalty", 0.0, math.inf, True, True, "a finite number > 0 (1 = off)"),
-        real_in("frequency_penalty", -math.inf, math.inf, True, True, "a finite number (0 = off)"),
-        real_in("presence_penalty", -math.inf, math.inf, True, True, "a finite number (0 = off)"),
-        None
-        if _is_int(p.repeat_last_n) and p.repeat_last_n >= -1
-        else ("repeat_last_n", f"must be an int >= -1 (0 = off, -1 = whole history), got {p.repeat_last_n!r}"),
-        None
-        if p.seed is None or (_is_int(p.seed) and p.seed >= 0)
-        else ("seed", f"must be None or an int >= 0, got {p.seed!r}"),
-    ]
-    yield from (c for c in checks if c is not None)
+    def int_(name: str, lo: int, what: str) -> Iterator[tuple[str, str]]:
+        v = getattr(p, name)
+        if not (_is_int(v) and v >= lo):
+            yield name, f"must be an int >= {lo} ({what}), got {v!r}"
+
+    yield from real("temperature", lambda v: v >= 0, "a finite number >= 0 (0 = greedy)")
+    yield from int_("top_k", -1, "<= 0 = off")
+    yield from real("top_p", lambda v: 0 < v <= 1, "in (0, 1] (1 = off)")
+    yield from real("min_p", lambda v: 0 <= v <= 1, "in [0, 1] (0 = off)")
+    yield from real("typical_p", lambda v: 0 < v <= 1, "in (0, 1] (1 = off)")
+    yield from real("repeat_penalty", lambda v: v > 0, "a finite number > 0 (1 = off)")
+    yield from real("frequency_penalty", lambda v: True, "a finite number (0 = off)")
+    yield from real("presence_penalty", lambda v: True, "a finite number (0 = off)")
+    yield from int_("repeat_last_n", -1, "0 = off, -1 = whole history")
+    if p.seed is not None:
+        yield from int_("seed", 0, "or None for a random seed")
     for tok, bias in (p.logit_bias or {}).items():
         if not _is_int(tok) or tok < 0 or (n_vocab is not None and tok >= n_vocab):
             limit = f" < {n_vocab}" if n_vocab is not None else ""
@@ -154,9 +153,16 @@ class Candidates(NamedTuple):
     sorted: bool = False
 
 
+@lru_cache(maxsize=8)
+def _all_ids(n: int) -> np.ndarray:
+    ids = np.arange(n, dtype=np.int64)
+    ids.flags.writeable = False  # shared by every row: steps only ever index it
+    return ids
+
+
 def candidates(logits: np.ndarray) -> Candidates:
     """All V tokens of one row, in id order."""
-    return Candidates(np.arange(logits.size, dtype=np.int64), logits, False)
+    return Candidates(_all_ids(logits.size), logits, False)
 
 
 def apply_logit_bias(logits: np.ndarray, bias: Mapping[int, float]) -> np.ndarray:
@@ -201,26 +207,30 @@ def greedy(logits: np.ndarray) -> int:
     return int(np.argmax(logits))
 
 
-def _top_indices(logits: np.ndarray, k: int) -> np.ndarray:
-    """Positions of the k largest logits, largest first; equal logits keep position order (lowest first)."""
-    n = logits.size
+# Survivor sets larger than this stay in id order instead of being sorted: the order of candidates changes
+# which token a given uniform draw maps to, never the distribution, and sorting 100k+ ids costs ~20 ms.
+SORT_LIMIT = 4096
+
+
+def _smallest(key: np.ndarray, k: int, ordered: bool = True) -> np.ndarray:
+    """Positions of the k smallest keys; equal keys at the boundary keep the lowest positions.
+    ordered: smallest first (ties by position); otherwise in position order. Costs O(n) plus a sort of k."""
+    n = key.size
     if k < n:
-        kth = np.partition(logits, n - k)[n - k]
-        idx = np.flatnonzero(logits >= kth)
+        kth = np.partition(key, k - 1)[k - 1]
+        idx = np.flatnonzero(key <= kth)
         if idx.size > k:  # ties at the boundary: keep the lowest positions among those equal to kth
-            above = np.flatnonzero(logits > kth)
-            tied = np.flatnonzero(logits == kth)[: k - above.size]
-            idx = np.sort(np.concatenate([above, tied]))
+            below = np.flatnonzero(key < kth)
+            tied = np.flatnonzero(key == kth)[: k - below.size]
+            idx = np.sort(np.concatenate([below, tied]))
     else:
         idx = np.arange(n)
-    return idx[np.argsort(-logits[idx], kind="stable")]
+    return idx[np.argsort(key[idx], kind="stable")] if ordered else idx
 
 
-def _sort_desc(c: Candidates) -> Candidates:
-    if c.sorted:
-        return c
-    order = np.argsort(-c.logits, kind="stable")
-    return Candidates(c.ids[order], c.logits[order], True)
+def _top_indices(logits: np.ndarray, k: int, ordered: bool = True) -> np.ndarray:
+    """Positions of the k largest logits (ties: lowest position), largest first if `ordered`."""
+    return _smallest(-logits, k, ordered)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -242,43 +252,58 @@ def top_k(c: Candidates, k: int) -> Candidates:
 
 def typical_p(c: Candidates, p: float) -> Candidates:
     """Locally typical sampling (llama_sampler_typical_apply): keep the tokens whose surprise is closest to
-    the entropy until their probability mass exceeds p. p >= 1: unchanged. The result is in typicality order.
+    the entropy until their probability mass exceeds p. p >= 1: unchanged. The result is in typicality
+    order (ties by current order). Like top_p, it orders only as many candidates as the cutoff needs.
     """
     if p >= 1.0:
         return c
-    c = _sort_desc(c)
     probs = softmax(c.logits)
     with np.errstate(divide="ignore", invalid="ignore"):
         logp = np.log(probs)
-        # llama.cpp gets NaN from 0 * log(0) here; a token of probability 0 adds no entropy and is least typical
+        # llama.cpp gets NaN from 0 * log(0); a token of probability 0 adds no entropy and is least typical
         entropy = -np.sum(np.where(probs > 0, probs * logp, 0), dtype=np.float32)
-        score = np.where(probs > 0, np.abs(-logp - entropy), np.inf)
-    order = np.argsort(score, kind="stable")
-    cum = np.cumsum(probs[order], dtype=np.float32)
-    last = int(np.searchsorted(cum, np.float32(p), side="right")) + 1  # first i with cum[i] > p, inclusive
-    order = order[: min(last, order.size)]
+        score = np.where(probs > 0, np.abs(-logp - entropy), np.float32(np.inf))
+    n = probs.size
+    k = n if n <= 1024 else 256
+    while True:
+        order = _smallest(score, k)
+        cum = np.cumsum(probs[order], dtype=np.float32)
+        last = int(np.searchsorted(cum, np.float32(p), side="right")) + 1  # first i with cum[i] > p, incl.
+        if last <= k or k == n:
+            break
+        k = min(8 * k, n)
+    order = order[: min(last, n)]
     return Candidates(c.ids[order], c.logits[order], False)
 
 
 def top_p(c: Candidates, p: float) -> Candidates:
     """Nucleus sampling (llama_sampler_top_p_apply): keep the fewest most likely tokens whose probability
-    mass reaches p (at least one). p >= 1: unchanged. Sorts only as far as needed, like llama.cpp's adaptive
-    partial sort (which starts at 256 candidates; this grows 8x per miss instead of jumping to a full sort).
+    mass reaches p (at least one; all of them if rounding never reaches p). p >= 1: unchanged.
+
+    Like llama.cpp's adaptive partial sort, unsorted candidates are not fully sorted: the cutoff is found
+    on the top 256 probabilities, growing 8x per miss; the cumulative sum runs over probabilities in
+    descending order in float32, as llama.cpp's cum_sum does.
     """
     if p >= 1.0:
         return c
     probs = softmax(c.logits)
     target = np.float32(p)
     n = c.logits.size
-    k = n if c.sorted or n <= 1024 else 256
+    if c.sorted:
+        last = int(np.searchsorted(np.cumsum(probs, dtype=np.float32), target, side="left")) + 1
+        return Candidates(c.ids[:last], c.logits[:last], True)
+    k = min(n, 256)
     while True:
-        idx = np.arange(n) if c.sorted else _top_indices(c.logits, k)
-        cum = np.cumsum(probs[idx], dtype=np.float32)  # sequential float32 sum, as llama.cpp's cum_sum
+        top = probs if k == n else np.partition(probs, n - k)[n - k :]
+        cum = np.cumsum(np.sort(top)[::-1], dtype=np.float32)
         last = int(np.searchsorted(cum, target, side="left")) + 1  # first i with cum[i] >= p, inclusive
         if last <= k or k == n:
-            idx = idx[: min(last, k)]
-            return Candidates(c.ids[idx], c.logits[idx], True)
+            break
         k = min(8 * k, n)
+    last = min(last, n)
+    ordered = last <= SORT_LIMIT
+    idx = _top_indices(c.logits, last, ordered)
+    return Candidates(c.ids[idx], c.logits[idx], ordered)
 
 
 def min_p(c: Candidates, p: float) -> Candidates:
@@ -301,16 +326,20 @@ def temperature(c: Candidates, t: float) -> Candidates:
     return Candidates(c.ids, c.logits / np.float32(t), c.sorted)
 
 
+_NO_TOKEN = "no token to sample: every logit is -inf (banned) or the row holds NaN/+inf"
+
+
 def draw(c: Candidates, rng: np.random.Generator) -> int:
     """Draw one token id from softmax(logits) with one uniform from `rng` (llama_sampler_dist_apply:
     the first candidate whose running sum of exp(logit - max) reaches u * total, summed in double)."""
     if c.logits.size == 0 or not np.isfinite(c.logits.max()):
-        raise ValueError("no token left to sample: every candidate is banned (-inf) or not finite")
+        raise ValueError(_NO_TOKEN)
     w = np.exp(c.logits - c.logits.max())
-    live = np.flatnonzero(w > 0)  # drop zero weights so that u == 0 can never pick an impossible token
-    cum = np.cumsum(w[live], dtype=np.float64)
-    i = int(np.searchsorted(cum, cum[-1] * rng.random(), side="left"))
-    return int(c.ids[live[min(i, live.size - 1)]])
+    cum = np.cumsum(w, dtype=np.float64)
+    i = int(np.searchsorted(cum, cum[-1] * rng.random(), side="left"))  # u < 1, so i < n
+    if w[i] == 0:  # only when u == 0 and leading weights are 0: never pick an impossible token
+        i = int(np.argmax(w > 0))
+    return int(c.ids[i])
 
 
 # ---------------------------------------------------------------------------------------------- one row
@@ -328,11 +357,15 @@ class RowSampler:
     def __init__(self, params: SamplingParams, rng: np.random.Generator | None = None):
         params.validate()
         self.params = params
-        # None => a fresh seed from the OS, kept so a caller can report it (llama.cpp's seed_cur)
-        self.seed = int(np.random.SeedSequence().entropy) if params.seed is None else int(params.seed)
-        self.rng = rng if rng is not None else np.random.Generator(np.random.PCG64(self.seed))
+        # seed None => a fresh one from the OS, kept so a caller can report it (llama.cpp's seed_cur)
+        self.seed: int | None = params.seed
+        if rng is None:
+            if self.seed is None:
+                self.seed = int(np.random.SeedSequence().entropy)
+            rng = np.random.Generator(np.random.PCG64(self.seed))
+        self.rng = rng
         self.is_greedy = params.temperature <= 0.0
-        # logit-space steps, then (unless greedy) the candidate filters in common_params_sampling::samplers order
+        # logit-space steps, then (unless greedy) the candidate filters in common_params_sampling order
         self.pre: list[Callable[[np.ndarray, Sequence[int]], np.ndarray]] = []
         if params.logit_bias:
             self.pre.append(lambda x, h: apply_logit_bias(x, params.logit_bias))
@@ -366,6 +399,8 @@ class RowSampler:
         hist: Sequence[int] = () if history is None else history
         for step in self.pre:
             x = step(x, hist)
+        if not np.isfinite(x.max()):  # one cheap pass; NaN anywhere also lands here
+            raise ValueError(_NO_TOKEN)
         if self.is_greedy:
             return greedy(x)
         c = candidates(x)
@@ -420,9 +455,16 @@ class Sampler:
         # plain greedy rows (nothing to add to the logits) share one argmax over their rows
         plain = [b for b, r in enumerate(self.rows) if r.is_greedy and not r.pre]
         if plain:
-            out[plain] = np.argmax(x[plain] if len(plain) < B else x, axis=1)
+            xg = x[plain] if len(plain) < B else x
+            bad = np.flatnonzero(~np.isfinite(xg.max(axis=1)))
+            if bad.size:
+                raise ValueError(f"row {plain[bad[0]]}: {_NO_TOKEN}")
+            out[plain] = np.argmax(xg, axis=1)
         for b in sorted(set(range(B)) - set(plain)):
-            out[b] = self.rows[b](x[b], None if history is None else history[b])
+            try:
+                out[b] = self.rows[b](x[b], None if history is None else history[b])
+            except ValueError as e:
+                raise ValueError(f"row {b}: {e}") from e
         return out
 
 
