@@ -10,6 +10,7 @@ from edgellm.gguf import ModelFile
 # arch name in the GGUF -> module:class (imported on demand, so one arch's import cost is not paid by all)
 ARCHITECTURES = {
     "llama": "edgellm.arch.llama:LlamaModel",
+    "gemma3": "edgellm.arch.gemma3:Gemma3Model",
 }
 REMAP = {"mistral": "llama"}  # same graph, different name in the file
 

@@ -82,10 +82,26 @@ class Backend(ABC):
         return gate / (np.float32(1) + np.exp(-gate)) * up
 
     def gelu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-        """GeGLU with GELU's tanh approximation (ggml_gelu): gelu(gate) * up."""
-        c = np.float32(np.sqrt(2 / np.pi))
-        g = np.float32(0.5) * gate * (1 + np.tanh(c * gate * (1 + np.float32(0.044715) * gate * gate)))
+        """GeGLU, gelu(gate) * up, with GELU(tanh) looked up by the f16 value of gate as ggml does
+        (ggml-cpu vec.h ggml_vec_geglu_f32 under GGML_GELU_FP16: 0 below -10, identity above 10)."""
+        g = _gelu_f16_table()[gate.astype(np.float16).view(np.uint16)].astype(np.float32)
+        g = np.where(gate <= -10, np.float32(0), np.where(gate >= 10, gate, g))
         return g * up
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return a + b
+
+
+_GELU_TABLE: np.ndarray | None = None
+
+
+def _gelu_f16_table() -> np.ndarray:
+    """ggml_table_gelu_f16: GELU(tanh) of every f16 value, computed in f32, stored as f16."""
+    global _GELU_TABLE
+    if _GELU_TABLE is None:
+        x = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+        c, a = np.float32(0.7978845608028654), np.float32(0.044715)
+        with np.errstate(all="ignore"):
+            _GELU_TABLE = (np.float32(0.5) * x * (np.float32(1) + np.tanh(c * x * (np.float32(1) + a * x * x))))
+        _GELU_TABLE = _GELU_TABLE.astype(np.float16)
+    return _GELU_TABLE
