@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -35,7 +33,7 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def open_model(model: Optional[str], *, auto_pull: bool = True) -> ModelFile:
+def open_model(model: str | None, *, auto_pull: bool = True) -> ModelFile:
     """Resolve a model argument (alias, path or None) and open it."""
     path = store.resolve(model, auto_pull=auto_pull, log=_log)
     return ModelFile(path)
@@ -47,7 +45,7 @@ ModelArg = typer.Argument(None, help="Model alias (smollm2-135m, gemma3-270m), p
 
 @app.command()
 def info(
-    model: Optional[str] = ModelArg,
+    model: str | None = ModelArg,
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     tensors: bool = typer.Option(False, "--tensors", help="Also list every tensor."),
     metadata: bool = typer.Option(False, "--metadata", help="Also print all metadata keys."),
@@ -98,7 +96,8 @@ def list_models(as_json: bool = typer.Option(False, "--json")) -> None:
         try:
             s = modelinfo.summarize(ModelFile(p))
             rows.append({"name": store.alias_of(p) or p.name, "path": str(p), "size": p.stat().st_size,
-                         "architecture": s["architecture"], "quant_mix": modelinfo.quant_mix_short(s)})  # fmt: skip
+                         "architecture": s["architecture"],
+                         "quant_mix": modelinfo.quant_mix_short(s)})  # fmt: skip
         except GGUFError as e:
             rows.append({"name": p.name, "path": str(p), "size": p.stat().st_size, "error": str(e)})
     if as_json:
@@ -110,7 +109,8 @@ def list_models(as_json: bool = typer.Option(False, "--json")) -> None:
     print(f"{'NAME':<16} {'SIZE':>9}  {'ARCH':<8} QUANT MIX")
     for r in rows:
         detail = r.get("quant_mix") or f"unreadable: {r.get('error')}"
-        print(f"{r['name']:<16} {modelinfo.human_bytes(r['size']):>9}  {r.get('architecture', '?'):<8} {detail}")
+        size = modelinfo.human_bytes(r["size"])
+        print(f"{r['name']:<16} {size:>9}  {r.get('architecture', '?'):<8} {detail}")
 
 
 @app.command()
@@ -120,30 +120,46 @@ def rm(model: str = typer.Argument(..., help="Alias or file name of a cached mod
     print(f"deleted {p}")
 
 
+def _register_commands() -> None:
+    # the heavier commands live in their own modules; their imports happen only when they run
+    from edgellm import cli_eval, cli_run
+
+    app.command("run")(cli_run.run)
+    app.command("perplexity")(cli_eval.perplexity)
+    app.command("tokenize")(cli_eval.tokenize)
+
+
+_register_commands()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: run the app, turning user errors into one line on stderr."""
+    _state["debug"] = False  # set again by the root callback; never left over from an earlier call
     try:
-        app(args=argv, standalone_mode=False)
-        return 0
+        # without standalone mode an Exit comes back as its code: typer >= 0.2x turns Ctrl-C into Exit(130)
+        rv = app(args=argv, standalone_mode=False)
+        if rv == 130:
+            print("interrupted", file=sys.stderr)
+        return rv if isinstance(rv, int) else 0
     except SystemExit as e:  # typer/click exit paths
         return int(e.code or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - the one place errors become messages
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
+        # usage errors: matched by shape, since newer typer vendors click as typer._click (other classes)
+        if callable(getattr(e, "show", None)) and isinstance(getattr(e, "exit_code", None), int):
             e.show()
             return e.exit_code
-        if isinstance(e, click.exceptions.Abort):
-            print("aborted", file=sys.stderr)
-            return 1
+        if isinstance(e, typer.Abort):  # older click turns Ctrl-C into Abort
+            interrupted = isinstance(e.__cause__ or e.__context__, KeyboardInterrupt)
+            print("interrupted" if interrupted else "aborted", file=sys.stderr)
+            return 130 if interrupted else 1
         if _state["debug"] or "--debug" in (argv if argv is not None else sys.argv):
             import traceback
 
             traceback.print_exc()
-        known = (GGUFError, store.ModelNotFound, FileNotFoundError, UserError, ValueError, OSError)
+        known = (GGUFError, store.ModelNotFound, UserError, ValueError, OSError, RuntimeError)
         if isinstance(e, known):
             print(f"error: {e}", file=sys.stderr)
         else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,6 +24,9 @@ GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
+# gguf.cpp rejects arrays of arrays outright; gguf-py writes them, so we read them, but only this deep
+# (a file of nested one-element arrays would otherwise recurse until Python's stack gives out).
+MAX_ARRAY_DEPTH = 8
 
 # GGUF metadata value types (gguf.h: enum gguf_type)
 UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = range(13)
@@ -91,7 +95,7 @@ class StringArray:
         end = int(self.offsets[-1] + self.lengths[-1])
         blob = bytes(self._buf[start:end])
         rel = (self.offsets - start).tolist()
-        return [blob[o : o + n] for o, n in zip(rel, self.lengths.tolist())]
+        return [blob[o : o + n] for o, n in zip(rel, self.lengths.tolist(), strict=True)]
 
     def __repr__(self) -> str:
         return f"StringArray(n={len(self)})"
@@ -186,8 +190,10 @@ class _Reader:
             return self.array(what)
         raise self.error(f"{what}: unknown metadata value type {vtype}", self.pos - 4)
 
-    def array(self, what: str) -> Any:
+    def array(self, what: str, depth: int = 1) -> Any:
         start = self.pos
+        if depth > MAX_ARRAY_DEPTH:
+            raise self.error(f"{what}: arrays nested more than {MAX_ARRAY_DEPTH} deep", start)
         etype = self.u32(f"element type of {what}")
         n = self.u64(f"length of {what}")
         if etype in _SCALAR_DTYPES:
@@ -205,7 +211,7 @@ class _Reader:
         if etype == ARRAY:
             if n > (self.size - self.pos) // 12:
                 raise self.error(f"{what}: array of {n} arrays runs past end of file", start)
-            return [self.array(f"{what}[{i}]") for i in range(n)]
+            return [self.array(f"{what}[{i}]", depth + 1) for i in range(n)]
         raise self.error(f"{what}: unknown array element type {etype}", start)
 
     def _string_array(self, n: int, what: str) -> StringArray:
@@ -237,26 +243,36 @@ class ModelFile:
         self.path = Path(path)
         self._metadata_only = metadata_only
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            st = os.stat(self.path)
         except FileNotFoundError:
             raise FileNotFoundError(f"no such model file: {self.path}") from None
-        except IsADirectoryError:
-            raise GGUFError("is a directory, not a GGUF file", path=self.path) from None
+        # checked before open(): opening a FIFO would block, and mmap of a directory fails with EINVAL
+        if stat.S_ISDIR(st.st_mode):
+            raise GGUFError("is a directory, not a GGUF file", path=self.path)
+        if not stat.S_ISREG(st.st_mode):
+            raise GGUFError("not a regular file", path=self.path)
+        fd = os.open(self.path, os.O_RDONLY)
         try:
             self.file_size = os.fstat(fd).st_size
-            if self.file_size < 24:
-                raise GGUFError(f"not a GGUF file: only {self.file_size} bytes", 0, self.path)
+            if self.file_size < 24:  # magic, version and the two counts; mmap cannot map an empty file
+                head = os.read(fd, 4)
+                if self.file_size == 0:
+                    raise GGUFError("empty file, not a GGUF file", 0, self.path)
+                if head != GGUF_MAGIC[: len(head)]:
+                    raise GGUFError(f"not a GGUF file (magic {head!r}, expected b'GGUF')", 0, self.path)
+                raise GGUFError(f"truncated file: the GGUF header needs 24 bytes, the file has "
+                                f"{self.file_size}", self.file_size, self.path)  # fmt: skip
             if use_mmap:
                 self._mmap: mmap.mmap | None = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
                 self._buf = memoryview(self._mmap)
             else:  # --no-mmap: read the whole file into memory
                 self._mmap = None
-                self._buf = memoryview(os.read(fd, self.file_size) if self.file_size < 2**31 else _read_all(fd))
+                self._buf = memoryview(_read_all(fd))
         finally:
             os.close(fd)
         try:
             self._parse()
-        except (struct.error, OverflowError, MemoryError) as e:  # belt and braces: never a raw error
+        except (struct.error, OverflowError, MemoryError, RecursionError) as e:  # belt and braces
             raise GGUFError(f"malformed file ({e})", path=self.path) from e
 
     # -- parsing ---------------------------------------------------------------------------------------
@@ -284,18 +300,26 @@ class ModelFile:
 
         self.metadata: dict[str, Any] = {}
         self.metadata_types: dict[str, int] = {}
+        key_offsets: dict[str, int] = {}
         for i in range(n_kv):
             kpos = r.pos
             key = r.string(f"metadata key #{i}")
             if key in self.metadata:
                 raise GGUFError(f"duplicate metadata key {key!r}", kpos, self.path)
             vtype = r.u32(f"type of {key!r}")
-            self.metadata[key] = r.value(vtype, key)
+            self.metadata[key] = r.value(vtype, f"value of {key!r}")
             self.metadata_types[key] = vtype
+            key_offsets[key] = kpos
 
+        # gguf.cpp: general.alignment must be a uint32 and a power of two
         alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
-            raise GGUFError(f"general.alignment must be a power of two, got {alignment!r}", path=self.path)
+        if "general.alignment" in self.metadata and self.metadata_types["general.alignment"] != UINT32:
+            vt = self.metadata_types["general.alignment"]
+            raise GGUFError(f"general.alignment must be a uint32, got a {_TYPE_NAMES[vt]}",
+                            key_offsets["general.alignment"], self.path)  # fmt: skip
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise GGUFError(f"general.alignment must be a power of two, got {alignment!r}",
+                            key_offsets["general.alignment"], self.path)  # fmt: skip
         self.alignment = alignment
 
         infos = []
@@ -304,7 +328,8 @@ class ModelFile:
             name = r.string(f"name of tensor #{i}")
             n_dims = r.u32(f"dims of {name!r}")
             if not 1 <= n_dims <= MAX_DIMS:
-                raise GGUFError(f"tensor {name!r}: {n_dims} dimensions (1..{MAX_DIMS} allowed)", ipos, self.path)
+                msg = f"tensor {name!r}: {n_dims} dimensions (1..{MAX_DIMS} allowed)"
+                raise GGUFError(msg, ipos, self.path)
             ne = tuple(r.u64(f"shape of {name!r}") for _ in range(n_dims))
             tpos = r.pos
             raw_type = r.u32(f"type of {name!r}")
@@ -315,7 +340,8 @@ class ModelFile:
         self.tensors: dict[str, QTensor] = {}
         if self._metadata_only:
             return
-        if self.data_offset > r.size:
+        # like gguf.cpp, only a file with tensors needs its data section (the padding) to exist
+        if infos and self.data_offset > r.size:
             raise GGUFError("truncated file: tensor data section starts past end of file", r.pos, self.path)
         for ipos, tpos, name, ne, raw_type, offset in infos:
             if name in self.tensors:
@@ -328,7 +354,8 @@ class ModelFile:
         except ValueError:
             raise GGUFError(f"tensor {name!r}: unknown ggml type {raw_type}", tpos, self.path) from None
         if qtype not in GGML_QUANT_SIZES:
-            raise GGUFError(f"tensor {name!r}: ggml type {qtype.name} has no known block layout", tpos, self.path)
+            msg = f"tensor {name!r}: ggml type {qtype.name} has no known block layout"
+            raise GGUFError(msg, tpos, self.path)
         block_size, type_size = GGML_QUANT_SIZES[qtype]
         if any(d == 0 for d in ne):
             raise GGUFError(f"tensor {name!r}: zero-size dimension in shape {list(ne)}", ipos, self.path)

@@ -94,7 +94,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"  name            {s['name']}",
         f"  architecture    {s['architecture']}",
         f"  parameters      {human_count(s['parameters'])}",
-        f"  file size       {human_bytes(s['file_size'])} (GGUF v{s['gguf_version']}, {s['tensor_count']} tensors)",
+        f"  file size       {human_bytes(s['file_size'])} "
+        f"(GGUF v{s['gguf_version']}, {s['tensor_count']} tensors)",
         f"  context length  {s['context_length']}",
         f"  layers          {s['layers']}",
         f"  embedding       {s['embedding_length']}",

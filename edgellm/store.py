@@ -1,7 +1,7 @@
 """The local model cache, like `ollama pull/list/rm`: known aliases, where files live, and resolving a name.
 
 A model name is an alias (`smollm2-135m`), a path to a `.gguf`, or nothing (the default model, pulled on
-first use). Files appear in the cache only complete and verified: a pull writes `NAME.gguf.partial`,
+first use). Files appear in the cache only complete and verified: a pull writes `NAME.gguf.PID.partial`,
 checks its sha256 and renames it into place, so an interrupted pull never leaves a file taken for a model.
 Where a model comes from is a `Source` (edgellm/sources.py).
 """
@@ -107,7 +107,9 @@ def pull(name: str, *, force: bool = False, progress: Callable[[int, int], None]
     if is_cached(spec) and not force:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    partial = final.with_name(final.name + ".partial")
+    # one partial file per process: two concurrent pulls must not write into the same file
+    partial = final.with_name(f"{final.name}.{os.getpid()}.partial")
+    _remove_stale_partials(final)
     try:
         digest = spec.source.fetch(partial, expected_size=spec.size, progress=progress, log=log)
         if digest != spec.sha256:
@@ -117,6 +119,22 @@ def pull(name: str, *, force: bool = False, progress: Callable[[int, int], None]
         if partial.exists():
             partial.unlink()
     return final
+
+
+def _remove_stale_partials(final: Path) -> None:
+    """Delete partial files a killed pull (SIGKILL, power loss) left behind; live pulls keep theirs."""
+    if os.name != "posix":  # os.kill(pid, 0) probes a process only on POSIX (on Windows it signals it)
+        return
+    for p in final.parent.glob(f"{final.name}.*.partial"):
+        pid = p.name[len(final.name) + 1 : -len(".partial")]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            p.unlink(missing_ok=True)
+        except (PermissionError, OverflowError):  # alive under another user, or not a pid at all
+            pass
 
 
 def resolve(name: str | None, *, auto_pull: bool = True, log: Callable[[str], None] | None = None) -> Path:
