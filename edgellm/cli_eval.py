@@ -60,7 +60,8 @@ def tokenize(
     from edgellm.gguf import ModelFile
     from edgellm.tokenizer import Tokenizer, format_tokens
 
-    tok = Tokenizer.from_gguf(ModelFile(store.resolve(model)))
+    mf = ModelFile(store.resolve(model))
+    tok = Tokenizer.from_gguf(mf)
     ids = tok.encode(text, add_special=not no_bos, parse_special=parse_special)
     if ids_only:
         print(json.dumps(ids))

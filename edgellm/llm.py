@@ -67,12 +67,9 @@ class LLM:
 
     def chat_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
         """Render messages with the chat template and tokenize (special tokens parsed, one BOS)."""
-        text = self.template.render(messages, add_generation_prompt=True)
-        ids = self.tokenizer.encode(text, add_special=True, parse_special=True)
-        bos = self.tokenizer.bos_id
-        if len(ids) >= 2 and ids[0] == bos and ids[1] == bos:  # the template wrote BOS too
-            ids = ids[1:]
-        return ids
+        # like llama.cpp (common/chat.cpp): a template that writes BOS itself loses it when the tokenizer adds one
+        text = self.template.render(messages, add_generation_prompt=True, strip_bos=self.tokenizer.add_bos)
+        return self.tokenizer.encode(text, add_special=True, parse_special=True)
 
     # -- sampling params -----------------------------------------------------------------------------
     def params(self, **overrides: Any) -> SamplingParams:

@@ -32,6 +32,8 @@ PROMPTS = [
     "In 1969, Neil Armstrong",
 ]
 N_GEN = 64
+N_CHAT = 32
+CHAT = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 TOPK = 256
 PPL_CTX = 256
 
@@ -55,20 +57,35 @@ def main(alias: str) -> None:
     out: dict = {"model": alias, "llama_cpp_version": llama_cpp.__version__, "flash_attn": False,
                  "kv_type": "f16", "greedy": []}  # fmt: skip
 
-    for prompt in PROMPTS:
-        ids = llm.tokenize(prompt.encode(), add_bos=True, special=False)
+    def greedy(ids: list[int], n: int) -> tuple[list[int], list[float]]:
         llm.reset()
         llm.eval(ids)
         gen, margins = [], []
-        for _ in range(N_GEN):
+        for _ in range(n):
             logits = np.array(llm.scores[llm.n_tokens - 1], np.float32)
             top2 = np.argsort(-logits)[:2]
-            nxt = int(top2[0])
-            gen.append(nxt)
+            gen.append(int(top2[0]))
             margins.append(round(float(logits[top2[0]] - logits[top2[1]]), 5))
-            llm.eval([nxt])
+            llm.eval([gen[-1]])
+        return gen, margins
+
+    for prompt in PROMPTS:
+        ids = llm.tokenize(prompt.encode(), add_bos=True, special=False)
+        gen, margins = greedy(ids, N_GEN)
         out["greedy"].append({"prompt": prompt, "prompt_ids": ids, "ids": gen, "margins": margins})
         print(f"{prompt!r}: {llm.detokenize(gen).decode(errors='replace')!r}", file=sys.stderr)
+
+    # one-turn chat: the prompt as edgellm's template renders it (tests/test_chat.py pins that rendering
+    # against llama.cpp's), tokenized and continued greedily by llama.cpp
+    from edgellm.chat import ChatTemplate
+    from edgellm.gguf import ModelFile
+
+    tmpl = ChatTemplate.from_gguf(ModelFile(path))
+    text = tmpl.render(CHAT, add_generation_prompt=True, strip_bos=bool(add_bos))
+    ids = llm.tokenize(text.encode(), add_bos=True, special=True)
+    gen, margins = greedy(ids, N_CHAT)
+    out["chat"] = {"messages": CHAT, "prompt_ids": ids, "ids": gen, "margins": margins, "template": tmpl.name}
+    print(f"chat: {llm.detokenize(gen).decode(errors='replace')!r}", file=sys.stderr)
 
     # teacher-forced: the first 600 tokens of the license text, one pass
     text = TEXT.read_text(encoding="utf-8")
@@ -83,11 +100,25 @@ def main(alias: str) -> None:
     covered = np.exp(top_lp).sum(axis=1)
     print(f"teacher-forced: {len(toks)} tokens, top-{TOPK} mass min {covered.min():.5f}", file=sys.stderr)
 
+    # llama.cpp against itself: flash attention on vs off, the noise floor the tests hold edgellm to
+    fa = llama_cpp.Llama(str(path), n_ctx=1024, n_batch=1024, n_ubatch=1024, n_threads=2, logits_all=True,
+                         flash_attn=True, verbose=False)  # fmt: skip
+    fa.eval(toks)
+    lp_fa = log_softmax(np.array(fa.scores[: len(toks)], np.float32))
+    del fa
+    kl = (np.exp(lp) * (lp - lp_fa)).sum(axis=1)
+    rows = np.arange(len(toks))
+    lead = lp[rows, lp.argmax(1)] - lp[rows, lp_fa.argmax(1)]
+    out["self_noise"] = {"what": "llama.cpp flash attention on vs off, teacher-forced on the same tokens",
+                         "mean_kl": float(kl.mean()), "confident_disagreements": int((lead > 0.5).sum()),
+                         "top1_agreement": float((lp.argmax(1) == lp_fa.argmax(1)).mean())}  # fmt: skip
+    print(f"self-noise: {out['self_noise']}", file=sys.stderr)
+
     # perplexity, llama-perplexity's method (tools/perplexity/perplexity.cpp)
     all_toks = llm.tokenize(text.encode(), add_bos=True, special=False)
     n_chunks = len(all_toks) // PPL_CTX
     first = PPL_CTX // 2
-    nll = []
+    nll, chunk_nll = [], []
     for i in range(n_chunks):
         chunk = list(all_toks[i * PPL_CTX : (i + 1) * PPL_CTX])
         if add_bos:
@@ -96,9 +127,12 @@ def main(alias: str) -> None:
         llm.eval(chunk)
         lpc = log_softmax(np.array(llm.scores[first : PPL_CTX - 1], np.float32))
         tgt = all_toks[i * PPL_CTX + first + 1 : (i + 1) * PPL_CTX]
-        nll.extend(-lpc[np.arange(len(tgt)), tgt])
+        c_nll = -lpc[np.arange(len(tgt)), tgt]
+        nll.extend(c_nll)
+        chunk_nll.append(float(c_nll.mean()))
     ppl = math.exp(float(np.mean(nll)))
-    out["perplexity"] = {"ctx": PPL_CTX, "chunks": n_chunks, "ppl": ppl, "text": TEXT.name}
+    out["perplexity"] = {"ctx": PPL_CTX, "chunks": n_chunks, "ppl": ppl, "text": TEXT.name,
+                         "chunk_mean_nll": chunk_nll}  # fmt: skip
     print(f"perplexity -c {PPL_CTX}: {ppl:.4f} over {n_chunks} chunks", file=sys.stderr)
     (FIX / f"{alias}.json").write_text(json.dumps(out, indent=1) + "\n")
 

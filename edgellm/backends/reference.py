@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gguf import GGMLQuantizationType as T
+
 from edgellm import quants
 from edgellm.backends.base import Backend, RopeSpec
 from edgellm.gguf import QTensor
@@ -21,6 +23,7 @@ from edgellm.gguf import QTensor
 class RefWeight:
     qt: QTensor
     _f32: np.ndarray | None = field(default=None, repr=False)
+    _mins: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def f32(self) -> np.ndarray:
@@ -28,6 +31,15 @@ class RefWeight:
         if self._f32 is None:
             self._f32 = quants.dequantize(self.qt.data, self.qt.type, self.qt.shape).reshape(-1, self.qt.ne[0])
         return self._f32
+
+    @property
+    def block_mins(self) -> np.ndarray:
+        """(M, K/32) float32 block minimums `m` of a Q4_1/Q5_1 weight (the f16 at bytes 2..4 of each block)."""
+        if self._mins is None:
+            qt = self.qt
+            blocks = qt.data.reshape(qt.data.shape[0], qt.ne[0] // 32, -1)
+            self._mins = np.ascontiguousarray(blocks[:, :, 2:4]).view(np.float16)[..., 0].astype(np.float32)
+        return self._mins
 
 
 class KVCache:
@@ -42,6 +54,57 @@ class KVCache:
 
     def clear(self, seq: int | None = None) -> None:
         """Nothing to free: positions are overwritten before they are read."""
+
+
+def activation_roundtrip(x: np.ndarray, weight_type: T) -> np.ndarray:
+    """x as ggml's CPU dot products see it: quantized to the weight type's activation type and back.
+
+    ggml-cpu multiplies a quantized weight with activations quantized once per matmul (type_traits_cpu
+    vec_dot_type): Q8_0 (blocks of 32, d = amax/127 stored as f16) for the legacy types, Q8_1 (same values)
+    for Q4_1/Q5_1, Q8_K (blocks of 256, d = max/-127 kept in f32) for K-quants, f16 for F16 weights.
+    Reproducing that rounding here keeps the reference within float-summation noise of llama.cpp.
+    """
+    t = quants.quant_type(weight_type).vec_dot_type
+    if t is None or t in (T.F32, weight_type) and weight_type in (T.F32, T.BF16):
+        return x
+    if t == T.F16:
+        return _f16_round(x)
+    shape = x.shape
+    if t in (T.Q8_0, T.Q8_1):
+        b = x.reshape(-1, 32)
+        amax = np.abs(b).max(axis=1, keepdims=True)
+        d = amax / np.float32(127)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0))
+        q = np.rint(b * inv)  # ggml-cpu's SIMD quantize_row_q8_0 rounds to nearest even
+        return (d.astype(np.float16).astype(np.float32) * q).reshape(shape)
+    if t == T.Q8_K:
+        b = x.reshape(-1, 256)
+        idx = np.abs(b).argmax(axis=1)
+        vmax = b[np.arange(len(b)), idx][:, None]  # signed value of largest magnitude
+        with np.errstate(divide="ignore", invalid="ignore"):
+            iscale = np.where(vmax != 0, np.float32(-127) / vmax, np.float32(0)).astype(np.float32)
+            q = np.minimum(np.float32(127), _round_away(iscale * b))
+            d = np.where(iscale != 0, np.float32(1) / iscale, np.float32(0)).astype(np.float32)
+        return (d * q).reshape(shape)
+    return x
+
+
+def _q8_1_sum_correction(x: np.ndarray) -> np.ndarray:
+    """(N, K/32): f16(d * sum(q)) - f16(d) * sum(q) for each Q8_1 activation block (ggml quantize_row_q8_1)."""
+    b = x.reshape(x.shape[0], -1, 32)
+    amax = np.abs(b).max(axis=2)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    sq = np.rint(b * inv[..., None]).sum(axis=2)
+    s16 = (d * sq).astype(np.float16).astype(np.float32)
+    return s16 - d.astype(np.float16).astype(np.float32) * sq
+
+
+def _round_away(x: np.ndarray) -> np.ndarray:
+    """C's nearest_int/roundf: halves away from zero."""
+    return np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))
 
 
 def _f16_round(x: np.ndarray) -> np.ndarray:
@@ -65,7 +128,12 @@ class ReferenceBackend(Backend):
         return quants.dequantize(rows, w.qt.type, (len(ids), w.qt.ne[0]))
 
     def matmul(self, w: RefWeight, x: np.ndarray) -> np.ndarray:
-        return x @ w.f32.T
+        out = activation_roundtrip(x, w.qt.type) @ w.f32.T
+        if w.qt.type in (T.Q4_1, T.Q5_1):
+            # ggml's q4_1 x q8_1 dot adds m * s with s = f16(d * sum(q)) precomputed per activation block,
+            # not m * f16(d) * sum(q) as the dequantized product would: add the difference
+            out += _q8_1_sum_correction(x) @ w.block_mins.T
+        return out
 
     def rms_norm(self, x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
         # ggml_compute_forward_rms_norm_f32: sum of squares in double, scale = 1/sqrtf(mean + eps)
@@ -75,12 +143,17 @@ class ReferenceBackend(Backend):
         return y * weight if weight is not None else y
 
     def rope(self, x: np.ndarray, positions: np.ndarray, spec: RopeSpec) -> np.ndarray:
-        # ggml-cpu ops.cpp rope_f32 / ggml_rope_cache_init: theta_i = p * base^(-2i/n_dims) [/ factor_i]
+        # ggml-cpu ops.cpp ggml_rope_cache_init: theta_0 = p, theta_{i+1} = theta_i * base^(-2/n_dims), in f32
+        # (the running product's rounding matters at long positions), then theta / factor_i * freq_scale
         half = spec.n_dims // 2
-        inv = np.float32(spec.freq_base) ** (-2.0 * np.arange(half, dtype=np.float32) / np.float32(spec.n_dims))
+        theta_scale = np.float32(spec.freq_base) ** np.float32(-2.0 / spec.n_dims)
+        theta = np.empty((len(positions), half), np.float32)
+        theta[:, 0] = positions.astype(np.float32)
+        for i in range(1, half):
+            theta[:, i] = theta[:, i - 1] * theta_scale
         if spec.freq_factors is not None:
-            inv = inv / spec.freq_factors.astype(np.float32)
-        theta = (positions.astype(np.float32) * np.float32(spec.freq_scale))[:, None] * inv[None, :]  # (N, half)
+            theta = theta / spec.freq_factors.astype(np.float32)
+        theta = theta * np.float32(spec.freq_scale)
         cos = np.cos(theta).astype(np.float32)[:, None, :]
         sin = np.sin(theta).astype(np.float32)[:, None, :]
         out = x.copy()
