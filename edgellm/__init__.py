@@ -1,8 +1,8 @@
 """edgellm: CPU- and edge-first quantized LLM inference for GGUF models.
 
-    import edgellm
-    llm = edgellm.LLM("smollm2-135m")
-    print(llm.chat([{"role": "user", "content": "Hi!"}]).text)
+import edgellm
+llm = edgellm.LLM("smollm2-135m")
+print(llm.chat([{"role": "user", "content": "Hi!"}]).text)
 """
 
 from __future__ import annotations

@@ -39,8 +39,10 @@ def open_model(model: str | None, *, auto_pull: bool = True) -> ModelFile:
     return ModelFile(path)
 
 
-ModelArg = typer.Argument(None, help="Model alias (smollm2-135m, gemma3-270m), path to a .gguf, or omit "
-                                     "for the default (smollm2-135m).")  # fmt: skip
+ModelArg = typer.Argument(
+    None,
+    help="Model alias (smollm2-135m, gemma3-270m), path to a .gguf, or omit for the default (smollm2-135m).",
+)
 
 
 @app.command()
@@ -95,9 +97,15 @@ def list_models(as_json: bool = typer.Option(False, "--json")) -> None:
     for p in store.list_cached():
         try:
             s = modelinfo.summarize(ModelFile(p))
-            rows.append({"name": store.alias_of(p) or p.name, "path": str(p), "size": p.stat().st_size,
-                         "architecture": s["architecture"],
-                         "quant_mix": modelinfo.quant_mix_short(s)})  # fmt: skip
+            rows.append(
+                {
+                    "name": store.alias_of(p) or p.name,
+                    "path": str(p),
+                    "size": p.stat().st_size,
+                    "architecture": s["architecture"],
+                    "quant_mix": modelinfo.quant_mix_short(s),
+                }
+            )
         except GGUFError as e:
             rows.append({"name": p.name, "path": str(p), "size": p.stat().st_size, "error": str(e)})
     if as_json:

@@ -5,25 +5,25 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import typer
 
 
 def perplexity(
-    model: Optional[str] = typer.Argument(None, help="Model alias or .gguf path (default: smollm2-135m)."),
+    model: str | None = typer.Argument(None, help="Model alias or .gguf path (default: smollm2-135m)."),
     file: Path = typer.Option(..., "-f", "--file", help="Text file to score."),
     ctx: int = typer.Option(512, "-c", "--ctx-size", help="Tokens per chunk (llama-perplexity's -c)."),
-    chunks: Optional[int] = typer.Option(None, "--chunks", help="Score at most this many chunks."),
+    chunks: int | None = typer.Option(None, "--chunks", help="Score at most this many chunks."),
     backend: str = typer.Option("auto", "--backend"),
-    threads: Optional[int] = typer.Option(None, "-t", "--threads"),
-    save_logits: Optional[Path] = typer.Option(None, "--save-logits", help="Save scored log-probs (.npz)."),
-    kl_base: Optional[Path] = typer.Option(None, "--kl-base", help="Compare with a --save-logits file by KL."),
+    threads: int | None = typer.Option(None, "-t", "--threads"),
+    save_logits: Path | None = typer.Option(None, "--save-logits", help="Save scored log-probs (.npz)."),
+    kl_base: Path | None = typer.Option(None, "--kl-base", help="Compare with a --save-logits file by KL."),
 ) -> None:
     """Perplexity of a text, by llama.cpp's method (second half of each -c chunk)."""
     from edgellm.llm import LLM
-    from edgellm.perplexity import kl_divergence, perplexity as ppl_of
+    from edgellm.perplexity import kl_divergence
+    from edgellm.perplexity import perplexity as ppl_of
 
     llm = LLM(model, backend=backend, threads=threads, n_ctx=ctx, log=lambda m: print(m, file=sys.stderr))
     text = file.read_text(encoding="utf-8")
@@ -33,8 +33,10 @@ def perplexity(
 
     keep = save_logits is not None or kl_base is not None
     r = ppl_of(llm, text, ctx, max_chunks=chunks, keep_log_probs=keep, progress=progress)
-    print(f"Final estimate: PPL = {r.ppl:.4f} +/- {r.ppl_err:.5f} ({r.n_chunks} chunks of {ctx}, "
-          f"{r.n_scored} tokens scored)")  # fmt: skip
+    print(
+        f"Final estimate: PPL = {r.ppl:.4f} +/- {r.ppl_err:.5f} ({r.n_chunks} chunks of {ctx}, "
+        f"{r.n_scored} tokens scored)"
+    )
     if save_logits is not None:
         with open(save_logits, "wb") as f:
             np.savez_compressed(f, log_probs=r.log_probs, tokens=r.tokens)
@@ -44,12 +46,15 @@ def perplexity(
         if not np.array_equal(base["tokens"], r.tokens):
             raise ValueError(f"{kl_base} scored different tokens (another text, model vocabulary or -c)")
         k = kl_divergence(base["log_probs"], r.log_probs)
-        print(f"KL(base || this): mean {k.mean_kl:.6f}, max {k.max_kl:.6f}; top-1 agreement "
-              f"{100 * k.top1_agreement:.2f}%; confident disagreements (> 0.5 nats): {k.confident_disagreements}")
+        print(
+            f"KL(base || this): mean {k.mean_kl:.6f}, max {k.max_kl:.6f}; top-1 agreement "
+            f"{100 * k.top1_agreement:.2f}%; confident disagreements (> 0.5 nats): "
+            f"{k.confident_disagreements}"
+        )
 
 
 def tokenize(
-    model: Optional[str] = typer.Argument(None, help="Model alias or .gguf path."),
+    model: str | None = typer.Argument(None, help="Model alias or .gguf path."),
     text: str = typer.Argument(..., help="Text to tokenize."),
     ids_only: bool = typer.Option(False, "--ids-only", help="Print only the ids, as a JSON list."),
     no_bos: bool = typer.Option(False, "--no-bos", help="Do not add BOS/EOS even if the model does."),

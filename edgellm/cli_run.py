@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -20,34 +20,37 @@ def _split_model_and_prompt(model: str | None, prompt_pos: str | None, prompt_op
     if model is not None and store.spec_for(model) is None and not Path(model).expanduser().is_file():
         cached = store.models_dir() / model
         if not cached.is_file():
-            raise RunError(f"{model!r} is neither a known model ({', '.join(store.REGISTRY)}) nor a file; "
-                           f"to use the default model with a prompt, write: edgellm run -p {model!r}")  # fmt: skip
+            raise RunError(
+                f"{model!r} is neither a known model ({', '.join(store.REGISTRY)}) nor a file; "
+                f"to use the default model with a prompt, write: edgellm run -p {model!r}"
+            )
     if prompt_pos is not None and prompt_opt is not None:
         raise RunError("give the prompt once: either as the second argument or with -p/--prompt")
     return model, prompt_pos if prompt_pos is not None else prompt_opt
 
 
 def run(
-    model: Optional[str] = typer.Argument(None, help="Model alias or .gguf path (default: smollm2-135m)."),
-    prompt_arg: Optional[str] = typer.Argument(None, metavar="[PROMPT]", help="Prompt (or use -p)."),
-    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="Prompt text."),
-    file: Optional[Path] = typer.Option(None, "-f", "--file", help="Read the prompt from a file."),
+    model: str | None = typer.Argument(None, help="Model alias or .gguf path (default: smollm2-135m)."),
+    prompt_arg: str | None = typer.Argument(None, metavar="[PROMPT]", help="Prompt (or use -p)."),
+    prompt: str | None = typer.Option(None, "-p", "--prompt", help="Prompt text."),
+    file: Path | None = typer.Option(None, "-f", "--file", help="Read the prompt from a file."),
     raw: bool = typer.Option(False, "--raw", help="Plain completion: no chat template."),
-    system: Optional[str] = typer.Option(None, "-s", "--system", help="System message."),
+    system: str | None = typer.Option(None, "-s", "--system", help="System message."),
     n_predict: int = typer.Option(512, "-n", "--n-predict", help="Maximum tokens to generate."),
-    ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", help="Context size (default: min(4096, "
-                                                                           "model's))."),  # fmt: skip
-    threads: Optional[int] = typer.Option(None, "-t", "--threads", help="CPU threads."),
-    temp: Optional[float] = typer.Option(None, "--temp", help="Temperature (0 = greedy; default 0.8)."),
-    top_k: Optional[int] = typer.Option(None, "--top-k"),
-    top_p: Optional[float] = typer.Option(None, "--top-p"),
-    min_p: Optional[float] = typer.Option(None, "--min-p"),
-    repeat_penalty: Optional[float] = typer.Option(None, "--repeat-penalty"),
-    repeat_last_n: Optional[int] = typer.Option(None, "--repeat-last-n"),
-    seed: Optional[int] = typer.Option(None, "--seed", help="RNG seed (same seed, same text)."),
-    stop: Optional[list[str]] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
+    ctx_size: int | None = typer.Option(
+        None, "-c", "--ctx-size", help="Context size (default: min(4096, model's))."
+    ),
+    threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads."),
+    temp: float | None = typer.Option(None, "--temp", help="Temperature (0 = greedy; default 0.8)."),
+    top_k: int | None = typer.Option(None, "--top-k"),
+    top_p: float | None = typer.Option(None, "--top-p"),
+    min_p: float | None = typer.Option(None, "--min-p"),
+    repeat_penalty: float | None = typer.Option(None, "--repeat-penalty"),
+    repeat_last_n: int | None = typer.Option(None, "--repeat-last-n"),
+    seed: int | None = typer.Option(None, "--seed", help="RNG seed (same seed, same text)."),
+    stop: list[str] | None = typer.Option(None, "--stop", help="Stop string (repeatable)."),
     backend: str = typer.Option("auto", "--backend", help="auto, reference, ..."),
-    chat_template: Optional[str] = typer.Option(None, "--chat-template", help="Built-in name or .jinja file."),
+    chat_template: str | None = typer.Option(None, "--chat-template", help="Built-in name or .jinja file."),
     no_mmap: bool = typer.Option(False, "--no-mmap", help="Read the file into memory instead of mapping it."),
     mlock: bool = typer.Option(False, "--mlock", help="Lock the model in RAM (needs the privilege)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Print load time and tokens/s."),
@@ -63,16 +66,32 @@ def run(
     elif text is None and not sys.stdin.isatty():
         text = sys.stdin.read()
 
-    log = (lambda m: print(m, file=sys.stderr, flush=True))
-    llm = LLM(model, backend=backend, threads=threads, n_ctx=ctx_size, chat_template=chat_template,
-              use_mmap=not no_mmap, log=log)  # fmt: skip
+    def log(m: str) -> None:
+        print(m, file=sys.stderr, flush=True)
+
+    llm = LLM(
+        model,
+        backend=backend,
+        threads=threads,
+        n_ctx=ctx_size,
+        chat_template=chat_template,
+        use_mmap=not no_mmap,
+        log=log,
+    )
     if mlock:
         _mlock(llm)
     if verbose:
         log(f"loaded {llm.path.name} in {llm.load_s:.2f} s (backend {llm.backend.name}, ctx {llm.n_ctx})")
         log(f"chat template: {llm.template.name} ({llm.template.reason})")
-    sampling = dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
-                    repeat_last_n=repeat_last_n, seed=seed)  # fmt: skip
+    sampling = dict(
+        temperature=temp,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repeat_penalty=repeat_penalty,
+        repeat_last_n=repeat_last_n,
+        seed=seed,
+    )
     llm.params(**sampling)  # validate flags before any work
     opts = dict(max_tokens=n_predict, stop=stop or None, **sampling)
     if text is None:
@@ -81,7 +100,9 @@ def run(
     if raw:
         chunks = llm.stream(text, **opts)
     else:
-        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+        msgs = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": text}
+        ]
         chunks = llm.chat_stream(msgs, **opts)
     _print_stream(chunks)
     print()
@@ -101,9 +122,11 @@ def _print_stream(chunks) -> str:
 
 def _print_timings(llm: Any) -> None:
     t = llm.generator.timings
-    print(f"prompt eval: {t.prompt_tokens} tokens, {t.prompt_s:.2f} s, {t.prompt_tps:.1f} tokens/s\n"
-          f"generation:  {t.generated_tokens} tokens, {t.generation_s:.2f} s, {t.generation_tps:.1f} tokens/s",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"prompt eval: {t.prompt_tokens} tokens, {t.prompt_s:.2f} s, {t.prompt_tps:.1f} tokens/s\n"
+        f"generation:  {t.generated_tokens} tokens, {t.generation_s:.2f} s, {t.generation_tps:.1f} tokens/s",
+        file=sys.stderr,
+    )
 
 
 HELP = """commands: /bye (or Ctrl-D) exit, /clear forget the conversation, /set temp 0.2 (also top_k, top_p,
@@ -171,9 +194,16 @@ def _interactive(llm: Any, system: str | None, opts: dict, verbose: bool) -> Non
             _print_timings(llm)
 
 
-_SETTABLE = {"temp": ("temperature", float), "temperature": ("temperature", float), "top_k": ("top_k", int),
-             "top_p": ("top_p", float), "min_p": ("min_p", float), "repeat_penalty": ("repeat_penalty", float),
-             "seed": ("seed", int), "n_predict": ("max_tokens", int)}  # fmt: skip
+_SETTABLE = {
+    "temp": ("temperature", float),
+    "temperature": ("temperature", float),
+    "top_k": ("top_k", int),
+    "top_p": ("top_p", float),
+    "min_p": ("min_p", float),
+    "repeat_penalty": ("repeat_penalty", float),
+    "seed": ("seed", int),
+    "n_predict": ("max_tokens", int),
+}
 
 
 def _set(opts: dict, args: list[str], llm: Any) -> None:

@@ -132,7 +132,9 @@ class Generator:
             part = ids[s : s + PREFILL_CHUNK]
             n = len(part)
             pos = np.arange(start + s, start + s + n, dtype=np.int64)
-            rows = None if all_logits else (np.array([n - 1]) if s + n == len(ids) else np.array([], np.int64))
+            rows = (
+                None if all_logits else (np.array([n - 1]) if s + n == len(ids) else np.array([], np.int64))
+            )
             logits = self.model.forward(part, pos, np.full(n, seq, np.int64), kv, logits_rows=rows)
             out.append(logits)
         return np.concatenate(out, axis=0)

@@ -44,9 +44,20 @@ _SCALAR_DTYPES = {
     FLOAT64: np.dtype("<f8"),
 }
 _TYPE_NAMES = [
-    "uint8", "int8", "uint16", "int16", "uint32", "int32", "float32", "bool",
-    "string", "array", "uint64", "int64", "float64",
-]  # fmt: skip
+    "uint8",
+    "int8",
+    "uint16",
+    "int16",
+    "uint32",
+    "int32",
+    "float32",
+    "bool",
+    "string",
+    "array",
+    "uint64",
+    "int64",
+    "float64",
+]
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
 
@@ -260,8 +271,11 @@ class ModelFile:
                     raise GGUFError("empty file, not a GGUF file", 0, self.path)
                 if head != GGUF_MAGIC[: len(head)]:
                     raise GGUFError(f"not a GGUF file (magic {head!r}, expected b'GGUF')", 0, self.path)
-                raise GGUFError(f"truncated file: the GGUF header needs 24 bytes, the file has "
-                                f"{self.file_size}", self.file_size, self.path)  # fmt: skip
+                raise GGUFError(
+                    f"truncated file: the GGUF header needs 24 bytes, the file has {self.file_size}",
+                    self.file_size,
+                    self.path,
+                )
             if use_mmap:
                 self._mmap: mmap.mmap | None = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
                 self._buf = memoryview(self._mmap)
@@ -286,8 +300,11 @@ class ModelFile:
         if version not in SUPPORTED_VERSIONS:
             swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
             if swapped in (1, 2, 3):
-                raise GGUFError("big-endian GGUF files are not supported (convert it on a little-endian "
-                                "machine)", 4, self.path)  # fmt: skip
+                raise GGUFError(
+                    "big-endian GGUF files are not supported (convert it on a little-endian machine)",
+                    4,
+                    self.path,
+                )
             raise GGUFError(f"unsupported GGUF version {version} (supported: 2, 3)", 4, self.path)
         self.version = version
         n_tensors = r.u64("tensor count")
@@ -315,11 +332,17 @@ class ModelFile:
         alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
         if "general.alignment" in self.metadata and self.metadata_types["general.alignment"] != UINT32:
             vt = self.metadata_types["general.alignment"]
-            raise GGUFError(f"general.alignment must be a uint32, got a {_TYPE_NAMES[vt]}",
-                            key_offsets["general.alignment"], self.path)  # fmt: skip
+            raise GGUFError(
+                f"general.alignment must be a uint32, got a {_TYPE_NAMES[vt]}",
+                key_offsets["general.alignment"],
+                self.path,
+            )
         if alignment <= 0 or alignment & (alignment - 1):
-            raise GGUFError(f"general.alignment must be a power of two, got {alignment!r}",
-                            key_offsets["general.alignment"], self.path)  # fmt: skip
+            raise GGUFError(
+                f"general.alignment must be a power of two, got {alignment!r}",
+                key_offsets["general.alignment"],
+                self.path,
+            )
         self.alignment = alignment
 
         infos = []
@@ -362,20 +385,31 @@ class ModelFile:
         if any(d > 2**62 for d in ne):
             raise GGUFError(f"tensor {name!r}: absurd shape {list(ne)}", ipos, self.path)
         if ne[0] % block_size:
-            raise GGUFError(f"tensor {name!r}: row length {ne[0]} is not a multiple of {qtype.name}'s block "
-                            f"size {block_size}", ipos, self.path)  # fmt: skip
+            raise GGUFError(
+                f"tensor {name!r}: row length {ne[0]} is not a multiple of {qtype.name}'s block "
+                f"size {block_size}",
+                ipos,
+                self.path,
+            )
         n_rows = 1
         for d in ne[1:]:
             n_rows *= d
         row_bytes = ne[0] // block_size * type_size
         nbytes = row_bytes * n_rows
         if offset % self.alignment:
-            raise GGUFError(f"tensor {name!r}: data offset {offset} is not aligned to {self.alignment}",
-                            tpos + 4, self.path)  # fmt: skip
+            raise GGUFError(
+                f"tensor {name!r}: data offset {offset} is not aligned to {self.alignment}",
+                tpos + 4,
+                self.path,
+            )
         start = self.data_offset + offset
         if nbytes > self.file_size or start + nbytes > self.file_size:
-            raise GGUFError(f"tensor {name!r}: data [{start}, {start + nbytes}) runs past end of file "
-                            f"({self.file_size} bytes)", tpos + 4, self.path)  # fmt: skip
+            raise GGUFError(
+                f"tensor {name!r}: data [{start}, {start + nbytes}) runs past end of file "
+                f"({self.file_size} bytes)",
+                tpos + 4,
+                self.path,
+            )
         data = np.frombuffer(self._buf, np.uint8, nbytes, start).reshape(n_rows, row_bytes)
         return QTensor(name, qtype, ne, start, nbytes, data)
 

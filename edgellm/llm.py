@@ -1,7 +1,7 @@
 """The Python API: `LLM(model).generate / stream / chat / tokenize / logits`.
 
-    llm = edgellm.LLM("smollm2-135m")
-    print(llm.chat([{"role": "user", "content": "Why is the sky blue?"}], max_tokens=64).text)
+llm = edgellm.LLM("smollm2-135m")
+print(llm.chat([{"role": "user", "content": "Why is the sky blue?"}], max_tokens=64).text)
 """
 
 from __future__ import annotations
@@ -40,9 +40,17 @@ class Completion:
 class LLM:
     """A loaded model with its tokenizer, chat template and a generator."""
 
-    def __init__(self, model: str | Path | None = None, *, backend: str = "auto", threads: int | None = None,
-                 n_ctx: int | None = None, chat_template: str | None = None, use_mmap: bool = True,
-                 log=None):  # fmt: skip
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        backend: str = "auto",
+        threads: int | None = None,
+        n_ctx: int | None = None,
+        chat_template: str | None = None,
+        use_mmap: bool = True,
+        log=None,
+    ):
         t0 = time.perf_counter()
         self.path = store.resolve(str(model) if model is not None else None, log=log)
         self.file = ModelFile(self.path, use_mmap=use_mmap)
@@ -67,7 +75,7 @@ class LLM:
 
     def chat_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
         """Render messages with the chat template and tokenize (special tokens parsed, one BOS)."""
-        # like llama.cpp (common/chat.cpp): a template that writes BOS itself loses it when the tokenizer adds one
+        # like llama.cpp (common/chat.cpp): a template's own BOS is dropped when the tokenizer adds one
         text = self.template.render(messages, add_generation_prompt=True, strip_bos=self.tokenizer.add_bos)
         return self.tokenizer.encode(text, add_special=True, parse_special=True)
 
@@ -92,28 +100,56 @@ class LLM:
             reqs.append(Request(list(ids), params, max_tokens, tuple(stop or ())))
         return reqs
 
-    def stream(self, prompt: str | list[int], *, max_tokens: int = 256, stop: Sequence[str] | None = None,
-               **sampling: Any) -> Iterator[Chunk]:  # fmt: skip
+    def stream(
+        self,
+        prompt: str | list[int],
+        *,
+        max_tokens: int = 256,
+        stop: Sequence[str] | None = None,
+        **sampling: Any,
+    ) -> Iterator[Chunk]:
         """Plain completion of one prompt (text or token ids), streamed as chunks."""
         raw = not isinstance(prompt, str)
         yield from self.generator.run(self._requests([prompt], max_tokens, stop, raw, sampling))
 
-    def generate(self, prompt: str | list[str] | list[int], *, max_tokens: int = 256,
-                 stop: Sequence[str] | None = None, **sampling: Any) -> Completion | list[Completion]:  # fmt: skip
+    def generate(
+        self,
+        prompt: str | list[str] | list[int],
+        *,
+        max_tokens: int = 256,
+        stop: Sequence[str] | None = None,
+        **sampling: Any,
+    ) -> Completion | list[Completion]:
         """Plain completion. A list of strings is decoded together as one batch; returns one per prompt."""
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             return self._collect(self._requests(prompt, max_tokens, stop, False, sampling))
         raw = not isinstance(prompt, str)
         return self._collect(self._requests([prompt], max_tokens, stop, raw, sampling))[0]
 
-    def chat(self, messages: list[dict[str, Any]], *, max_tokens: int = 256, stop: Sequence[str] | None = None,
-             **sampling: Any) -> Completion:  # fmt: skip
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        max_tokens: int = 256,
+        stop: Sequence[str] | None = None,
+        **sampling: Any,
+    ) -> Completion:
         """One assistant turn for a conversation, through the model's chat template."""
-        return self._collect(self._requests([self.chat_prompt(messages)], max_tokens, stop, True, sampling))[0]
+        return self._collect(self._requests([self.chat_prompt(messages)], max_tokens, stop, True, sampling))[
+            0
+        ]
 
-    def chat_stream(self, messages: list[dict[str, Any]], *, max_tokens: int = 256,
-                    stop: Sequence[str] | None = None, **sampling: Any) -> Iterator[Chunk]:  # fmt: skip
-        yield from self.generator.run(self._requests([self.chat_prompt(messages)], max_tokens, stop, True, sampling))
+    def chat_stream(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        max_tokens: int = 256,
+        stop: Sequence[str] | None = None,
+        **sampling: Any,
+    ) -> Iterator[Chunk]:
+        yield from self.generator.run(
+            self._requests([self.chat_prompt(messages)], max_tokens, stop, True, sampling)
+        )
 
     def _collect(self, reqs: list[Request]) -> list[Completion]:
         texts = [[] for _ in reqs]
@@ -126,7 +162,10 @@ class LLM:
             if c.finish_reason:
                 reasons[c.index] = c.finish_reason
         t = self.generator.timings
-        return [Completion("".join(x), k, r, len(q.prompt_ids), t) for x, k, r, q in zip(texts, toks, reasons, reqs)]
+        return [
+            Completion("".join(x), k, r, len(q.prompt_ids), t)
+            for x, k, r, q in zip(texts, toks, reasons, reqs)
+        ]
 
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
         """Teacher-forced logits (N, V) for a token sequence, e.g. for perplexity or KL evaluation."""

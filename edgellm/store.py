@@ -97,8 +97,13 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def pull(name: str, *, force: bool = False, progress: Callable[[int, int], None] | None = None,
-         log: Callable[[str], None] | None = None) -> Path:  # fmt: skip
+def pull(
+    name: str,
+    *,
+    force: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> Path:
     """Fetch a known model into the cache (a no-op when already there); returns its path."""
     spec = spec_for(name)
     if spec is None:
@@ -149,8 +154,9 @@ def resolve(name: str | None, *, auto_pull: bool = True, log: Callable[[str], No
             raise ModelNotFound(f"model {spec.alias!r} is not downloaded; run: edgellm pull {spec.alias}")
         if log:
             log(f"pulling {spec.alias} (first use; {spec.size / 1e6:.0f} MB)...")
-        return pull(spec.alias, progress=_stderr_progress(spec.alias) if sys.stderr.isatty() else None,
-                    log=log)  # fmt: skip
+        return pull(
+            spec.alias, progress=_stderr_progress(spec.alias) if sys.stderr.isatty() else None, log=log
+        )
     p = Path(name).expanduser()
     if p.is_file():
         return p

@@ -51,11 +51,24 @@ def main(alias: str) -> None:
     from edgellm import store
 
     path = store.resolve(alias)
-    llm = llama_cpp.Llama(str(path), n_ctx=1024, n_batch=1024, n_ubatch=1024, n_threads=2, logits_all=True,
-                          flash_attn=False, verbose=False)  # fmt: skip
+    llm = llama_cpp.Llama(
+        str(path),
+        n_ctx=1024,
+        n_batch=1024,
+        n_ubatch=1024,
+        n_threads=2,
+        logits_all=True,
+        flash_attn=False,
+        verbose=False,
+    )
     add_bos = llama_cpp.llama_vocab_get_add_bos(llama_cpp.llama_model_get_vocab(llm.model))
-    out: dict = {"model": alias, "llama_cpp_version": llama_cpp.__version__, "flash_attn": False,
-                 "kv_type": "f16", "greedy": []}  # fmt: skip
+    out: dict = {
+        "model": alias,
+        "llama_cpp_version": llama_cpp.__version__,
+        "flash_attn": False,
+        "kv_type": "f16",
+        "greedy": [],
+    }
 
     def greedy(ids: list[int], n: int) -> tuple[list[int], list[float]]:
         llm.reset()
@@ -95,23 +108,38 @@ def main(alias: str) -> None:
     lp = log_softmax(np.array(llm.scores[: len(toks)], np.float32))
     top = np.argsort(-lp, axis=1)[:, :TOPK]
     top_lp = np.take_along_axis(lp, top, axis=1)
-    np.savez_compressed(FIX / f"{alias}-teacher.npz", tokens=np.array(toks, np.int32), top_ids=top.astype(np.int32),
-                        top_logprobs=top_lp.astype(np.float32))  # fmt: skip
+    np.savez_compressed(
+        FIX / f"{alias}-teacher.npz",
+        tokens=np.array(toks, np.int32),
+        top_ids=top.astype(np.int32),
+        top_logprobs=top_lp.astype(np.float32),
+    )
     covered = np.exp(top_lp).sum(axis=1)
     print(f"teacher-forced: {len(toks)} tokens, top-{TOPK} mass min {covered.min():.5f}", file=sys.stderr)
 
     # llama.cpp against itself: flash attention on vs off, the noise floor the tests hold edgellm to
-    fa = llama_cpp.Llama(str(path), n_ctx=1024, n_batch=1024, n_ubatch=1024, n_threads=2, logits_all=True,
-                         flash_attn=True, verbose=False)  # fmt: skip
+    fa = llama_cpp.Llama(
+        str(path),
+        n_ctx=1024,
+        n_batch=1024,
+        n_ubatch=1024,
+        n_threads=2,
+        logits_all=True,
+        flash_attn=True,
+        verbose=False,
+    )
     fa.eval(toks)
     lp_fa = log_softmax(np.array(fa.scores[: len(toks)], np.float32))
     del fa
     kl = (np.exp(lp) * (lp - lp_fa)).sum(axis=1)
     rows = np.arange(len(toks))
     lead = lp[rows, lp.argmax(1)] - lp[rows, lp_fa.argmax(1)]
-    out["self_noise"] = {"what": "llama.cpp flash attention on vs off, teacher-forced on the same tokens",
-                         "mean_kl": float(kl.mean()), "confident_disagreements": int((lead > 0.5).sum()),
-                         "top1_agreement": float((lp.argmax(1) == lp_fa.argmax(1)).mean())}  # fmt: skip
+    out["self_noise"] = {
+        "what": "llama.cpp flash attention on vs off, teacher-forced on the same tokens",
+        "mean_kl": float(kl.mean()),
+        "confident_disagreements": int((lead > 0.5).sum()),
+        "top1_agreement": float((lp.argmax(1) == lp_fa.argmax(1)).mean()),
+    }
     print(f"self-noise: {out['self_noise']}", file=sys.stderr)
 
     # perplexity, llama-perplexity's method (tools/perplexity/perplexity.cpp)
@@ -131,8 +159,13 @@ def main(alias: str) -> None:
         nll.extend(c_nll)
         chunk_nll.append(float(c_nll.mean()))
     ppl = math.exp(float(np.mean(nll)))
-    out["perplexity"] = {"ctx": PPL_CTX, "chunks": n_chunks, "ppl": ppl, "text": TEXT.name,
-                         "chunk_mean_nll": chunk_nll}  # fmt: skip
+    out["perplexity"] = {
+        "ctx": PPL_CTX,
+        "chunks": n_chunks,
+        "ppl": ppl,
+        "text": TEXT.name,
+        "chunk_mean_nll": chunk_nll,
+    }
     print(f"perplexity -c {PPL_CTX}: {ppl:.4f} over {n_chunks} chunks", file=sys.stderr)
     (FIX / f"{alias}.json").write_text(json.dumps(out, indent=1) + "\n")
 

@@ -45,8 +45,8 @@ def check_greedy(llm, case: dict) -> int:
         if a != b:
             tie = min(ref_margins[i], our_margins[i])
             assert tie < NEAR_TIE, (
-                f"{case['prompt']!r}: token {i} differs ({a} vs llama.cpp {b}) although llama.cpp's margin was "
-                f"{ref_margins[i]:.4f} and ours {our_margins[i]:.4f}; matched {ours[:i]}"
+                f"{case['prompt']!r}: token {i} differs ({a} vs llama.cpp {b}) although llama.cpp's "
+                f"margin was {ref_margins[i]:.4f} and ours {our_margins[i]:.4f}; matched {ours[:i]}"
             )
             return i
     return len(ref)
@@ -62,8 +62,10 @@ def check_forced_steps(llm, case: dict) -> tuple[int, list[str]]:
         pick = int(np.argmax(row))
         if pick != ref:
             gap = float(row[pick] - row[ref])
-            notes.append(f"step {i}: ours {pick} vs llama.cpp {ref}, gap {gap:.3f} (llama.cpp margin "
-                         f"{case['margins'][i]:.3f})")  # fmt: skip
+            notes.append(
+                f"step {i}: ours {pick} vs llama.cpp {ref}, gap {gap:.3f} (llama.cpp margin "
+                f"{case['margins'][i]:.3f})"
+            )
             if gap >= NEAR_TIE:
                 bad.append(notes[-1])
     assert not bad, f"{case['prompt']!r}: confident greedy disagreements: {bad}"
@@ -79,7 +81,9 @@ def teacher_forced_kl(llm, alias: str) -> tuple[float, int, float]:
     f = np.load(FIX / f"{alias}-teacher.npz")
     tokens, top_ids, top_lp = f["tokens"], f["top_ids"], f["top_logprobs"].astype(np.float64)
     logits = llm.logits(tokens.tolist()).astype(np.float64)
-    lse = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)) + logits.max(1, keepdims=True)
+    lse = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)) + logits.max(
+        1, keepdims=True
+    )
     ours = logits - lse
     ours_top = np.take_along_axis(ours, top_ids, axis=1)
     p_tail = np.clip(1 - np.exp(top_lp).sum(1), 1e-12, None)

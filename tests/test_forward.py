@@ -4,7 +4,6 @@ by scripts/make_llama_fixtures.py): greedy tokens, teacher-forced KL, perplexity
 from __future__ import annotations
 
 import pytest
-
 from forward_checks import (
     CONFIDENT,
     KL_MAX,
@@ -18,7 +17,9 @@ from forward_checks import (
 
 ALIASES = ["smollm2-135m", "gemma3-270m"]
 FIXTURES = {a: load_fixture(a) for a in ALIASES}
-GREEDY_CASES = [pytest.param(a, c, id=f"{a}:{c['prompt'][:20]}") for a in ALIASES for c in FIXTURES[a]["greedy"]]
+GREEDY_CASES = [
+    pytest.param(a, c, id=f"{a}:{c['prompt'][:20]}") for a in ALIASES for c in FIXTURES[a]["greedy"]
+]
 _LLMS: dict = {}
 
 
@@ -29,7 +30,9 @@ def llm_of(request):
 
     def get(alias: str):
         if alias not in _LLMS:
-            path = request.getfixturevalue({"smollm2-135m": "smollm2_path", "gemma3-270m": "gemma3_path"}[alias])
+            path = request.getfixturevalue(
+                {"smollm2-135m": "smollm2_path", "gemma3-270m": "gemma3_path"}[alias]
+            )
             _LLMS[alias] = edgellm.LLM(path, backend="reference", n_ctx=1024)
         return _LLMS[alias]
 
@@ -83,7 +86,9 @@ def test_perplexity_within_one_percent_of_llama_cpp_on_first_chunks(llm_of, alia
 @pytest.mark.slow
 @pytest.mark.parametrize("alias", ALIASES)
 def test_perplexity_within_one_percent_of_llama_cpp_whole_text(llm_of, alias):
-    ours, ref = chunk_perplexity(llm_of(alias), FIXTURES[alias], n_chunks=FIXTURES[alias]["perplexity"]["chunks"])
+    ours, ref = chunk_perplexity(
+        llm_of(alias), FIXTURES[alias], n_chunks=FIXTURES[alias]["perplexity"]["chunks"]
+    )
     assert abs(ours / ref - 1) < 0.01, f"PPL {ours:.4f} vs llama.cpp {ref:.4f}"
 
 
@@ -98,8 +103,12 @@ def test_generate_api_follows_the_model_greedily(llm_of):
 
 def test_batched_generation_equals_each_sequence_alone(llm_of):
     llm = llm_of("smollm2-135m")
-    prompts = ["Hi", "The capital of France is", "Once upon a time, in a land far, far away, there lived",
-               "1, 2, 3, 4,"]  # fmt: skip
+    prompts = [
+        "Hi",
+        "The capital of France is",
+        "Once upon a time, in a land far, far away, there lived",
+        "1, 2, 3, 4,",
+    ]
     together = llm.generate(prompts, max_tokens=12, temperature=0)
     for p, t in zip(prompts, together):
         alone = llm.generate(p, max_tokens=12, temperature=0)

@@ -14,7 +14,10 @@ def feed(m: StopMatcher, pieces: list[str]) -> tuple[str, bool]:
 
 
 def test_stop_string_split_across_tokens_is_never_emitted():
-    assert feed(StopMatcher(["\nUser:"]), ["Hello", " there", "\n", "Us", "er", ":", " more"]) == ("Hello there", True)
+    assert feed(StopMatcher(["\nUser:"]), ["Hello", " there", "\n", "Us", "er", ":", " more"]) == (
+        "Hello there",
+        True,
+    )
 
 
 def test_partial_stop_prefix_is_released_when_it_does_not_complete():

@@ -26,7 +26,9 @@ def supported() -> list[str]:
 def model_class(arch: str) -> Any:
     target = ARCHITECTURES.get(REMAP.get(arch, arch))
     if target is None:
-        raise UnsupportedArchitecture(f"architecture {arch!r} is not supported (supported: {', '.join(supported())})")
+        raise UnsupportedArchitecture(
+            f"architecture {arch!r} is not supported (supported: {', '.join(supported())})"
+        )
     import importlib
 
     mod, cls = target.split(":")

@@ -72,7 +72,9 @@ class Gemma3Config:
             n_vocab=int(mf.get(f"{a}.vocab_size", len(tokens) if tokens is not None else 0)),
             n_ctx_train=int(mf.get(f"{a}.context_length", 8192)),
             rms_eps=float(mf.get(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
-            rope_global=RopeSpec(n_rot, float(mf.get(f"{a}.rope.freq_base", 1e6)), neox=True, freq_scale=freq_scale),
+            rope_global=RopeSpec(
+                n_rot, float(mf.get(f"{a}.rope.freq_base", 1e6)), neox=True, freq_scale=freq_scale
+            ),
             rope_local=RopeSpec(n_rot, SWA_FREQ_BASE, neox=True, freq_scale=1.0),
             sliding_window=int(window) if window else None,
             attn_scale=scale,
@@ -116,28 +118,36 @@ class Gemma3Model:
         self.layers = []
         for i in range(cfg.n_layer):
             p = f"blk.{i}."
-            self.layers.append(Gemma3Layer(
-                attn_norm=b.vector(t(p + "attn_norm.weight", (D,))),
-                wq=b.bind(t(p + "attn_q.weight", (q_dim, D))),
-                wk=b.bind(t(p + "attn_k.weight", (kv_dim, D))),
-                wv=b.bind(t(p + "attn_v.weight", (kv_dim, D))),
-                q_norm=b.vector(t(p + "attn_q_norm.weight", (Dh,))),
-                k_norm=b.vector(t(p + "attn_k_norm.weight", (Dh,))),
-                wo=b.bind(t(p + "attn_output.weight", (D, q_dim))),
-                post_attn_norm=b.vector(t(p + "post_attention_norm.weight", (D,))),
-                ffn_norm=b.vector(t(p + "ffn_norm.weight", (D,))),
-                w_gate=b.bind(t(p + "ffn_gate.weight", (cfg.n_ff, D))),
-                w_up=b.bind(t(p + "ffn_up.weight", (cfg.n_ff, D))),
-                w_down=b.bind(t(p + "ffn_down.weight", (D, cfg.n_ff))),
-                post_ffn_norm=b.vector(t(p + "post_ffw_norm.weight", (D,))),
-            ))  # fmt: skip
+            self.layers.append(
+                Gemma3Layer(
+                    attn_norm=b.vector(t(p + "attn_norm.weight", (D,))),
+                    wq=b.bind(t(p + "attn_q.weight", (q_dim, D))),
+                    wk=b.bind(t(p + "attn_k.weight", (kv_dim, D))),
+                    wv=b.bind(t(p + "attn_v.weight", (kv_dim, D))),
+                    q_norm=b.vector(t(p + "attn_q_norm.weight", (Dh,))),
+                    k_norm=b.vector(t(p + "attn_k_norm.weight", (Dh,))),
+                    wo=b.bind(t(p + "attn_output.weight", (D, q_dim))),
+                    post_attn_norm=b.vector(t(p + "post_attention_norm.weight", (D,))),
+                    ffn_norm=b.vector(t(p + "ffn_norm.weight", (D,))),
+                    w_gate=b.bind(t(p + "ffn_gate.weight", (cfg.n_ff, D))),
+                    w_up=b.bind(t(p + "ffn_up.weight", (cfg.n_ff, D))),
+                    w_down=b.bind(t(p + "ffn_down.weight", (D, cfg.n_ff))),
+                    post_ffn_norm=b.vector(t(p + "post_ffw_norm.weight", (D,))),
+                )
+            )
 
     def new_kv_cache(self, n_ctx: int, n_seqs: int = 1) -> Any:
         c = self.config
         return self.backend.new_kv_cache(c.n_layer, c.n_head_kv, c.head_dim, n_ctx, n_seqs)
 
-    def forward(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, kv: Any,
-                logits_rows: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    def forward(
+        self,
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        seq_ids: np.ndarray,
+        kv: Any,
+        logits_rows: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Run N tokens (each with its position and sequence); logits (len(logits_rows), V)."""
         c, b = self.config, self.backend
         n = len(tokens)
@@ -151,7 +161,9 @@ class Gemma3Model:
             v = b.matmul(L.wv, h).reshape(n, c.n_head_kv, c.head_dim)
             q = b.rope(b.rms_norm(q, L.q_norm, c.rms_eps), positions, rope) * np.float32(c.attn_scale)
             k = b.rope(b.rms_norm(k, L.k_norm, c.rms_eps), positions, rope)
-            a = b.attention(q, k, v, kv, il, seq_ids, positions, 1.0, window=c.sliding_window if local else None)
+            a = b.attention(
+                q, k, v, kv, il, seq_ids, positions, 1.0, window=c.sliding_window if local else None
+            )
             a = b.matmul(L.wo, a.reshape(n, -1))
             x = b.add(x, b.rms_norm(a, L.post_attn_norm, c.rms_eps))
             h = b.rms_norm(x, L.ffn_norm, c.rms_eps)

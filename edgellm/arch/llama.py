@@ -116,28 +116,40 @@ class LlamaModel:
         self.layers = []
         for i in range(cfg.n_layer):
             p = f"blk.{i}."
-            opt_vec = lambda name, n: (lambda q: b.vector(q) if q is not None else None)(t.optional(p + name, (n,)))  # noqa: E731
-            self.layers.append(LlamaLayer(
-                attn_norm=b.vector(t(p + "attn_norm.weight", (cfg.n_embd,))),
-                wq=b.bind(t(p + "attn_q.weight", (q_dim, cfg.n_embd))),
-                wk=b.bind(t(p + "attn_k.weight", (kv_dim, cfg.n_embd))),
-                wv=b.bind(t(p + "attn_v.weight", (kv_dim, cfg.n_embd))),
-                wo=b.bind(t(p + "attn_output.weight", (cfg.n_embd, q_dim))),
-                ffn_norm=b.vector(t(p + "ffn_norm.weight", (cfg.n_embd,))),
-                w_gate=b.bind(t(p + "ffn_gate.weight", (cfg.n_ff, cfg.n_embd))),
-                w_up=b.bind(t(p + "ffn_up.weight", (cfg.n_ff, cfg.n_embd))),
-                w_down=b.bind(t(p + "ffn_down.weight", (cfg.n_embd, cfg.n_ff))),
-                bq=opt_vec("attn_q.bias", q_dim),
-                bk=opt_vec("attn_k.bias", kv_dim),
-                bv=opt_vec("attn_v.bias", kv_dim),
-            ))  # fmt: skip
+
+            def opt_vec(name: str, n: int, p: str = p) -> np.ndarray | None:
+                q = t.optional(p + name, (n,))
+                return b.vector(q) if q is not None else None
+
+            self.layers.append(
+                LlamaLayer(
+                    attn_norm=b.vector(t(p + "attn_norm.weight", (cfg.n_embd,))),
+                    wq=b.bind(t(p + "attn_q.weight", (q_dim, cfg.n_embd))),
+                    wk=b.bind(t(p + "attn_k.weight", (kv_dim, cfg.n_embd))),
+                    wv=b.bind(t(p + "attn_v.weight", (kv_dim, cfg.n_embd))),
+                    wo=b.bind(t(p + "attn_output.weight", (cfg.n_embd, q_dim))),
+                    ffn_norm=b.vector(t(p + "ffn_norm.weight", (cfg.n_embd,))),
+                    w_gate=b.bind(t(p + "ffn_gate.weight", (cfg.n_ff, cfg.n_embd))),
+                    w_up=b.bind(t(p + "ffn_up.weight", (cfg.n_ff, cfg.n_embd))),
+                    w_down=b.bind(t(p + "ffn_down.weight", (cfg.n_embd, cfg.n_ff))),
+                    bq=opt_vec("attn_q.bias", q_dim),
+                    bk=opt_vec("attn_k.bias", kv_dim),
+                    bv=opt_vec("attn_v.bias", kv_dim),
+                )
+            )
 
     def new_kv_cache(self, n_ctx: int, n_seqs: int = 1) -> Any:
         c = self.config
         return self.backend.new_kv_cache(c.n_layer, c.n_head_kv, c.head_dim, n_ctx, n_seqs)
 
-    def forward(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, kv: Any,
-                logits_rows: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    def forward(
+        self,
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        seq_ids: np.ndarray,
+        kv: Any,
+        logits_rows: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Run N tokens (each with its position and sequence) and return logits (len(logits_rows), V).
 
         `logits_rows` selects which of the N tokens need logits (default: all).

@@ -64,9 +64,19 @@ class Backend(ABC):
         """Rotate x (N, heads, Dh) by positions (N,)."""
 
     @abstractmethod
-    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, kv: Any, layer: int,
-                  seq_ids: np.ndarray, positions: np.ndarray, scale: float,
-                  window: int | None = None, softcap: float | None = None) -> np.ndarray:  # fmt: skip
+    def attention(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        kv: Any,
+        layer: int,
+        seq_ids: np.ndarray,
+        positions: np.ndarray,
+        scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
+    ) -> np.ndarray:
         """Store k, v (N, Hkv, Dh) at (seq, position) in the cache, then attend causally.
 
         q (N, H, Dh) -> (N, H, Dh). `window` limits attention to the last `window` positions (sliding window).
@@ -102,6 +112,6 @@ def _gelu_f16_table() -> np.ndarray:
         x = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
         c, a = np.float32(0.7978845608028654), np.float32(0.044715)
         with np.errstate(all="ignore"):
-            _GELU_TABLE = (np.float32(0.5) * x * (np.float32(1) + np.tanh(c * x * (np.float32(1) + a * x * x))))
+            _GELU_TABLE = np.float32(0.5) * x * (np.float32(1) + np.tanh(c * x * (np.float32(1) + a * x * x)))
         _GELU_TABLE = _GELU_TABLE.astype(np.float16)
     return _GELU_TABLE

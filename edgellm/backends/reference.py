@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from gguf import GGMLQuantizationType as T
 
 from edgellm import quants
@@ -29,12 +28,14 @@ class RefWeight:
     def f32(self) -> np.ndarray:
         """(M, K) float32, dequantized on first use."""
         if self._f32 is None:
-            self._f32 = quants.dequantize(self.qt.data, self.qt.type, self.qt.shape).reshape(-1, self.qt.ne[0])
+            self._f32 = quants.dequantize(self.qt.data, self.qt.type, self.qt.shape).reshape(
+                -1, self.qt.ne[0]
+            )
         return self._f32
 
     @property
     def block_mins(self) -> np.ndarray:
-        """(M, K/32) float32 block minimums `m` of a Q4_1/Q5_1 weight (the f16 at bytes 2..4 of each block)."""
+        """(M, K/32) float32 block minimums `m` of a Q4_1/Q5_1 weight (the f16 at bytes 2..4 of a block)."""
         if self._mins is None:
             qt = self.qt
             blocks = qt.data.reshape(qt.data.shape[0], qt.ne[0] // 32, -1)
@@ -91,7 +92,7 @@ def activation_roundtrip(x: np.ndarray, weight_type: T) -> np.ndarray:
 
 
 def _q8_1_sum_correction(x: np.ndarray) -> np.ndarray:
-    """(N, K/32): f16(d * sum(q)) - f16(d) * sum(q) for each Q8_1 activation block (ggml quantize_row_q8_1)."""
+    """(N, K/32): f16(d * sum(q)) - f16(d) * sum(q) per Q8_1 activation block (ggml quantize_row_q8_1)."""
     b = x.reshape(x.shape[0], -1, 32)
     amax = np.abs(b).max(axis=2)
     d = amax / np.float32(127)
