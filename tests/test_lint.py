@@ -12,5 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.skipif(shutil.which("ruff") is None, reason="ruff is not installed (pip install -e '.[test]')")
 @pytest.mark.parametrize("args", [["check"], ["format", "--check"]])
 def test_ruff_is_clean(args):
-    proc = subprocess.run(["ruff", *args, "edgellm", "tests", "scripts"], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        ["ruff", *args, "edgellm", "tests", "scripts"], cwd=ROOT, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
