@@ -11,6 +11,9 @@ from edgellm.gguf import ModelFile
 ARCHITECTURES = {
     "llama": "edgellm.arch.llama:LlamaModel",
     "gemma3": "edgellm.arch.gemma3:Gemma3Model",
+    "qwen2": "edgellm.arch.qwen2:Qwen2Model",
+    "qwen3": "edgellm.arch.qwen3:Qwen3Model",
+    "phi3": "edgellm.arch.phi3:Phi3Model",
 }
 REMAP = {"mistral": "llama"}  # same graph, different name in the file
 

@@ -41,7 +41,7 @@ class LlamaConfig:
     n_ctx_train: int
     rms_eps: float
     rope: RopeSpec
-    sliding_window: int | None = None  # Mistral-style, all layers
+    sliding_window: int | None = None  # None: llama.cpp's llama graph attends over the whole context
 
     @classmethod
     def from_gguf(cls, mf: ModelFile) -> LlamaConfig:
@@ -60,7 +60,6 @@ class LlamaConfig:
         elif mf.get(f"{a}.rope.scaling.type") not in (None, "none"):
             raise ConfigError(f"rope scaling {mf.get(f'{a}.rope.scaling.type')!r} is not supported yet")
         factors = mf.tensors.get("rope_freqs.weight")  # Llama 3.1+: per-frequency divisors
-        window = mf.get(f"{a}.attention.sliding_window")
         return cls(
             arch=a,
             n_layer=int(_req(mf, f"{a}.block_count")),
@@ -79,7 +78,9 @@ class LlamaConfig:
                 freq_scale=freq_scale,
                 freq_factors=factors.dequantize().reshape(-1) if factors is not None else None,
             ),
-            sliding_window=int(window) if window else None,
+            # `{arch}.attention.sliding_window` is deliberately ignored: llama.cpp's llama graph (used for
+            # Mistral too) builds no sliding-window mask, and matching it is the point
+            sliding_window=None,
         )
 
 
