@@ -37,6 +37,14 @@ class Completion:
     timings: Timings = field(default_factory=Timings)
 
 
+def _numba_kernels_cached() -> bool:
+    try:
+        from edgellm.backends.numba_cpu import NumbaBackend
+    except ImportError:
+        return True  # no numba: nothing will compile
+    return NumbaBackend.kernels_cached()
+
+
 class LLM:
     """A loaded model with its tokenizer, chat template and a generator."""
 
@@ -54,6 +62,8 @@ class LLM:
         t0 = time.perf_counter()
         self.path = store.resolve(str(model) if model is not None else None, log=log)
         self.file = ModelFile(self.path, use_mmap=use_mmap)
+        if log is not None and backend in ("auto", "numba") and not _numba_kernels_cached():
+            log("compiling the numba kernels (first run only; about a minute)...")
         self.backend = get_backend(backend, threads)
         self.model = load_model(self.file, self.backend)
         self.tokenizer = Tokenizer.from_gguf(self.file)

@@ -7,8 +7,9 @@ from edgellm.backends.base import Backend, BackendUnavailable
 # name -> "module:class"; the fast CPU and device backends register here as they land
 BACKENDS = {
     "reference": "edgellm.backends.reference:ReferenceBackend",
+    "numba": "edgellm.backends.numba_cpu:NumbaBackend",
 }
-AUTO_ORDER = ["reference"]
+AUTO_ORDER = ["numba", "reference"]
 
 
 def names() -> list[str]:

@@ -62,14 +62,16 @@ def activation_roundtrip(x: np.ndarray, weight_type: T) -> np.ndarray:
 
     ggml-cpu multiplies a quantized weight with activations quantized once per matmul (type_traits_cpu
     vec_dot_type): Q8_0 (blocks of 32, d = amax/127 stored as f16) for the legacy types, Q8_1 (same values)
-    for Q4_1/Q5_1, Q8_K (blocks of 256, d = max/-127 kept in f32) for K-quants, f16 for F16 weights.
+    for Q4_1/Q5_1, Q8_K (blocks of 256, d = max/-127 kept in f32) for K-quants, f16 / bf16 for F16 / BF16.
     Reproducing that rounding here keeps the reference within float-summation noise of llama.cpp.
     """
     t = quants.quant_type(weight_type).vec_dot_type
-    if t is None or t in (T.F32, weight_type) and weight_type in (T.F32, T.BF16):
+    if t is None or t == T.F32:
         return x
     if t == T.F16:
         return _f16_round(x)
+    if t == T.BF16:
+        return _bf16_round(x)
     shape = x.shape
     if t in (T.Q8_0, T.Q8_1):
         b = x.reshape(-1, 32)
@@ -85,7 +87,7 @@ def activation_roundtrip(x: np.ndarray, weight_type: T) -> np.ndarray:
         vmax = b[np.arange(len(b)), idx][:, None]  # signed value of largest magnitude
         with np.errstate(divide="ignore", invalid="ignore"):
             iscale = np.where(vmax != 0, np.float32(-127) / vmax, np.float32(0)).astype(np.float32)
-            q = np.minimum(np.float32(127), _round_away(iscale * b))
+            q = np.minimum(np.float32(127), np.rint(iscale * b))  # ggml nearest_int: halves to even
             d = np.where(iscale != 0, np.float32(1) / iscale, np.float32(0)).astype(np.float32)
         return (d * q).reshape(shape)
     return x
@@ -103,9 +105,11 @@ def _q8_1_sum_correction(x: np.ndarray) -> np.ndarray:
     return s16 - d.astype(np.float16).astype(np.float32) * sq
 
 
-def _round_away(x: np.ndarray) -> np.ndarray:
-    """C's nearest_int/roundf: halves away from zero."""
-    return np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))
+def _bf16_round(x: np.ndarray) -> np.ndarray:
+    """ggml_compute_fp32_to_bf16: round to nearest even on the top 16 bits (NaN stays NaN)."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16).astype(np.uint32).view(np.float32)
+    return np.where(np.isnan(x), x, r).reshape(x.shape)
 
 
 def _f16_round(x: np.ndarray) -> np.ndarray:

@@ -1,0 +1,212 @@
+"""The numba backend: quantized matmuls on the weights as stored, JIT-compiled, for machines without a
+C compiler.
+
+Weights stay the raw blocks of the mmapped file (no float32 copy). A matmul quantizes its activation
+rows once to the weight's ggml vec_dot type and computes every output as ggml-cpu's scalar dot product
+does (numba_kernels/), so results match the reference backend to float-summation order and are the same
+for any thread count. RMSNorm, RoPE, attention over the (reference's float16) KV cache and the GLUs are
+the reference's float32 operations compiled (numba_kernels/ops.py); embedding lookup and add stay numpy.
+Kernels compile when the backend is made (ops) or the first weight of their family is bound (matmuls),
+or on `warmup()`; never inside a timed step. Numba caches them on disk, so a second process pays no JIT.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgellm.backends.base import BackendUnavailable, RopeSpec, _gelu_f16_table
+from edgellm.backends.reference import KVCache, ReferenceBackend, RefWeight
+from edgellm.gguf import QTensor
+
+try:
+    import numba
+
+    from edgellm.backends import numba_kernels as K
+    from edgellm.backends.numba_kernels import ops as O
+except ImportError as e:  # pragma: no cover - numba is a dependency, but say why if it is missing
+    numba = None
+    _IMPORT_ERROR = str(e)
+
+# Below this many multiply-adds a matmul runs on one thread: waking the pool costs more than it saves.
+PARALLEL_MIN_MACS = 1 << 18
+
+
+def physical_cores() -> int:
+    """Physical cores this process may run on (SMT siblings counted once); falls back to logical CPUs."""
+    try:
+        cpus = os.sched_getaffinity(0)
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+    cores = set()
+    for c in cpus:
+        topo = Path(f"/sys/devices/system/cpu/cpu{c}/topology")
+        try:
+            cores.add(((topo / "physical_package_id").read_text(), (topo / "core_id").read_text()))
+        except OSError:
+            return len(cpus)
+    return max(1, len(cores))
+
+
+@dataclass
+class NumbaWeight(RefWeight):
+    """A bound weight: the raw (rows, row bytes) blocks, read-only, and its kernel (None: reference)."""
+
+    raw: np.ndarray | None = None
+    family: str | None = None
+    kind: int = -1
+
+
+def _rows(x: np.ndarray) -> np.ndarray:
+    """x as a C-contiguous, writable (rows, last axis) float32 array."""
+    x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+    return x2 if x2.flags.writeable else x2.copy()
+
+
+def _flat(x: np.ndarray) -> np.ndarray:
+    f = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    return f if f.flags.writeable else f.copy()
+
+
+_NO_WEIGHT = np.ones(1, np.float32)
+_THREADS = [0]  # the size numba's thread pool was last set to (set_num_threads costs ~3 us: not per call)
+
+
+def _use_threads(n: int) -> None:
+    numba.set_num_threads(n)
+    _THREADS[0] = n
+
+
+_GELU_F32: np.ndarray | None = None
+
+
+def _gelu_table_f32() -> np.ndarray:
+    global _GELU_F32
+    if _GELU_F32 is None:
+        _GELU_F32 = _gelu_f16_table().astype(np.float32)
+    return _GELU_F32
+
+
+class NumbaBackend(ReferenceBackend):
+    name = "numba"
+
+    @staticmethod
+    def kernels_cached() -> bool:
+        """Whether numba's on-disk cache already holds the kernels (else the first use compiles ~1 min)."""
+        import os
+        from pathlib import Path
+
+        dirs = [Path(K.__file__).parent / "__pycache__"]
+        if os.environ.get("NUMBA_CACHE_DIR"):
+            dirs.append(Path(os.environ["NUMBA_CACHE_DIR"]))
+        return any(next(d.rglob("*matmul_legacy*.nbi"), None) for d in dirs if d.is_dir())
+
+    def __init__(self, threads: int | None = None):
+        if numba is None:
+            raise BackendUnavailable(f"numba is not importable ({_IMPORT_ERROR})")
+        cores = physical_cores()
+        limit = numba.config.NUMBA_NUM_THREADS
+        self.threads = max(1, min(int(threads) if threads else cores, limit))
+        _use_threads(self.threads)
+        self._rope_tables: dict[int, tuple] = {}
+        K.compile_family("ops")
+
+    def bind(self, t: QTensor) -> NumbaWeight:
+        family, kind = K.KINDS.get(t.type, (None, -1))
+        raw = None
+        if family is not None and t.data.ndim == 2:
+            raw = t.data.view()
+            raw.flags.writeable = False  # one compiled signature for mmapped and in-memory weights
+            K.compile_family(family)
+        else:
+            family = None
+        return NumbaWeight(t, raw=raw, family=family, kind=kind)
+
+    def warmup(self) -> None:
+        """Compile (or load from cache) every kernel family now."""
+        for family in K.MATMULS:
+            K.compile_family(family)
+        K.compile_family("ops")
+
+    # -- the reference's other ops, compiled -----------------------------------------------------------
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
+        x2 = _rows(x)
+        out = np.empty_like(x2)
+        w = weight if weight is not None else _NO_WEIGHT
+        O.rms_norm(x2, np.ascontiguousarray(w, np.float32), weight is not None, float(eps), out)
+        return out.reshape(x.shape)
+
+    def rope(self, x: np.ndarray, positions: np.ndarray, spec: RopeSpec) -> np.ndarray:
+        cos, sin = self._rope_table(spec, int(positions.max(initial=0)) + 1)
+        pos = np.asarray(positions, np.int64)
+        x3 = np.ascontiguousarray(x, np.float32)
+        out = np.empty_like(x3)
+        O.rope(x3, cos[pos], sin[pos], spec.n_dims, spec.neox, out)
+        return out
+
+    def _rope_table(self, spec: RopeSpec, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin (positions, n_dims/2) float32 for positions 0.., computed once per spec exactly as the
+        reference computes them per call (ggml_rope_cache_init's running product in float32)."""
+        entry = self._rope_tables.get(id(spec))
+        if entry is None or entry[0] is not spec or len(entry[1]) < n_pos:
+            n = max(n_pos, 2 * len(entry[1]) if entry is not None and entry[0] is spec else 256)
+            half = spec.n_dims // 2
+            theta_scale = np.float32(spec.freq_base) ** np.float32(-2.0 / spec.n_dims)
+            theta = np.empty((n, half), np.float32)
+            theta[:, 0] = np.arange(n).astype(np.float32)
+            for i in range(1, half):
+                theta[:, i] = theta[:, i - 1] * theta_scale
+            if spec.freq_factors is not None:
+                theta = theta / spec.freq_factors.astype(np.float32)
+            theta = theta * np.float32(spec.freq_scale)
+            entry = (spec, np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32))
+            self._rope_tables[id(spec)] = entry
+        return entry[1], entry[2]
+
+    def attention(self, q, k, v, kv: KVCache, layer, seq_ids, positions, scale, window=None, softcap=None):
+        positions = np.asarray(positions, np.int64)
+        if positions.max(initial=0) >= kv.n_ctx:
+            raise ValueError(f"position {int(positions.max())} is outside the context of {kv.n_ctx}")
+        out = np.empty((q.shape[0], q.shape[1], v.shape[-1]), np.float32)
+        O.attention(
+            np.ascontiguousarray(q, np.float32),
+            np.ascontiguousarray(k, np.float32),
+            np.ascontiguousarray(v, np.float32),
+            kv.k[layer].view(np.uint16),
+            kv.v[layer].view(np.uint16),
+            np.asarray(seq_ids, np.int64),
+            positions,
+            float(scale),
+            int(window or 0),
+            float(softcap or 0.0),
+            out,
+        )
+        return out
+
+    def silu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        out = np.empty(gate.shape, np.float32)
+        O.silu_mul(_flat(gate), _flat(up), out.reshape(-1))
+        return out
+
+    def gelu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        out = np.empty(gate.shape, np.float32)
+        O.gelu_mul(_flat(gate), _flat(up), _gelu_table_f32(), out.reshape(-1))
+        return out
+
+    def matmul(self, w: NumbaWeight, x: np.ndarray) -> np.ndarray:
+        if w.family is None:  # a type without a Numba kernel: the reference's dequantized product
+            return super().matmul(w, x)
+        raw = w.raw
+        lead = x.shape[:-1]
+        x2 = _rows(x)  # the kernels are compiled for C-contiguous, writable activations only
+        n, k = x2.shape
+        m = raw.shape[0]
+        out = np.empty((n, m), np.float32)
+        chunks = min(self.threads, m) if m * k * n >= PARALLEL_MIN_MACS else 1
+        if chunks > 1 and _THREADS[0] != self.threads:  # another backend instance changed it
+            _use_threads(self.threads)
+        K.MATMULS[w.family](w.kind, raw, x2, out, chunks)
+        return out.reshape(*lead, m)

@@ -1,0 +1,185 @@
+"""Numba matmul kernels over quantized weights as stored, computed like ggml-cpu's dot products.
+
+One entry point per family: `matmul_legacy` (Q4_0 .. Q8_0, IQ4_NL vs Q8_0/Q8_1 activations),
+`matmul_kquant` (Q4_K, Q5_K, Q6_K vs Q8_K), `matmul_float` (F32, F16, BF16). Each takes
+(kind, w, x, out, n_chunks): w the raw (M, row bytes) uint8 blocks, x (N, K) float32, out (N, M) float32;
+it quantizes x once and computes out, the weight rows split into n_chunks ranges run in parallel (each
+output is computed whole by one thread, so results do not depend on n_chunks). `compile_family` must run
+before first use: it compiles (or loads from Numba's cache) with LLVM's SLP vectorizer on, which the
+kernels are written for and Numba leaves off by default.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from numba import njit, prange, types
+
+from edgellm.backends.numba_kernels import floats, kquants, legacy, ops
+from edgellm.backends.numba_kernels.common import (
+    quantize_q8_0,
+    quantize_q8_k,
+    round_rows_bf16,
+    round_rows_f16,
+)
+
+F32 = np.float32
+
+# ggml type -> (family, kernel kind)
+KINDS: dict[T, tuple[str, int]] = {
+    T.Q4_0: ("legacy", legacy.Q4_0),
+    T.Q4_1: ("legacy", legacy.Q4_1),
+    T.Q5_0: ("legacy", legacy.Q5_0),
+    T.Q5_1: ("legacy", legacy.Q5_1),
+    T.Q8_0: ("legacy", legacy.Q8_0),
+    T.IQ4_NL: ("legacy", legacy.IQ4_NL),
+    T.Q4_K: ("kquant", kquants.Q4_K),
+    T.Q5_K: ("kquant", kquants.Q5_K),
+    T.Q6_K: ("kquant", kquants.Q6_K),
+    T.F32: ("float", floats.F32_KIND),
+    T.F16: ("float", floats.F16_KIND),
+    T.BF16: ("float", floats.BF16_KIND),
+}
+
+
+# Row kernels are reached through function pointers (Numba first-class functions): a caller that called
+# them directly would link and re-optimize their whole body, which for these unrolled kernels costs as much
+# compile time as the kernel itself, again in every caller.
+_W = types.Array(types.uint8, 2, "C", readonly=True)
+_I8 = types.Array(types.int8, 2, "C")
+_I32 = types.Array(types.int32, 2, "C")
+_F = types.Array(types.float32, 2, "C")
+_i = types.int64
+_LEGACY_ROWS = types.void(_i, _W, _I8, _F, _F, _F, _i, _i)  # kind, w, qa, da, sa, out, lo, hi
+_KQUANT_ROWS = types.void(_i, _W, _I8, _F, _I32, _F, _i, _i)  # kind, w, qa, da, bs, out, lo, hi
+_FLOAT_ROWS = types.void(_i, _W, _F, _F, _i, _i)  # kind, w, xf, out, lo, hi
+
+
+# One splitter per family (each compiled for exactly one function-pointer signature, then closed to new
+# compilations so that callers pass the row kernel as a pointer instead of specializing on it).
+@njit(cache=True, parallel=True)
+def _split_legacy(rows, kind, w, qa, da, sa, out, n_chunks):
+    """rows(kind, w, ..., out, lo, hi) over n_chunks contiguous ranges of weight rows, in parallel."""
+    m = w.shape[0]
+    if n_chunks <= 1:
+        rows(kind, w, qa, da, sa, out, 0, m)
+        return
+    for t in prange(n_chunks):
+        rows(kind, w, qa, da, sa, out, t * m // n_chunks, (t + 1) * m // n_chunks)
+
+
+@njit(cache=True, parallel=True)
+def _split_kquant(rows, kind, w, qa, da, bs, out, n_chunks):
+    m = w.shape[0]
+    if n_chunks <= 1:
+        rows(kind, w, qa, da, bs, out, 0, m)
+        return
+    for t in prange(n_chunks):
+        rows(kind, w, qa, da, bs, out, t * m // n_chunks, (t + 1) * m // n_chunks)
+
+
+@njit(cache=True, parallel=True)
+def _split_float(rows, kind, w, xf, out, n_chunks):
+    m = w.shape[0]
+    if n_chunks <= 1:
+        rows(kind, w, xf, out, 0, m)
+        return
+    for t in prange(n_chunks):
+        rows(kind, w, xf, out, t * m // n_chunks, (t + 1) * m // n_chunks)
+
+
+@njit(cache=True)
+def matmul_legacy(kind, w, x, out, n_chunks):
+    n, k = x.shape
+    qa = np.empty((n, k), np.int8)
+    da = np.empty((n, k // 32), F32)
+    sa = np.empty((n, k // 32), F32)  # Q8_1's s, filled for Q4_1/Q5_1 only (the only kernels reading it)
+    quantize_q8_0(x, qa, da, sa, kind == legacy.Q4_1 or kind == legacy.Q5_1)
+    _split_legacy(legacy.rows, kind, w, qa, da, sa, out, n_chunks)
+
+
+@njit(cache=True)
+def matmul_kquant(kind, w, x, out, n_chunks):
+    n, k = x.shape
+    qa = np.empty((n, k), np.int8)
+    da = np.empty((n, k // 256), F32)
+    bs = np.empty((n, k // 16), np.int32)
+    quantize_q8_k(x, qa, da, bs)
+    _split_kquant(kquants.rows, kind, w, qa, da, bs, out, n_chunks)
+
+
+@njit(cache=True)
+def matmul_float(kind, w, x, out, n_chunks):
+    xf = x
+    if kind == floats.F16_KIND:
+        xf = np.empty_like(x)
+        round_rows_f16(x, xf)
+    elif kind == floats.BF16_KIND:
+        xf = np.empty_like(x)
+        round_rows_bf16(x, xf)
+    _split_float(floats.rows, kind, w, xf, out, n_chunks)
+
+
+def _compile_ops() -> None:
+    """Call every op once on tiny inputs of the types the backend passes."""
+    x, w, out = np.ones((2, 8), F32), np.ones(8, F32), np.empty((2, 8), F32)
+    ops.rms_norm(x, w, True, 1e-6, out)
+    x3 = np.ones((2, 2, 8), F32)
+    ops.rope(x3, np.ones((2, 4), F32), np.ones((2, 4), F32), 8, False, np.empty_like(x3))
+    cache = np.zeros((1, 4, 1, 8), np.uint16)
+    pos, seq = np.arange(2, dtype=np.int64), np.zeros(2, np.int64)
+    ops.attention(
+        x3, x3[:, :1].copy(), x3[:, :1].copy(), cache, cache.copy(), seq, pos, 1.0, 0, 0.0, x3.copy()
+    )
+    v = np.ones(8, F32)
+    ops.silu_mul(v, v, np.empty_like(v))
+    ops.gelu_mul(v, v, np.zeros(65536, F32), np.empty_like(v))
+
+
+MATMULS = {"legacy": matmul_legacy, "kquant": matmul_kquant, "float": matmul_float}
+_COMPILED: set[str] = set()
+
+
+def compile_family(family: str) -> None:
+    """Compile (or load from cache) one family's kernels, serial and parallel, for the argument types
+    matmul uses: read-only weights, C-contiguous float32 activations and outputs.
+
+    Numba keeps LLVM's SLP vectorizer off by default; the kernels' unrolled integer dots need it (2-4x).
+    It is switched on only while these functions compile, under Numba's compiler lock so that no other
+    compilation sees the setting.
+    """
+    if family in _COMPILED:
+        return
+    from numba.core.compiler_lock import global_compiler_lock
+
+    if family == "ops":
+        with global_compiler_lock:
+            _compile_ops()
+        _COMPILED.add(family)
+        return
+
+    fn = MATMULS[family]
+    rows, split, sig = {
+        "legacy": (legacy.rows, _split_legacy, _LEGACY_ROWS),
+        "kquant": (kquants.rows, _split_kquant, _KQUANT_ROWS),
+        "float": (floats.rows, _split_float, _FLOAT_ROWS),
+    }[family]
+    kind, k, row_bytes = {"legacy": (legacy.Q8_0, 32, 34), "kquant": (kquants.Q6_K, 256, 210)}.get(
+        family, (floats.F32_KIND, 4, 16)
+    )
+    w = np.zeros((2, row_bytes), np.uint8)
+    w.flags.writeable = False
+    with global_compiler_lock:
+        saved = numba.config.SLP_VECTORIZE
+        numba.config.SLP_VECTORIZE = 1
+        try:
+            rows.compile(sig)
+            split.compile(types.void(types.FunctionType(sig), *sig.args[:-2], _i))
+            split.disable_compile()
+            for n in (1, legacy.UNPACK_MIN_ROWS):  # both decode and prompt paths
+                for chunks in (1, 2):
+                    fn(kind, w, np.zeros((n, k), F32), np.empty((n, 2), F32), chunks)
+        finally:
+            numba.config.SLP_VECTORIZE = saved
+    _COMPILED.add(family)

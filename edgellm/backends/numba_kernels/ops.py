@@ -1,0 +1,131 @@
+"""Numba versions of the reference backend's non-matmul ops (RMSNorm, RoPE rotation, attention over the
+float16 KV cache, SwiGLU, GeGLU), with the reference's float32 operations in the same order.
+
+What can differ from the reference is float summation order (dot products, softmax and RMS sums) and the
+last bit of exp/tanh (libm here, numpy's SIMD routines there). The KV cache is the reference's float16
+cache seen as uint16 bits (Numba has no float16): values are stored rounded to nearest even like numpy's
+astype(float16), and read back exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from edgellm.backends.numba_kernels.common import f16_to_f32, f32_to_f16_bits
+from edgellm.backends.numba_kernels.floats import _f16_bits_to_f32
+
+F32 = np.float32
+
+
+@njit(cache=True)
+def rms_norm(x, weight, has_weight, eps, out):
+    """x, out (N, D) float32: ggml_compute_forward_rms_norm_f32 (sum of squares in double), then * weight."""
+    n, d = x.shape
+    for r in range(n):
+        s = 0.0
+        for j in range(d):
+            v = np.float64(x[r, j])
+            s += v * v
+        scale = F32(1) / np.sqrt(F32(s / d + eps))
+        for j in range(d):
+            y = x[r, j] * scale
+            out[r, j] = y * weight[j] if has_weight else y
+
+
+@njit(cache=True)
+def rope(x, cos, sin, n_dims, neox, out):
+    """x, out (N, H, Dh); cos, sin (N, n_dims/2): rotate pairs (i, i + n_dims/2) (neox) or (2i, 2i+1)."""
+    n, h, dh = x.shape
+    half = n_dims // 2
+    for r in range(n):
+        for hh in range(h):
+            for j in range(dh):
+                out[r, hh, j] = x[r, hh, j]
+            for i in range(half):
+                c, s = cos[r, i], sin[r, i]
+                if neox:
+                    a, b = x[r, hh, i], x[r, hh, i + half]
+                    out[r, hh, i] = a * c - b * s
+                    out[r, hh, i + half] = a * s + b * c
+                else:
+                    a, b = x[r, hh, 2 * i], x[r, hh, 2 * i + 1]
+                    out[r, hh, 2 * i] = a * c - b * s
+                    out[r, hh, 2 * i + 1] = a * s + b * c
+
+
+@njit(cache=True)
+def attention(q, k, v, kc, vc, seq_ids, positions, scale, window, softcap, out):
+    """Store k, v (N, Hkv, Dh) into this layer's caches kc, vc (seqs, ctx, Hkv, Dh) uint16 (f16 bits) at
+    (seq, position), then causal attention of q (N, H, Dh) -> out (N, H, Dh), like ReferenceBackend:
+    q rounded to f16, scores * scale, optional softcap, masked beyond the position (and before the window),
+    softmax in float32, weights rounded to f16 before their product with the values."""
+    n, n_head, dh = q.shape
+    n_kv = k.shape[1]
+    group = n_head // n_kv
+    scale = F32(scale)
+    softcap = F32(softcap)
+    for r in range(n):
+        for hh in range(n_kv):
+            for d in range(dh):
+                kc[seq_ids[r], positions[r], hh, d] = f32_to_f16_bits(k[r, hh, d])
+                vc[seq_ids[r], positions[r], hh, d] = f32_to_f16_bits(v[r, hh, d])
+    qh = np.empty(dh, F32)
+    acc = np.empty(dh, F32)
+    for r in range(n):
+        s_id, pos = seq_ids[r], positions[r]
+        lo = max(0, pos - window + 1) if window > 0 else 0
+        t = pos + 1 - lo
+        scores = np.empty(t, F32)
+        for h in range(n_head):
+            g = h // group
+            for d in range(dh):
+                qh[d] = f16_to_f32(f32_to_f16_bits(q[r, h, d]))
+            mx = F32(-np.inf)
+            for j in range(t):
+                krow = kc[s_id, lo + j, g]
+                s = F32(0)
+                for d in range(dh):
+                    s += qh[d] * _f16_bits_to_f32(krow[d])
+                s = s * scale
+                if softcap > 0:
+                    s = softcap * np.tanh(s / softcap)
+                scores[j] = s
+                if s > mx:
+                    mx = s
+            total = F32(0)
+            for j in range(t):
+                e = np.exp(scores[j] - mx)
+                scores[j] = e
+                total += e
+            for d in range(dh):
+                acc[d] = F32(0)
+            for j in range(t):
+                p = f16_to_f32(f32_to_f16_bits(scores[j] / total))
+                vrow = vc[s_id, lo + j, g]
+                for d in range(dh):
+                    acc[d] += p * _f16_bits_to_f32(vrow[d])
+            for d in range(dh):
+                out[r, h, d] = acc[d]
+
+
+@njit(cache=True)
+def silu_mul(gate, up, out):
+    """SwiGLU over flat float32 arrays: gate / (1 + exp(-gate)) * up."""
+    for i in range(gate.size):
+        g = gate[i]
+        out[i] = g / (F32(1) + np.exp(-g)) * up[i]
+
+
+@njit(cache=True)
+def gelu_mul(gate, up, table, out):
+    """GeGLU with ggml's GELU(tanh) table indexed by the f16 bits of gate (table: 65536 float32 values)."""
+    for i in range(gate.size):
+        g = gate[i]
+        if g <= F32(-10):
+            y = F32(0)
+        elif g >= F32(10):
+            y = g
+        else:
+            y = table[f32_to_f16_bits(g)]
+        out[i] = y * up[i]

@@ -1,0 +1,282 @@
+"""The numba backend's quantized matmuls against the reference backend, on random and real weights; its
+activation quantizers against ggml's; 1 vs N threads; its other ops against the reference's; SmolLM2's
+greedy tokens against the reference backend's and llama.cpp's.
+
+Tolerance: both backends compute the same products of the same quantized numbers (the reference with the
+activations rounded as ggml rounds them, then a float32 BLAS product; numba with ggml's integer block sums
+and float32 accumulation), so they differ only by float32 summation order. That error is at most a few
+K * 2^-24 of the sum of |terms| (K <= 2048 here: ~1e-4 worst case, ~1e-6 typical); we allow 1e-5 of
+each output's scale sum_k |w_k x_k| and measure ~1e-7.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from forward_checks import NEAR_TIE, check_forced_steps, check_greedy, greedy, load_fixture
+from gguf import GGMLQuantizationType as T
+
+from edgellm import quants
+from edgellm.backends import get_backend
+from edgellm.backends import numba_kernels as K
+from edgellm.backends.base import RopeSpec
+from edgellm.backends.numba_cpu import PARALLEL_MIN_MACS, NumbaBackend
+from edgellm.backends.numba_kernels import common
+from edgellm.backends.reference import ReferenceBackend, activation_roundtrip
+from edgellm.gguf import ModelFile, QTensor
+
+REL_TOL = 1e-5
+QUANTIZABLE = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.F32, T.F16, T.BF16]
+RANDOM_BYTES = [T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL]  # no reference quantizer: random blocks, sane scales
+# byte offsets of each block's f16 scales (d, and dmin where there is one)
+F16_SCALES = {T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,), T.IQ4_NL: (0,)}
+
+rng = np.random.default_rng(1234)
+
+
+@pytest.fixture(scope="module")
+def nb() -> NumbaBackend:
+    b = NumbaBackend(threads=2)
+    b.warmup()  # compiles every kernel family, or loads it from Numba's cache
+    return b
+
+
+def qtensor(data: np.ndarray, t: T, k: int) -> QTensor:
+    data = np.ascontiguousarray(data).reshape(-1, quants.row_nbytes(t, k))
+    return QTensor("w", t, (k, data.shape[0]), 0, data.nbytes, data)
+
+
+def random_weight(t: T, m: int, k: int) -> QTensor:
+    if t in QUANTIZABLE:
+        return qtensor(quants.quantize(rng.standard_normal((m, k)).astype(np.float32), t), t, k)
+    q = quants.quant_type(t)
+    blocks = rng.integers(0, 256, (m * k // q.block_size, q.type_size), dtype=np.uint8)
+    for o in F16_SCALES[t]:  # scales of a trained model's size, positive and negative, no inf/nan
+        s = (rng.uniform(0.5, 2.0, len(blocks)) * rng.choice([-1, 1], len(blocks)) * 2e-3).astype("<f2")
+        blocks[:, o : o + 2] = s.view(np.uint8).reshape(-1, 2)
+    return qtensor(blocks, t, k)
+
+
+def assert_matches_reference(nb: NumbaBackend, qt: QTensor, x: np.ndarray) -> None:
+    if qt.type == T.BF16:
+        # ggml rounds activations to bf16 for BF16 weights (type_traits_cpu: vec_dot_type BF16); the
+        # reference backend does not, so hand it activations that already are bf16 values
+        x = quants.dequantize(quants.quantize(x, T.BF16), T.BF16, x.shape)
+    ref = ReferenceBackend()
+    want = ref.matmul(ref.bind(qt), x)
+    got = nb.matmul(nb.bind(qt), x)
+    assert got.shape == want.shape and got.dtype == np.float32
+    w = np.abs(ref.bind(qt).f32)
+    scale = np.abs(activation_roundtrip(x, qt.type)) @ w.T  # sum_k |x_k w_k| per output
+    err = np.abs(got - want) / scale.max()
+    assert err.max() < REL_TOL, f"{qt.type.name}: error {err.max():.2e} of the output scale"
+
+
+@pytest.mark.parametrize("n", [1, 5], ids=["decode", "prompt"])  # 5 rows take the unpack-once path
+@pytest.mark.parametrize("t", QUANTIZABLE + RANDOM_BYTES, ids=lambda t: t.name)
+def test_matmul_matches_reference_on_random_weights(nb, t, n):
+    qt = random_weight(t, 37, 512)
+    x = (rng.standard_normal((n, 512)) * rng.uniform(0.1, 10)).astype(np.float32)
+    x[0, :64] *= 20  # an outlier block, as real activations have
+    assert_matches_reference(nb, qt, x)
+
+
+def test_float_kernel_handles_rows_not_a_multiple_of_its_lanes(nb):
+    qt = random_weight(T.F16, 9, 100)
+    assert_matches_reference(nb, qt, rng.standard_normal((3, 100)).astype(np.float32))
+
+
+@pytest.mark.parametrize(
+    "alias,names",
+    [
+        ("smollm2", ["blk.0.attn_q.weight", "blk.3.ffn_down.weight", "token_embd.weight"]),
+        ("gemma3", ["blk.0.attn_q.weight", "blk.0.attn_v.weight", "blk.0.attn_output.weight"]),
+        ("gemma3", ["blk.0.ffn_down.weight", "blk.5.ffn_down.weight"]),
+    ],
+)
+def test_matmul_matches_reference_on_real_tensors(nb, request, alias, names):
+    mf = ModelFile(request.getfixturevalue(f"{alias}_path"))
+    for name in names:
+        qt = mf.tensors[name]
+        data = qt.data[:1024]  # the first rows are enough (the embedding has 262k)
+        qt = QTensor(name, qt.type, (qt.ne[0], data.shape[0]), qt.offset, data.nbytes, data)
+        for n in (1, 7):
+            x = (rng.standard_normal((n, qt.ne[0])) * 3).astype(np.float32)
+            assert_matches_reference(nb, qt, x)
+
+
+@pytest.mark.parametrize("t", [T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K, T.F16], ids=lambda t: t.name)
+def test_one_and_two_threads_give_identical_bits(nb, t):
+    qt = random_weight(t, 512, 512)
+    one, two = NumbaBackend(threads=1), nb
+    for n in (1, 9):
+        x = rng.standard_normal((n, 512)).astype(np.float32)
+        assert 512 * 512 * n >= PARALLEL_MIN_MACS  # the 2-thread backend really splits the rows
+        a, b = one.matmul(one.bind(qt), x), two.matmul(two.bind(qt), x)
+        assert np.array_equal(a, b)
+    family, kind = K.KINDS[t]  # and any split of the rows
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    outs = []
+    for chunks in (1, 2, 5):
+        out = np.empty((3, 512), np.float32)
+        K.MATMULS[family](kind, nb.bind(qt).raw, x, out, chunks)
+        outs.append(out)
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+
+
+@pytest.mark.parametrize("t", QUANTIZABLE[:5] + RANDOM_BYTES, ids=lambda t: t.name)
+def test_decode_and_prompt_paths_give_identical_bits(nb, t):
+    """Few rows unpack blocks inside the dot, many rows unpack each weight row once: same numbers."""
+    qt = random_weight(t, 40, 512)
+    w = nb.bind(qt)
+    x = rng.standard_normal((K.legacy.UNPACK_MIN_ROWS + 2, 512)).astype(np.float32)
+    together = nb.matmul(w, x)
+    alone = np.concatenate([nb.matmul(w, x[i : i + 1]) for i in range(len(x))])
+    assert np.array_equal(together, alone)
+
+
+def test_q8_0_and_q8_1_activations_are_ggmls(nb):  # nb: compile the kernels the backend's way first
+    """quantize_row_q8_0/q8_1 (x86: d = amax/127 as f16, x * 127/amax rounded to even; s = f16(d*sum q))."""
+    x = (rng.standard_normal((4, 256)) * 5).astype(np.float32)
+    x[1, :32] = 0  # an all-zero block
+    x[2, 32:64] = np.arange(32) + 0.5  # halves: ties go to even
+    qa, da, sa = np.empty((4, 256), np.int8), np.empty((4, 8), np.float32), np.empty((4, 8), np.float32)
+    common.quantize_q8_0(x, qa, da, sa, True)
+    deq = (qa.reshape(4, 8, 32) * da[..., None]).reshape(4, 256)
+    assert np.array_equal(deq, activation_roundtrip(x, T.Q8_0))
+    d32 = (np.abs(x.reshape(4, 8, 32)).max(-1) / np.float32(127)).astype(np.float32)
+    want_s = (d32 * qa.reshape(4, 8, 32).sum(-1).astype(np.float32)).astype(np.float16).astype(np.float32)
+    assert np.array_equal(sa, want_s)
+
+
+def test_q8_k_activations_are_ggmls(nb):
+    """quantize_row_q8_K_ref: d = 1/(-127/max), nearest_int (half to even), bsums of 16: bit-exact with
+    edgellm.quants (itself bit-exact with gguf-py)."""
+    x = (rng.standard_normal((3, 512)) * 3).astype(np.float32)
+    x[1, :256] = 0
+    qa, da, bs = np.empty((3, 512), np.int8), np.empty((3, 2), np.float32), np.empty((3, 32), np.int32)
+    common.quantize_q8_k(x, qa, da, bs)
+    want = quants.quantize(x, T.Q8_K).reshape(3, 2, 292)
+    assert np.array_equal(da, want[..., :4].copy().view("<f4")[..., 0])
+    assert np.array_equal(qa.reshape(3, 2, 256), want[..., 4:260].view(np.int8))
+    assert np.array_equal(bs.reshape(3, 2, 16), want[..., 260:].copy().view("<i2"))
+
+
+def test_f16_conversions_are_bit_exact(nb):
+    h = np.arange(65536, dtype=np.uint16)
+    x = h.view(np.float16).astype(np.float32)
+    finite = np.isfinite(x)
+    got = np.empty((1, finite.sum()), np.float32)
+    common.round_rows_f16(x[finite][None], got)  # every f16 value round-trips
+    assert np.array_equal(got[0], x[finite])
+    y = (rng.standard_normal((1, 100_000)) * np.exp(rng.uniform(-20, 12, 100_000))).astype(np.float32)
+    got = np.empty_like(y)
+    common.round_rows_f16(y, got)
+    with np.errstate(over="ignore"):
+        assert np.array_equal(got, y.astype(np.float16).astype(np.float32))
+
+
+def test_weights_stay_quantized_views_of_the_file(nb, smollm2_path):
+    qt = ModelFile(smollm2_path).tensors["blk.0.ffn_up.weight"]
+    w = nb.bind(qt)
+    assert np.shares_memory(w.raw, qt.data) and w.raw.dtype == np.uint8
+    nb.matmul(w, np.ones((1, qt.ne[0]), np.float32))
+    assert w._f32 is None  # no float32 copy was made
+
+
+def test_types_without_a_kernel_use_the_reference_product(nb):
+    q = quants.quant_type(T.Q3_K)
+    blocks = rng.integers(0, 256, (4, q.type_size), dtype=np.uint8)
+    blocks[:, -2:] = np.array([1e-3], "<f2").view(np.uint8)
+    qt = qtensor(blocks, T.Q3_K, 256)
+    x = rng.standard_normal((2, 256)).astype(np.float32)
+    assert np.array_equal(
+        nb.matmul(nb.bind(qt), x), ReferenceBackend().matmul(ReferenceBackend().bind(qt), x)
+    )
+
+
+def test_registered_and_respects_threads():
+    b = get_backend("numba", threads=1)
+    assert isinstance(b, NumbaBackend) and b.threads == 1
+
+
+@pytest.fixture(scope="module")
+def smollm2_pair(smollm2_path):
+    import edgellm
+
+    return (
+        edgellm.LLM(smollm2_path, backend="numba", n_ctx=256),
+        edgellm.LLM(smollm2_path, backend="reference", n_ctx=256),
+    )
+
+
+@pytest.mark.parametrize("i", [0, 1])
+def test_smollm2_greedy_tokens_match_the_reference_backend(smollm2_pair, i):
+    fast, ref = smollm2_pair
+    case = load_fixture("smollm2-135m")["greedy"][i]
+    case = dict(case, ids=case["ids"][:24], margins=case["margins"][:24])
+    check_greedy(fast, case)  # against llama.cpp, up to its first near-tie
+    ours, our_margins = greedy(fast, case["prompt_ids"], 24)
+    theirs, their_margins = greedy(ref, case["prompt_ids"], 24)
+    for j, (a, b) in enumerate(zip(ours, theirs)):
+        if a != b:
+            assert min(our_margins[j], their_margins[j]) < NEAR_TIE, (
+                f"token {j}: numba {a} vs reference {b}, "
+                f"margins {our_margins[j]:.3f} / {their_margins[j]:.3f}"
+            )
+            break
+
+
+# -- the other ops: the reference's float32 operations, compiled ----------------------------------------
+def test_rms_norm_rope_and_gelu_are_bit_identical_to_the_reference(nb):
+    ref = ReferenceBackend()
+    x = rng.standard_normal((5, 576)).astype(np.float32)
+    w = rng.standard_normal(576).astype(np.float32)
+    assert np.array_equal(nb.rms_norm(x, w, 1e-5), ref.rms_norm(x, w, 1e-5))
+    assert np.array_equal(nb.rms_norm(x, None, 1e-6), ref.rms_norm(x, None, 1e-6))
+    q = rng.standard_normal((7, 4, 64)).astype(np.float32)
+    pos = np.array([0, 3, 100, 1000, 5, 6, 7])
+    factors = np.linspace(1, 4, 16).astype(np.float32)
+    for spec in (
+        RopeSpec(64, 10000.0),
+        RopeSpec(64, 1e6, neox=True),
+        RopeSpec(32, 10000.0, freq_scale=0.5, freq_factors=factors),
+    ):
+        assert np.array_equal(nb.rope(q, pos, spec), ref.rope(q, pos, spec))
+    g = (rng.standard_normal((3, 256)) * 4).astype(np.float32)
+    g[0, :4] = [-20, -10, 10, 12]
+    u = rng.standard_normal((3, 256)).astype(np.float32)
+    assert np.array_equal(nb.gelu_mul(g, u), ref.gelu_mul(g, u))
+    silu = nb.silu_mul(g, u)  # libm's exp here, numpy's SIMD exp there: the last bit may differ
+    np.testing.assert_allclose(silu, ref.silu_mul(g, u), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("window,softcap", [(None, None), (3, None), (None, 30.0)])
+def test_attention_and_kv_cache_match_the_reference(nb, window, softcap):
+    """A 6-token prompt of sequence 1, then a batch of sequence 1's next token and sequence 0's first."""
+    ref = ReferenceBackend()
+    kvs = [b.new_kv_cache(2, 2, 64, 16, 2) for b in (nb, ref)]
+    steps = [(np.ones(6, np.int64), np.arange(6)), (np.array([1, 0]), np.array([6, 0]))]
+    for seqs, pos in steps:
+        n = len(seqs)
+        q = rng.standard_normal((n, 6, 64)).astype(np.float32)
+        k, v = rng.standard_normal((2, n, 2, 64)).astype(np.float32)
+        a, b = (
+            be.attention(q, k, v, kv, 1, seqs, pos, 0.125, window, softcap) for be, kv in zip((nb, ref), kvs)
+        )
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)  # summation order only
+    assert np.array_equal(kvs[0].k, kvs[1].k) and np.array_equal(kvs[0].v, kvs[1].v)
+    with pytest.raises(ValueError, match="outside the context"):
+        nb.attention(q, k, v, kvs[0], 0, np.zeros(2, np.int64), np.array([15, 16]), 1.0)
+
+
+def test_gemma3_greedy_and_teacher_forced_steps_match_llama_cpp(gemma3_path):
+    """gemma3 (Q4_K, Q5_0, Q6_K, Q8_0; GeGLU, sliding window, neox RoPE) on numba against llama.cpp's own
+    tokens (the reference backend needs a 670 MB float32 copy of its embedding, so it is not run here)."""
+    import edgellm
+
+    llm = edgellm.LLM(gemma3_path, backend="numba", n_ctx=256)
+    case = load_fixture("gemma3-270m")["greedy"][0]
+    check_greedy(llm, dict(case, ids=case["ids"][:16], margins=case["margins"][:16]))
+    n, notes = check_forced_steps(llm, case)
+    assert n <= len(case["ids"]) // 10, notes
