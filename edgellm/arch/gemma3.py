@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from edgellm.arch.base import DecoderModel
 from edgellm.arch.llama import ConfigError, _req, _TensorGetter
 from edgellm.backends.base import Backend, RopeSpec
 from edgellm.gguf import ModelFile
@@ -102,7 +103,7 @@ class Gemma3Layer:
     post_ffn_norm: np.ndarray  # (D,)
 
 
-class Gemma3Model:
+class Gemma3Model(DecoderModel):
     Config = Gemma3Config
 
     def __init__(self, mf: ModelFile, backend: Backend, config: Gemma3Config | None = None):
@@ -136,10 +137,6 @@ class Gemma3Model:
                 )
             )
 
-    def new_kv_cache(self, n_ctx: int, n_seqs: int = 1) -> Any:
-        c = self.config
-        return self.backend.new_kv_cache(c.n_layer, c.n_head_kv, c.head_dim, n_ctx, n_seqs)
-
     def forward(
         self,
         tokens: np.ndarray,
@@ -169,10 +166,7 @@ class Gemma3Model:
             h = b.rms_norm(x, L.ffn_norm, c.rms_eps)
             f = b.matmul(L.w_down, b.gelu_mul(b.matmul(L.w_gate, h), b.matmul(L.w_up, h)))
             x = b.add(x, b.rms_norm(f, L.post_ffn_norm, c.rms_eps))
-        if logits_rows is not None:
-            x = x[logits_rows]
-        x = b.rms_norm(x, self.output_norm, c.rms_eps)
-        logits = b.matmul(self.output, x)
+        logits = self.head(x, logits_rows)
         if c.final_softcap:
             logits = np.float32(c.final_softcap) * np.tanh(logits / np.float32(c.final_softcap))
         return logits

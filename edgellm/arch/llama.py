@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from edgellm.arch.base import DecoderModel
 from edgellm.backends.base import Backend, RopeSpec
 from edgellm.gguf import ModelFile
 
@@ -100,7 +101,7 @@ class LlamaLayer:
     bv: np.ndarray | None = None
 
 
-class LlamaModel:
+class LlamaModel(DecoderModel):
     """Weights bound to a backend, and the forward pass over a flat batch of tokens."""
 
     Config = LlamaConfig
@@ -139,10 +140,6 @@ class LlamaModel:
                 )
             )
 
-    def new_kv_cache(self, n_ctx: int, n_seqs: int = 1) -> Any:
-        c = self.config
-        return self.backend.new_kv_cache(c.n_layer, c.n_head_kv, c.head_dim, n_ctx, n_seqs)
-
     def forward(
         self,
         tokens: np.ndarray,
@@ -172,10 +169,7 @@ class LlamaModel:
             h = b.rms_norm(x, L.ffn_norm, c.rms_eps)
             f = b.silu_mul(b.matmul(L.w_gate, h), b.matmul(L.w_up, h))
             x = b.add(x, b.matmul(L.w_down, f))
-        if logits_rows is not None:
-            x = x[logits_rows]
-        x = b.rms_norm(x, self.output_norm, c.rms_eps)
-        return b.matmul(self.output, x)
+        return self.head(x, logits_rows)
 
 
 class _TensorGetter:

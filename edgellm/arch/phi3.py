@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from edgellm.arch.base import DecoderModel
 from edgellm.arch.llama import ConfigError, LlamaConfig, _TensorGetter
 from edgellm.arch.qwen2 import neox_config
 from edgellm.backends.base import Backend
@@ -54,7 +55,7 @@ class Phi3Layer:
     w_down: Any  # (D, F)
 
 
-class Phi3Model:
+class Phi3Model(DecoderModel):
     Config = LlamaConfig
 
     def __init__(self, mf: ModelFile, backend: Backend, config: LlamaConfig | None = None):
@@ -90,10 +91,6 @@ class Phi3Model:
                 )
             )
 
-    def new_kv_cache(self, n_ctx: int, n_seqs: int = 1) -> Any:
-        c = self.config
-        return self.backend.new_kv_cache(c.n_layer, c.n_head_kv, c.head_dim, n_ctx, n_seqs)
-
     def forward(
         self,
         tokens: np.ndarray,
@@ -123,6 +120,4 @@ class Phi3Model:
             gu = b.matmul(L.w_gate_up, h)  # (N, 2F)
             f = b.silu_mul(np.ascontiguousarray(gu[:, :F]), np.ascontiguousarray(gu[:, F:]))
             x = b.add(x, b.matmul(L.w_down, f))
-        if logits_rows is not None:
-            x = x[logits_rows]
-        return b.matmul(self.output, b.rms_norm(x, self.output_norm, c.rms_eps))
+        return self.head(x, logits_rows)

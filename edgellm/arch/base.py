@@ -1,0 +1,27 @@
+"""What every decoder-only architecture here shares: the shape of its KV cache and its output head."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class DecoderModel:
+    """Base of the model classes; a subclass sets config, backend, output_norm and output, and forward()."""
+
+    config: Any
+    backend: Any
+    output_norm: np.ndarray  # (D,)
+    output: Any  # (V, D), or the tied token embedding
+
+    def new_kv_cache(self, n_ctx: int, n_seqs: int = 1) -> Any:
+        c = self.config
+        return self.backend.new_kv_cache(c.n_layer, c.n_head_kv, c.head_dim, n_ctx, n_seqs)
+
+    def head(self, x: np.ndarray, logits_rows: np.ndarray | None) -> np.ndarray:
+        """Final RMSNorm and output matrix over the rows that need logits: (N, D) -> (len(rows), V)."""
+        if logits_rows is not None:
+            x = x[logits_rows]
+        b = self.backend
+        return b.matmul(self.output, b.rms_norm(x, self.output_norm, self.config.rms_eps))
