@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from edgellm.arch.base import DecoderModel
-from edgellm.arch.llama import ConfigError, _req, _TensorGetter
+from edgellm.arch.llama import _req, _TensorGetter, attention_shape, linear_freq_scale, vocab_size
 from edgellm.backends.base import Backend, RopeSpec
 from edgellm.gguf import ModelFile
 
@@ -46,19 +46,10 @@ class Gemma3Config:
     @classmethod
     def from_gguf(cls, mf: ModelFile) -> Gemma3Config:
         a = mf.arch
-        n_embd = int(_req(mf, f"{a}.embedding_length"))
-        n_head = int(_req(mf, f"{a}.attention.head_count"))
-        n_head_kv = int(mf.get(f"{a}.attention.head_count_kv", n_head))
-        head_dim = int(mf.get(f"{a}.attention.key_length", n_embd // n_head))
-        if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
-            raise ConfigError(f"head counts {n_head}/{n_head_kv}: query heads must be a multiple of kv heads")
+        n_embd, n_head, n_head_kv, head_dim = attention_shape(mf)
         n_layer = int(_req(mf, f"{a}.block_count"))
         n_rot = int(mf.get(f"{a}.rope.dimension_count", head_dim))
-        freq_scale = 1.0
-        if mf.get(f"{a}.rope.scaling.type") == "linear":
-            freq_scale = 1.0 / float(mf.get(f"{a}.rope.scaling.factor", 1.0))
         window = mf.get(f"{a}.attention.sliding_window")
-        tokens = mf.get("tokenizer.ggml.tokens")
         # llama.cpp: 1/sqrt(n_embd/n_head) for the 27B (62 layers), 1/sqrt(head_dim) otherwise
         scale = 1.0 / math.sqrt(n_embd / n_head) if n_layer == 62 else 1.0 / math.sqrt(head_dim)
         softcap = mf.get(f"{a}.final_logit_softcapping")
@@ -70,11 +61,11 @@ class Gemma3Config:
             n_head=n_head,
             n_head_kv=n_head_kv,
             head_dim=head_dim,
-            n_vocab=int(mf.get(f"{a}.vocab_size", len(tokens) if tokens is not None else 0)),
+            n_vocab=vocab_size(mf),
             n_ctx_train=int(mf.get(f"{a}.context_length", 8192)),
             rms_eps=float(mf.get(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
             rope_global=RopeSpec(
-                n_rot, float(mf.get(f"{a}.rope.freq_base", 1e6)), neox=True, freq_scale=freq_scale
+                n_rot, float(mf.get(f"{a}.rope.freq_base", 1e6)), neox=True, freq_scale=linear_freq_scale(mf)
             ),
             rope_local=RopeSpec(n_rot, SWA_FREQ_BASE, neox=True, freq_scale=1.0),
             sliding_window=int(window) if window else None,

@@ -29,6 +29,31 @@ def _req(mf: ModelFile, key: str) -> Any:
     return v
 
 
+def attention_shape(mf: ModelFile) -> tuple[int, int, int, int]:
+    """(n_embd, n_head, n_head_kv, head_dim) from `{arch}.*` metadata, checked for grouped-query attention."""
+    a = mf.arch
+    n_embd = int(_req(mf, f"{a}.embedding_length"))
+    n_head = int(_req(mf, f"{a}.attention.head_count"))
+    n_head_kv = int(mf.get(f"{a}.attention.head_count_kv", n_head))
+    head_dim = int(mf.get(f"{a}.attention.key_length", n_embd // n_head))
+    if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
+        raise ConfigError(f"head counts {n_head}/{n_head_kv}: query heads must be a multiple of kv heads")
+    return n_embd, n_head, n_head_kv, head_dim
+
+
+def vocab_size(mf: ModelFile) -> int:
+    """`{arch}.vocab_size`, else the length of the token list."""
+    tokens = mf.get("tokenizer.ggml.tokens")
+    return int(mf.get(f"{mf.arch}.vocab_size", len(tokens) if tokens is not None else 0))
+
+
+def linear_freq_scale(mf: ModelFile) -> float:
+    """RoPE position multiplier for `rope.scaling.type == "linear"` (1.0 otherwise)."""
+    if mf.get(f"{mf.arch}.rope.scaling.type") == "linear":
+        return 1.0 / float(mf.get(f"{mf.arch}.rope.scaling.factor", 1.0))
+    return 1.0
+
+
 @dataclass(frozen=True)
 class LlamaConfig:
     arch: str
@@ -47,18 +72,8 @@ class LlamaConfig:
     @classmethod
     def from_gguf(cls, mf: ModelFile) -> LlamaConfig:
         a = mf.arch
-        n_embd = int(_req(mf, f"{a}.embedding_length"))
-        n_head = int(_req(mf, f"{a}.attention.head_count"))
-        n_head_kv = int(mf.get(f"{a}.attention.head_count_kv", n_head))
-        head_dim = int(mf.get(f"{a}.attention.key_length", n_embd // n_head))
-        if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
-            raise ConfigError(f"head counts {n_head}/{n_head_kv}: query heads must be a multiple of kv heads")
-        tokens = mf.get("tokenizer.ggml.tokens")
-        n_vocab = int(mf.get(f"{a}.vocab_size", len(tokens) if tokens is not None else 0))
-        freq_scale = 1.0
-        if mf.get(f"{a}.rope.scaling.type") == "linear":
-            freq_scale = 1.0 / float(mf.get(f"{a}.rope.scaling.factor", 1.0))
-        elif mf.get(f"{a}.rope.scaling.type") not in (None, "none"):
+        n_embd, n_head, n_head_kv, head_dim = attention_shape(mf)
+        if mf.get(f"{a}.rope.scaling.type") not in (None, "none", "linear"):
             raise ConfigError(f"rope scaling {mf.get(f'{a}.rope.scaling.type')!r} is not supported yet")
         factors = mf.tensors.get("rope_freqs.weight")  # Llama 3.1+: per-frequency divisors
         return cls(
@@ -69,14 +84,14 @@ class LlamaConfig:
             n_head=n_head,
             n_head_kv=n_head_kv,
             head_dim=head_dim,
-            n_vocab=n_vocab,
+            n_vocab=vocab_size(mf),
             n_ctx_train=int(mf.get(f"{a}.context_length", 2048)),
             rms_eps=float(mf.get(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)),
             rope=RopeSpec(
                 n_dims=int(mf.get(f"{a}.rope.dimension_count", head_dim)),
                 freq_base=float(mf.get(f"{a}.rope.freq_base", 10000.0)),
                 neox=False,
-                freq_scale=freq_scale,
+                freq_scale=linear_freq_scale(mf),
                 freq_factors=factors.dequantize().reshape(-1) if factors is not None else None,
             ),
             # `{arch}.attention.sliding_window` is deliberately ignored: llama.cpp's llama graph (used for
