@@ -74,13 +74,8 @@ def activation_roundtrip(x: np.ndarray, weight_type: T) -> np.ndarray:
         return _bf16_round(x)
     shape = x.shape
     if t in (T.Q8_0, T.Q8_1):
-        b = x.reshape(-1, 32)
-        amax = np.abs(b).max(axis=1, keepdims=True)
-        d = amax / np.float32(127)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0))
-        q = np.rint(b * inv)  # ggml-cpu's SIMD quantize_row_q8_0 rounds to nearest even
-        return (d.astype(np.float16).astype(np.float32) * q).reshape(shape)
+        d, q = _q8_blocks(x)
+        return (_f16_round(d) * q).reshape(shape)
     if t == T.Q8_K:
         b = x.reshape(-1, 256)
         idx = np.abs(b).argmax(axis=1)
@@ -93,16 +88,14 @@ def activation_roundtrip(x: np.ndarray, weight_type: T) -> np.ndarray:
     return x
 
 
-def _q8_1_sum_correction(x: np.ndarray) -> np.ndarray:
-    """(N, K/32): f16(d * sum(q)) - f16(d) * sum(q) per Q8_1 activation block (ggml quantize_row_q8_1)."""
-    b = x.reshape(x.shape[0], -1, 32)
-    amax = np.abs(b).max(axis=2)
-    d = amax / np.float32(127)
+def _q8_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml-cpu quantize_row_q8_0/q8_1 on blocks of 32: (d (..., 1) = amax/127 in f32, q (..., 32) as f32).
+    Its SIMD path rounds to nearest even and multiplies by 127/amax."""
+    b = x.reshape(-1, 32)
+    amax = np.abs(b).max(axis=1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
-        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    sq = np.rint(b * inv[..., None]).sum(axis=2)
-    s16 = (d * sq).astype(np.float16).astype(np.float32)
-    return s16 - d.astype(np.float16).astype(np.float32) * sq
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0))
+    return amax / np.float32(127), np.rint(b * inv)
 
 
 def _bf16_round(x: np.ndarray) -> np.ndarray:
@@ -133,12 +126,15 @@ class ReferenceBackend(Backend):
         return quants.dequantize(rows, w.qt.type, (len(ids), w.qt.ne[0]))
 
     def matmul(self, w: RefWeight, x: np.ndarray) -> np.ndarray:
-        out = activation_roundtrip(x, w.qt.type) @ w.f32.T
-        if w.qt.type in (T.Q4_1, T.Q5_1):
-            # ggml's q4_1 x q8_1 dot adds m * s with s = f16(d * sum(q)) precomputed per activation block,
-            # not m * f16(d) * sum(q) as the dequantized product would: add the difference
-            out += _q8_1_sum_correction(x) @ w.block_mins.T
-        return out
+        if w.qt.type not in (T.Q4_1, T.Q5_1):
+            return activation_roundtrip(x, w.qt.type) @ w.f32.T
+        # Q8_1 activations. ggml's q4_1 x q8_1 dot adds m * s with s = f16(d * sum(q)) precomputed per
+        # activation block, not m * f16(d) * sum(q) as the dequantized product would: add the difference.
+        d, q = _q8_blocks(x)
+        d16 = _f16_round(d)
+        sq = q.sum(axis=1, keepdims=True)
+        correction = (_f16_round(d * sq) - d16 * sq).reshape(x.shape[0], -1)  # (N, K/32)
+        return (d16 * q).reshape(x.shape) @ w.f32.T + correction @ w.block_mins.T
 
     def rms_norm(self, x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
         # ggml_compute_forward_rms_norm_f32: sum of squares in double, scale = 1/sqrtf(mean + eps)
