@@ -135,6 +135,21 @@ def _lanes_q(acc, qb, ab, sc):
 
 
 @njit(cache=True, inline="always")
+def _scaled_add(s, d, acc):
+    """ggml's sums[l] += d * aux32[l] on the eight float32 lanes."""
+    return (
+        s[0] + d * F32(acc[0]),
+        s[1] + d * F32(acc[1]),
+        s[2] + d * F32(acc[2]),
+        s[3] + d * F32(acc[3]),
+        s[4] + d * F32(acc[4]),
+        s[5] + d * F32(acc[5]),
+        s[6] + d * F32(acc[6]),
+        s[7] + d * F32(acc[7]),
+    )
+
+
+@njit(cache=True, inline="always")
 def _q4k16(blk, t, h):
     """Quants 32t + 16h .. +15 of a Q4_K super-block as int16 (a tuple: loads only, no stores): sub-block
     t is the low (t even) or high nibbles of qs[32(t//2) ..]."""
@@ -183,16 +198,7 @@ def _fused_q4_k(w, qa, da, bs, out, lo, hi):
                     acc = _lanes_q(acc, _q4k16(blk, t, 0), a[o : o + 16], sc)
                     acc = _lanes_q(acc, _q4k16(blk, t, 1), a[o + 16 : o + 32], sc)
                     sumi = np.int32(sumi + (bs[n, i * 16 + 2 * t] + bs[n, i * 16 + 2 * t + 1]) * m)
-                s = (
-                    s[0] + d * F32(acc[0]),
-                    s[1] + d * F32(acc[1]),
-                    s[2] + d * F32(acc[2]),
-                    s[3] + d * F32(acc[3]),
-                    s[4] + d * F32(acc[4]),
-                    s[5] + d * F32(acc[5]),
-                    s[6] + d * F32(acc[6]),
-                    s[7] + d * F32(acc[7]),
-                )
+                s = _scaled_add(s, d, acc)
                 sumf -= (_f16(blk, 2) * da[n, i]) * F32(sumi)
             for l in range(8):
                 sumf += s[l]
@@ -238,16 +244,7 @@ def _rows_unpacked(kind, w, qa, da, bs, out, lo, hi):
                     o = i * 256 + g * 16
                     acc = _lanes(acc, ws[o : o + 16], a[o : o + 16])
                 d = dw[i] * da[n, i]
-                s = (
-                    s[0] + d * F32(acc[0]),
-                    s[1] + d * F32(acc[1]),
-                    s[2] + d * F32(acc[2]),
-                    s[3] + d * F32(acc[3]),
-                    s[4] + d * F32(acc[4]),
-                    s[5] + d * F32(acc[5]),
-                    s[6] + d * F32(acc[6]),
-                    s[7] + d * F32(acc[7]),
-                )
+                s = _scaled_add(s, d, acc)
                 if kind != Q6_K:
                     sumi = np.int32(0)
                     for j in range(16):
