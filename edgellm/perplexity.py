@@ -54,6 +54,7 @@ def perplexity(
     first = n_ctx // 2
     bos = llm.tokenizer.bos_id if llm.tokenizer.add_bos else None
     nll, kept, targets = [], [], []
+    nll_sum, n_scored = 0.0, 0
     for i in range(n_chunks):
         chunk = list(tokens[i * n_ctx : (i + 1) * n_ctx])
         if bos is not None:
@@ -65,9 +66,9 @@ def perplexity(
         targets.append(tgt)
         if keep_log_probs:
             kept.append(lp.astype(np.float16))
+        nll_sum, n_scored = nll_sum + float(nll[-1].sum()), n_scored + len(tgt)
         if progress:
-            cur = np.concatenate(nll)
-            progress(i + 1, n_chunks, math.exp(cur.mean()))
+            progress(i + 1, n_chunks, math.exp(nll_sum / n_scored))
     all_nll = np.concatenate(nll)
     mean = float(all_nll.mean())
     ppl = math.exp(mean)

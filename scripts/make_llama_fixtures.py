@@ -51,16 +51,12 @@ def main(alias: str) -> None:
     from edgellm import store
 
     path = store.resolve(alias)
-    llm = llama_cpp.Llama(
-        str(path),
-        n_ctx=1024,
-        n_batch=1024,
-        n_ubatch=1024,
-        n_threads=2,
-        logits_all=True,
-        flash_attn=False,
-        verbose=False,
-    )
+
+    def open_llama(flash_attn: bool) -> llama_cpp.Llama:
+        return llama_cpp.Llama(str(path), n_ctx=1024, n_batch=1024, n_ubatch=1024, n_threads=2,
+                               logits_all=True, flash_attn=flash_attn, verbose=False)  # fmt: skip
+
+    llm = open_llama(flash_attn=False)
     add_bos = llama_cpp.llama_vocab_get_add_bos(llama_cpp.llama_model_get_vocab(llm.model))
     out: dict = {
         "model": alias,
@@ -118,16 +114,7 @@ def main(alias: str) -> None:
     print(f"teacher-forced: {len(toks)} tokens, top-{TOPK} mass min {covered.min():.5f}", file=sys.stderr)
 
     # llama.cpp against itself: flash attention on vs off, the noise floor the tests hold edgellm to
-    fa = llama_cpp.Llama(
-        str(path),
-        n_ctx=1024,
-        n_batch=1024,
-        n_ubatch=1024,
-        n_threads=2,
-        logits_all=True,
-        flash_attn=True,
-        verbose=False,
-    )
+    fa = open_llama(flash_attn=True)
     fa.eval(toks)
     lp_fa = log_softmax(np.array(fa.scores[: len(toks)], np.float32))
     del fa
