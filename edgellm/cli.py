@@ -135,6 +135,7 @@ def _register_commands() -> None:
     app.command("run")(cli_run.run)
     app.command("perplexity")(cli_eval.perplexity)
     app.command("tokenize")(cli_eval.tokenize)
+    app.command("bench")(cli_eval.bench)
 
 
 _register_commands()

@@ -74,3 +74,29 @@ def tokenize(
     for i, piece in format_tokens(tok, ids):
         print(f"{i:>8} {piece}")
     print(f"{len(ids)} tokens", file=sys.stderr)
+
+
+def bench(
+    model: str | None = typer.Argument(None, help="Model alias or .gguf path (default: smollm2-135m)."),
+    n_prompt: int = typer.Option(128, "-p", "--n-prompt", min=0, help="Prompt tokens (pp test)."),
+    n_gen: int = typer.Option(64, "-n", "--n-gen", min=0, help="Generated tokens (tg test)."),
+    reps: int = typer.Option(5, "-r", "--repetitions", min=1, help="Repetitions; medians are reported."),
+    threads: int | None = typer.Option(None, "-t", "--threads"),
+    backend: str = typer.Option("auto", "--backend"),
+    ctx: int | None = typer.Option(None, "-c", "--ctx-size", help="KV cache size (default: -p + -n)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Prompt and generation speed, time to first token and peak memory, like llama-bench."""
+    from edgellm.bench import format_result, run_bench
+
+    r = run_bench(
+        model,
+        backend=backend,
+        threads=threads,
+        n_prompt=n_prompt,
+        n_gen=n_gen,
+        reps=reps,
+        n_ctx=ctx,
+        log=lambda m: print(m, file=sys.stderr),
+    )
+    print(json.dumps(r.as_dict()) if as_json else format_result(r))

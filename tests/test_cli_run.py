@@ -100,3 +100,21 @@ def test_perplexity_command_and_kl_against_itself(capsys, tmp_path):
 def test_tokenize_command_ids_only(capsys):
     rc, out, _ = run(capsys, "tokenize", "smollm2-135m", "Hello world", "--ids-only")
     assert rc == 0 and json.loads(out) == [19556, 905]
+
+
+def test_bench_reports_speed_memory_and_weight_bytes_as_json(capsys, smollm2_path):
+    rc, out, err = run(capsys, "bench", "-p", "8", "-n", "3", "-r", "2", "--backend", "reference", "--json")
+    assert rc == 0, err
+    r = json.loads(out)
+    assert r["n_prompt"] == 8 and r["n_gen"] == 3 and r["backend"] == "reference"
+    assert len(r["runs"]["pp_tok_s"]) == 2 and len(r["runs"]["tg_tok_s"]) == 2
+    assert r["pp_tok_s"] > 0 and r["tg_tok_s"] > 0 and 0 < r["ttft_s"] < 60
+    # every weight of SmolLM2 is read once per token, and the tied output matrix is the embedding
+    size = Path(smollm2_path).stat().st_size
+    assert 0.9 * size < r["weight_bytes_per_token"] <= size
+    assert r["peak_rss_mb"] > 0
+
+
+def test_bench_rejects_a_context_too_small(capsys):
+    rc, out, err = run(capsys, "bench", "-p", "64", "-n", "64", "-c", "32", "--backend", "reference")
+    assert rc == 1 and "does not fit" in err

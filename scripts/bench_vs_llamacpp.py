@@ -1,0 +1,267 @@
+"""edgellm against llama.cpp's own llama-bench: same GGUF, same threads, same -p/-n, interleaved in one run.
+
+    python scripts/bench_vs_llamacpp.py --llama-bench PATH [--llama-quantize PATH]
+        [--models smollm2-135m gemma3-270m] [--variants Q4_0 Q8_0 F16] [--threads 1 2]
+        [--backends native numba] [-p 128] [-n 64] [--rounds 3] [--json OUT]
+
+llama-bench is built from the llama-cpp-python sdist (`pip download --no-binary :all: --no-deps
+llama-cpp-python`, then in vendor/llama.cpp: `cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF
+-DCMAKE_BUILD_TYPE=Release && cmake --build build -j2 --target llama-bench llama-quantize`); its path may
+also come from $LLAMA_BENCH (and $LLAMA_QUANTIZE). Variants (Q4_0, Q8_0, F16, ...) of the first model are
+made once with `llama-quantize --allow-requantize` into --variants-dir.
+
+Each round runs, for every file and thread count: llama-bench (one repetition), then `edgellm bench` (one
+repetition after its untimed warm-up) for every backend, each in a fresh process, so the machine's noise
+falls on both sides alike; the table reports medians over the rounds and edgellm/llama.cpp ratios. It
+also measures this machine's memory read bandwidth (numpy sum over 1 GiB, 1 and N threads) and reports
+generation tok/s × weight bytes per token as a share of it, and the time from process start to the first
+token of `edgellm run MODEL -p hi -n 1` (second run, so caches are warm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run_json(cmd: list[str], timeout: float = 900) -> object:
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-2000:]}")
+    return json.loads(
+        p.stdout[p.stdout.index("{") if p.stdout.lstrip().startswith("{") else p.stdout.index("[") :]
+    )
+
+
+def llama_bench(exe: str, model: Path, threads: int, n_prompt: int, n_gen: int) -> dict:
+    """pp and tg tok/s of one llama-bench repetition."""
+    out = _run_json(
+        [
+            exe,
+            "-m",
+            str(model),
+            "-t",
+            str(threads),
+            "-p",
+            str(n_prompt),
+            "-n",
+            str(n_gen),
+            "-r",
+            "1",
+            "-o",
+            "json",
+        ]
+    )
+    res = {}
+    for row in out:
+        if row.get("n_prompt", 0) > 0 and row.get("n_gen", 0) == 0:
+            res["pp"] = float(row["avg_ts"])
+        elif row.get("n_gen", 0) > 0 and row.get("n_prompt", 0) == 0:
+            res["tg"] = float(row["avg_ts"])
+    return res
+
+
+def edgellm_bench(model: Path, backend: str, threads: int, n_prompt: int, n_gen: int) -> dict:
+    out = _run_json(
+        [
+            sys.executable,
+            "-m",
+            "edgellm.cli",
+            "bench",
+            str(model),
+            "--backend",
+            backend,
+            "-t",
+            str(threads),
+            "-p",
+            str(n_prompt),
+            "-n",
+            str(n_gen),
+            "-r",
+            "1",
+            "--json",
+        ]
+    )
+    return {
+        "pp": out["pp_tok_s"],
+        "tg": out["tg_tok_s"],
+        "ttft": out["ttft_s"],
+        "rss_beyond": out["rss_beyond_model_mb"],
+        "bytes_per_token": out["weight_bytes_per_token"],
+        "backend": out["backend"],
+    }
+
+
+def first_token_s(model: str, backend: str, runs: int = 2) -> float:
+    """Seconds from process start to the first byte `edgellm run MODEL -p hi -n 1` prints (last run)."""
+    dt = float("nan")
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        p = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "edgellm.cli",
+                "run",
+                model,
+                "-p",
+                "hi",
+                "-n",
+                "1",
+                "--temp",
+                "0",
+                "--backend",
+                backend,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        assert p.stdout is not None
+        p.stdout.read(1)
+        dt = time.perf_counter() - t0
+        p.wait()
+    return dt
+
+
+def memory_bandwidth_gbs(threads: int, gib: float = 1.0, reps: int = 5) -> float:
+    """Best read bandwidth of numpy sums over `gib` GiB split across `threads` threads (numpy releases the
+    GIL inside the reduction)."""
+    a = np.ones(int(gib * 2**30) // 8, np.float64)
+    parts = np.array_split(a, threads)
+    best = 0.0
+    for _ in range(reps):
+        ts = [threading.Thread(target=np.sum, args=(p,)) for p in parts]
+        t0 = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        best = max(best, a.nbytes / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def make_variants(quantize: str, src: Path, types: list[str], out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for t in types:
+        dst = out_dir / f"{src.stem.rsplit('.', 1)[0]}.{t.upper()}.gguf"
+        if not dst.exists():
+            tmp = dst.with_suffix(".partial")
+            subprocess.run(
+                [quantize, "--allow-requantize", str(src), str(tmp), t.upper()],
+                check=True,
+                capture_output=True,
+            )
+            os.replace(tmp, dst)
+        paths.append(dst)
+    return paths
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH"))
+    ap.add_argument("--llama-quantize", default=os.environ.get("LLAMA_QUANTIZE"))
+    ap.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma3-270m"])
+    ap.add_argument(
+        "--variants", nargs="*", default=["Q4_0", "Q8_0", "F16"], help="made from the first model"
+    )
+    ap.add_argument("--variants-dir", type=Path, default=Path.home() / ".cache/edgellm/variants")
+    ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--backends", nargs="+", default=["native", "numba"])
+    ap.add_argument("-p", type=int, default=128)
+    ap.add_argument("-n", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", type=Path, help="write every sample here")
+    a = ap.parse_args()
+    if not a.llama_bench:
+        ap.error("give --llama-bench PATH or set $LLAMA_BENCH")
+
+    sys.path.insert(0, str(ROOT))
+    from edgellm import store
+
+    files = [Path(store.resolve(m)) for m in a.models]
+    if a.variants:
+        if not a.llama_quantize:
+            ap.error(
+                "variants need --llama-quantize PATH or $LLAMA_QUANTIZE (or pass --variants with no types)"
+            )
+        files[1:1] = make_variants(a.llama_quantize, files[0], a.variants, a.variants_dir)
+
+    samples: dict[tuple, list[dict]] = {}
+    for r in range(a.rounds):
+        for f in files:
+            for t in a.threads:
+                print(f"round {r + 1}/{a.rounds}: {f.name} -t {t}", file=sys.stderr, flush=True)
+                samples.setdefault((f.name, t, "llama.cpp"), []).append(
+                    llama_bench(a.llama_bench, f, t, a.p, a.n)
+                )
+                for b in a.backends:
+                    samples.setdefault((f.name, t, b), []).append(edgellm_bench(f, b, t, a.p, a.n))
+
+    bw = {t: memory_bandwidth_gbs(t) for t in sorted(set(a.threads))}
+    ttft = {b: first_token_s(a.models[0], b) for b in a.backends}
+
+    def med(rows: list[dict], k: str) -> float | None:
+        v = [x[k] for x in rows if x.get(k) is not None]
+        return statistics.median(v) if v else None
+
+    print(
+        f"\nmedians of {a.rounds} interleaved rounds, pp{a.p} / tg{a.n}, tokens/s; "
+        "ratio = edgellm / llama.cpp\n"
+    )
+    print(
+        "| model | threads | llama.cpp pp | llama.cpp tg | backend | pp | tg | pp ratio | tg ratio "
+        "| tg GB/s (% of bw) | RSS beyond model MiB |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for f in files:
+        for t in a.threads:
+            ref = samples[(f.name, t, "llama.cpp")]
+            lpp, ltg = med(ref, "pp"), med(ref, "tg")
+            for b in a.backends:
+                rows = samples[(f.name, t, b)]
+                pp, tg = med(rows, "pp"), med(rows, "tg")
+                gbs = tg * rows[0]["bytes_per_token"] / 1e9 if tg else None
+                print(
+                    f"| {f.name} | {t} | {lpp:.1f} | {ltg:.1f} | {rows[0]['backend']} | {pp:.1f} | "
+                    f"{tg:.1f} | "
+                    f"{pp / lpp:.2f} | {tg / ltg:.2f} | {gbs:.1f} ({100 * gbs / bw[t]:.0f}%) | "
+                    f"{med(rows, 'rss_beyond'):.0f} |"
+                )
+    print(
+        "\nmemory read bandwidth (numpy sum over 1 GiB): "
+        + ", ".join(f"{t} thread(s) {v:.1f} GB/s" for t, v in bw.items())
+    )
+    print(
+        "process start to first token, `edgellm run "
+        + a.models[0]
+        + " -p hi -n 1` (second run): "
+        + ", ".join(f"{b} {v:.2f} s" for b, v in ttft.items())
+    )
+    if a.json:
+        a.json.write_text(
+            json.dumps(
+                {
+                    "samples": {"|".join(map(str, k)): v for k, v in samples.items()},
+                    "bandwidth_gbs": bw,
+                    "first_token_s": ttft,
+                },
+                indent=1,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
