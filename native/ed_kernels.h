@@ -1,0 +1,64 @@
+/* edgellm native kernels: the contract between the quantized dot-product kernels (native/kernels/) and
+ * the runtime that drives them (native/runtime/: thread pool, matmul/GEMM driver, plan executor).
+ *
+ * Block layouts are ggml's (ggml-common.h in ggml-org/llama.cpp): block_q4_0, block_q4_1, block_q5_0,
+ * block_q5_1, block_q8_0, block_q8_1, block_q4_K, block_q5_K, block_q6_K, block_q8_K, f16, bf16, f32.
+ *
+ * A matmul multiplies weight rows (type W) with activation rows quantized ONCE per matmul to W's
+ * vec_dot type, exactly as ggml-cpu pairs them (type_traits_cpu[W].vec_dot_type):
+ *   Q4_0, Q5_0, Q8_0, IQ4_NL -> Q8_0      Q4_1, Q5_1 -> Q8_1
+ *   Q4_K, Q5_K, Q6_K          -> Q8_K      F16 -> F16     BF16 -> BF16     F32 -> F32
+ * Activation quantizers round with round-to-nearest-even (rint), in every code path, so every code path
+ * produces bit-identical quantized activations; dot products then differ only by float summation order.
+ */
+#ifndef ED_KERNELS_H
+#define ED_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ggml type ids (enum ggml_type) */
+enum {
+    ED_F32 = 0, ED_F16 = 1, ED_Q4_0 = 2, ED_Q4_1 = 3, ED_Q5_0 = 6, ED_Q5_1 = 7, ED_Q8_0 = 8, ED_Q8_1 = 9,
+    ED_Q2_K = 10, ED_Q3_K = 11, ED_Q4_K = 12, ED_Q5_K = 13, ED_Q6_K = 14, ED_Q8_K = 15, ED_IQ4_NL = 20,
+    ED_BF16 = 30, ED_TYPE_COUNT = 40
+};
+
+/* code paths, best last; ed_cpu_level() says which the running CPU supports */
+enum { ED_LEVEL_SCALAR = 0, ED_LEVEL_AVX2 = 1, ED_LEVEL_AVX512 = 2, ED_LEVEL_NEON = 3 };
+
+/* s[0] = dot(weight row vx, activation row vy) over n elements (n a multiple of the block size). */
+typedef void (*ed_vec_dot_fn)(int n, float *s, const void *vx, const void *vy);
+/* y = x (n floats) converted to an activation type (Q8_0, Q8_1, Q8_K, F16, BF16; F32 is a copy). */
+typedef void (*ed_from_float_fn)(const float *x, void *y, int64_t n);
+
+typedef struct {
+    ed_vec_dot_fn vec_dot;      /* NULL: this weight type has no kernel */
+    int vec_dot_type;           /* ED_Q8_0, ED_Q8_1, ED_Q8_K, ED_F16, ED_BF16 or ED_F32 */
+    int block_elems;            /* elements per block of the weight type (32, 256, 1) */
+    int block_bytes;            /* bytes per block of the weight type */
+} ed_type_kernels;
+
+typedef struct {
+    int level;                                   /* the ED_LEVEL_* these kernels are compiled for */
+    ed_type_kernels types[ED_TYPE_COUNT];        /* indexed by weight type */
+    ed_from_float_fn from_float[ED_TYPE_COUNT];  /* indexed by activation type (Q8_0, Q8_1, Q8_K, F16, BF16, F32) */
+    int act_block_elems[ED_TYPE_COUNT];          /* elements / bytes per block of each activation type */
+    int act_block_bytes[ED_TYPE_COUNT];
+} ed_kernel_table;
+
+/* The best level this CPU runs (cpuid + OS support on x86; getauxval HWCAP on aarch64). */
+int ed_cpu_level(void);
+/* Whether the aarch64 dot-product extension (sdot) is present (0 elsewhere). */
+int ed_cpu_has_dotprod(void);
+/* Whether AVX-512 VNNI (vpdpbusd) is present; the AVX-512 table then uses it (0 elsewhere). */
+int ed_cpu_has_avx512vnni(void);
+/* The kernel table for a level, or NULL when that level was not compiled into this build or the CPU
+ * cannot run it. Each level's functions live in their own translation unit or carry
+ * __attribute__((target(...))) so one x86 build carries scalar, AVX2 and AVX-512 without -march flags. */
+const ed_kernel_table *ed_kernels(int level);
+
+/* Bytes of an activation row of n elements in type t (for scratch sizing); 0 if t is unknown. */
+size_t ed_act_row_bytes(int t, int64_t n);
+
+#endif

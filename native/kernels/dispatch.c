@@ -1,0 +1,143 @@
+/* Runtime selection of the kernel level: CPU feature detection and one lazily built table per level.
+ *
+ * x86-64: cpuid for AVX2/FMA/F16C and AVX-512 F/BW/VL(/VNNI), with XGETBV confirming the OS saves the
+ * YMM/ZMM state (ggml-cpu/arch/x86/cpu-feats.cpp does the same checks). aarch64: NEON is baseline;
+ * the dot-product extension (sdot) comes from getauxval(AT_HWCAP) & HWCAP_ASIMDDP (sysctl on Apple).
+ */
+#include "ed_blocks.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+#elif defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#elif defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
+
+/* ------------------------------------------------------------------------------ CPU features */
+
+enum { F_AVX2 = 1, F_AVX512 = 2, F_AVX512VNNI = 4, F_DOTPROD = 8, F_KNOWN = 1 << 30 };
+static int g_features;
+
+#if defined(__x86_64__) || defined(_M_X64)
+static uint64_t xgetbv0(void) {
+    uint32_t eax, edx;
+    __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+    return ((uint64_t)edx << 32) | eax;
+}
+#endif
+
+static int detect(void) {
+    int f = 0;
+#if defined(__x86_64__) || defined(_M_X64)
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    const int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
+    if (!osxsave || !avx) return 0;
+    const uint64_t xcr0 = xgetbv0();
+    const int os_ymm = (xcr0 & 0x6) == 0x6;      /* SSE + AVX state */
+    const int os_zmm = (xcr0 & 0xE6) == 0xE6;    /* + opmask, ZMM0-15 upper halves, ZMM16-31 */
+    if (__get_cpuid_max(0, 0) < 7) return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    const int avx2 = (b >> 5) & 1, avx512f = (b >> 16) & 1, avx512bw = (b >> 30) & 1;
+    const int avx512vl = (b >> 31) & 1, avx512vnni = (c >> 11) & 1;
+    if (os_ymm && avx2 && fma && f16c) f |= F_AVX2;
+    if ((f & F_AVX2) && os_zmm && avx512f && avx512bw && avx512vl) {
+        f |= F_AVX512;
+        if (avx512vnni) f |= F_AVX512VNNI;
+    }
+#elif defined(__aarch64__) && defined(__linux__)
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+    if (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) f |= F_DOTPROD;
+#elif defined(__aarch64__) && defined(__APPLE__)
+    int v = 0;
+    size_t len = sizeof(v);
+    if (sysctlbyname("hw.optional.arm.FEAT_DotProd", &v, &len, NULL, 0) == 0 && v) f |= F_DOTPROD;
+#endif
+    return f;
+}
+
+static int features(void) {
+    int f = __atomic_load_n(&g_features, __ATOMIC_ACQUIRE);
+    if (!(f & F_KNOWN)) {
+        f = detect() | F_KNOWN; /* idempotent: racing threads store the same value */
+        __atomic_store_n(&g_features, f, __ATOMIC_RELEASE);
+    }
+    return f;
+}
+
+int ed_cpu_has_dotprod(void) { return (features() & F_DOTPROD) != 0; }
+
+int ed_cpu_has_avx512vnni(void) { return (features() & F_AVX512VNNI) != 0; }
+
+/* ------------------------------------------------------------------------------------- tables */
+
+void ed_table_init_common(ed_kernel_table *t, int level) {
+    static const struct { int type, elems, bytes, dot_type; } w[] = {
+        {ED_F32, 1, 4, ED_F32},       {ED_F16, 1, 2, ED_F16},       {ED_BF16, 1, 2, ED_BF16},
+        {ED_Q4_0, QK, 18, ED_Q8_0},   {ED_Q4_1, QK, 20, ED_Q8_1},   {ED_Q5_0, QK, 22, ED_Q8_0},
+        {ED_Q5_1, QK, 24, ED_Q8_1},   {ED_Q8_0, QK, 34, ED_Q8_0},   {ED_IQ4_NL, QK, 18, ED_Q8_0},
+        {ED_Q2_K, QK_K, 84, ED_Q8_K}, {ED_Q3_K, QK_K, 110, ED_Q8_K}, {ED_Q4_K, QK_K, 144, ED_Q8_K},
+        {ED_Q5_K, QK_K, 176, ED_Q8_K}, {ED_Q6_K, QK_K, 210, ED_Q8_K},
+    };
+    static const struct { int type, elems, bytes; } a[] = {
+        {ED_Q8_0, QK, 34}, {ED_Q8_1, QK, 36}, {ED_Q8_K, QK_K, 292}, {ED_F16, 1, 2}, {ED_BF16, 1, 2}, {ED_F32, 1, 4},
+    };
+    memset(t, 0, sizeof(*t));
+    t->level = level;
+    for (size_t i = 0; i < sizeof(w) / sizeof(w[0]); i++) {
+        t->types[w[i].type].vec_dot_type = w[i].dot_type;
+        t->types[w[i].type].block_elems = w[i].elems;
+        t->types[w[i].type].block_bytes = w[i].bytes;
+    }
+    for (size_t i = 0; i < sizeof(a) / sizeof(a[0]); i++) {
+        t->act_block_elems[a[i].type] = a[i].elems;
+        t->act_block_bytes[a[i].type] = a[i].bytes;
+    }
+}
+
+static int fill(ed_kernel_table *t, int level, int f) {
+    switch (level) {
+    case ED_LEVEL_SCALAR: return ed_fill_scalar(t);
+    case ED_LEVEL_AVX2: return (f & F_AVX2) && ed_fill_avx2(t);
+    case ED_LEVEL_AVX512: return (f & F_AVX512) && ed_fill_avx512(t);
+    case ED_LEVEL_NEON: return ed_fill_neon(t, (f & F_DOTPROD) != 0);
+    default: return 0;
+    }
+}
+
+static ed_kernel_table g_tables[4];
+static int g_state[4]; /* 0: not built yet, 1: available, 2: unavailable */
+static char g_lock;
+
+const ed_kernel_table *ed_kernels(int level) {
+    if (level < 0 || level > 3) return NULL;
+    int st = __atomic_load_n(&g_state[level], __ATOMIC_ACQUIRE);
+    if (st == 0) {
+        while (__atomic_test_and_set(&g_lock, __ATOMIC_ACQUIRE)) {
+        }
+        st = g_state[level];
+        if (st == 0) {
+            st = fill(&g_tables[level], level, features()) ? 1 : 2;
+            __atomic_store_n(&g_state[level], st, __ATOMIC_RELEASE);
+        }
+        __atomic_clear(&g_lock, __ATOMIC_RELEASE);
+    }
+    return st == 1 ? &g_tables[level] : NULL;
+}
+
+int ed_cpu_level(void) {
+    static const int order[] = {ED_LEVEL_AVX512, ED_LEVEL_AVX2, ED_LEVEL_NEON};
+    for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++)
+        if (ed_kernels(order[i])) return order[i];
+    return ED_LEVEL_SCALAR;
+}
+
+size_t ed_act_row_bytes(int t, int64_t n) {
+    const ed_kernel_table *k = ed_kernels(ED_LEVEL_SCALAR);
+    if (t < 0 || t >= ED_TYPE_COUNT || n < 0 || !k->act_block_elems[t]) return 0;
+    const int64_t blocks = (n + k->act_block_elems[t] - 1) / k->act_block_elems[t]; /* rounded up */
+    return (size_t)blocks * (size_t)k->act_block_bytes[t];
+}

@@ -1,0 +1,185 @@
+/* Standalone check of the native kernels against cases written by tests/test_native_kernels_cross.py.
+ *
+ * For every level this CPU runs, and every case: the activation row quantized by from_float must equal
+ * the numpy reference bytes exactly, and vec_dot(weight row, those bytes) must be within a per-type
+ * relative tolerance of the float64 reference dot (sum of dequant(w) * roundtrip(x), with Q8_1's s-term).
+ * Tolerances are relative to sum |w_i * x_i|: all levels quantize identically, so what is left is float
+ * summation order (ggml's tests/test-quantize-fns.cpp bounds the error against the *unquantized* dot,
+ * a much looser check). Exit status 0 iff every check passes. `--bench` also times each case.
+ *
+ * Case file (little-endian): "EDKC", u32 version (1), u32 count, then per case:
+ *   u32 name_len, name, u32 wtype, u32 n, u32 wbytes, u32 atype, u32 abytes, f64 expected, f64 magnitude,
+ *   f32 x[n], u8 w[wbytes], u8 a[abytes]
+ */
+#define _POSIX_C_SOURCE 199309L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../ed_kernels.h"
+
+int ed_cpu_has_avx512vnni(void);
+
+typedef struct {
+    char name[128];
+    uint32_t wtype, n, wbytes, atype, abytes;
+    double expected, magnitude;
+    float *x;
+    uint8_t *w, *a;
+} test_case;
+
+static const char *level_name(int level) {
+    static const char *names[] = {"scalar", "avx2", "avx512", "neon"};
+    return level >= 0 && level < 4 ? names[level] : "?";
+}
+
+/* Relative tolerance against sum |w_i * x_i|, per weight type. */
+static double rtol(uint32_t wtype) {
+    switch (wtype) {
+    case ED_F32: case ED_F16: case ED_BF16: return 1e-5; /* f32 lanes over up to a few thousand terms */
+    default: return 2e-6; /* exact integer block sums; only the per-block scale products round */
+    }
+}
+
+static int rd(FILE *f, void *p, size_t n) { return fread(p, 1, n, f) == n; }
+
+static test_case *load(const char *path, uint32_t *count) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { perror(path); return NULL; }
+    char magic[4];
+    uint32_t version;
+    if (!rd(f, magic, 4) || memcmp(magic, "EDKC", 4) || !rd(f, &version, 4) || version != 1 || !rd(f, count, 4)) {
+        fprintf(stderr, "%s: not a version 1 case file\n", path);
+        fclose(f);
+        return NULL;
+    }
+    test_case *cs = calloc(*count ? *count : 1, sizeof(test_case));
+    for (uint32_t i = 0; i < *count; i++) {
+        test_case *c = &cs[i];
+        uint32_t len;
+        int ok = rd(f, &len, 4) && len < sizeof(c->name) && rd(f, c->name, len) && rd(f, &c->wtype, 4) &&
+                 rd(f, &c->n, 4) && rd(f, &c->wbytes, 4) && rd(f, &c->atype, 4) && rd(f, &c->abytes, 4) &&
+                 rd(f, &c->expected, 8) && rd(f, &c->magnitude, 8);
+        if (ok) {
+            /* 64-byte aligned, then offset: weight rows in a GGUF are only 2-byte aligned (18-byte blocks) */
+            c->x = aligned_alloc(64, ((size_t)c->n * 4 + 127) / 64 * 64);
+            c->w = (uint8_t *)aligned_alloc(64, (c->wbytes + 127) / 64 * 64) + (c->wtype == ED_F32 ? 4 : 2);
+            c->a = aligned_alloc(64, (c->abytes + 127) / 64 * 64);
+            ok = rd(f, c->x, (size_t)c->n * 4) && rd(f, c->w, c->wbytes) && rd(f, c->a, c->abytes);
+        }
+        if (!ok) {
+            fprintf(stderr, "%s: truncated at case %u\n", path, i);
+            fclose(f);
+            return NULL;
+        }
+    }
+    fclose(f);
+    return cs;
+}
+
+static double now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+/* Check one case at one level; returns the number of failures (0 or 1). */
+static int check(const ed_kernel_table *k, const test_case *c, uint8_t *act, double *worst) {
+    const ed_type_kernels *t = &k->types[c->wtype];
+    if (!t->vec_dot) {
+        printf("FAIL %-7s %s: no vec_dot for type %u\n", level_name(k->level), c->name, c->wtype);
+        return 1;
+    }
+    if ((uint32_t)t->vec_dot_type != c->atype || ed_act_row_bytes(c->atype, c->n) != c->abytes ||
+        !k->from_float[c->atype]) {
+        printf("FAIL %-7s %s: activation type %d / %zu bytes, expected %u / %u\n", level_name(k->level),
+               c->name, t->vec_dot_type, ed_act_row_bytes(c->atype, c->n), c->atype, c->abytes);
+        return 1;
+    }
+    k->from_float[c->atype](c->x, act, c->n);
+    if (memcmp(act, c->a, c->abytes)) {
+        uint32_t j = 0;
+        while (act[j] == c->a[j]) j++;
+        printf("FAIL %-7s %s: quantized activation differs at byte %u (%u, expected %u)\n",
+               level_name(k->level), c->name, j, act[j], c->a[j]);
+        return 1;
+    }
+    float s = NAN;
+    t->vec_dot((int)c->n, &s, c->w, act);
+    const double err = fabs((double)s - c->expected), tol = rtol(c->wtype) * c->magnitude;
+    const double rel = c->magnitude > 0 ? err / c->magnitude : err;
+    if (rel > *worst) *worst = rel;
+    if (!(err <= tol)) {
+        printf("FAIL %-7s %s: dot %.9g, expected %.9g (error %.3g of magnitude %.6g, tolerance %.1g)\n",
+               level_name(k->level), c->name, s, c->expected, err, c->magnitude, rtol(c->wtype));
+        return 1;
+    }
+    return 0;
+}
+
+static void bench(const ed_kernel_table *k, const test_case *c, uint8_t *act) {
+    const ed_type_kernels *t = &k->types[c->wtype];
+    if (!t->vec_dot) return;
+    const int reps = (int)(2e7 / (c->n + 64)) + 10;
+    float s, sink = 0;
+    k->from_float[c->atype](c->x, act, c->n);
+    double t0 = now_ns();
+    for (int r = 0; r < reps; r++) {
+        t->vec_dot((int)c->n, &s, c->w, act);
+        sink += s;
+    }
+    const double dot_ns = (now_ns() - t0) / reps;
+    t0 = now_ns();
+    for (int r = 0; r < reps; r++) k->from_float[c->atype](c->x, act, c->n);
+    const double q_ns = (now_ns() - t0) / reps;
+    printf("bench %-7s %-40s %8.1f ns/dot (%5.1f GB/s of weights) %8.1f ns/from_float%s\n",
+           level_name(k->level), c->name, dot_ns, c->wbytes / dot_ns, q_ns, sink == 12345.f ? " " : "");
+}
+
+int main(int argc, char **argv) {
+    const char *path = NULL;
+    int do_bench = 0, only = -1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--bench")) do_bench = 1;
+        else if (!strcmp(argv[i], "--level") && i + 1 < argc) {
+            const char *l = argv[++i];
+            for (int v = 0; v < 4; v++)
+                if (!strcmp(l, level_name(v))) only = v;
+            if (only < 0) { fprintf(stderr, "unknown level %s\n", l); return 2; }
+        } else path = argv[i];
+    }
+    if (!path) {
+        fprintf(stderr, "usage: %s CASES.bin [--level scalar|avx2|avx512|neon] [--bench]\n", argv[0]);
+        return 2;
+    }
+    uint32_t count;
+    test_case *cs = load(path, &count);
+    if (!cs) return 2;
+    size_t max_a = 0;
+    for (uint32_t i = 0; i < count; i++) max_a = cs[i].abytes > max_a ? cs[i].abytes : max_a;
+    uint8_t *act = (uint8_t *)aligned_alloc(64, (max_a + 127) / 64 * 64) + 4;
+
+    printf("cpu level %s, dotprod %d, avx512vnni %d; %u cases\n", level_name(ed_cpu_level()),
+           ed_cpu_has_dotprod(), ed_cpu_has_avx512vnni(), count);
+    int failures = 0, levels = 0;
+    for (int level = 0; level < 4; level++) {
+        const ed_kernel_table *k = ed_kernels(level);
+        if (!k || (only >= 0 && level != only)) continue;
+        levels++;
+        double worst = 0;
+        int fails = 0;
+        for (uint32_t i = 0; i < count; i++) fails += check(k, &cs[i], act, &worst);
+        printf("%-7s %u cases, %d failed, worst relative dot error %.2g\n", level_name(level), count, fails, worst);
+        failures += fails;
+        if (do_bench)
+            for (uint32_t i = 0; i < count; i++) bench(k, &cs[i], act);
+    }
+    if (only >= 0 && !levels) {
+        printf("level %s is not available on this CPU/build\n", level_name(only));
+        return 3;
+    }
+    printf("%s: %d levels, %d failures\n", failures ? "FAILED" : "OK", levels, failures);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,244 @@
+"""The C kernels (native/kernels/) against the numpy reference, on every code path this machine can run.
+
+Cases (random rows and rows sliced from the real models) are written to a binary file; the standalone
+harness native/tests/kernel_check.c checks, for each level the CPU runs, that the quantized activations
+are byte-identical to numpy's and that vec_dot is within a per-type relative tolerance of the float64 dot
+of dequant(weight) * activation_roundtrip(x). The harness is built with the host compiler (scalar, AVX2,
+AVX-512 where the CPU has it) and cross-built for aarch64 and run under qemu (NEON with and without the
+dot-product extension).
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from edgellm import quants
+from edgellm.backends.reference import activation_roundtrip
+from edgellm.gguf import ModelFile
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = [ROOT / "native/tests/kernel_check.c", *sorted((ROOT / "native/kernels").glob("*.c"))]
+QEMU = "qemu-aarch64-static"
+AARCH64_CC = "aarch64-linux-gnu-gcc"
+AARCH64_SYSROOT = "/usr/aarch64-linux-gnu"
+
+# weight type -> the row lengths its random cases use (a whole number of blocks)
+RANDOM_SHAPES = {
+    T.Q4_0: (32, 576, 1536),
+    T.Q4_1: (32, 576, 1536),
+    T.Q5_0: (64, 640),
+    T.Q5_1: (64, 640),
+    T.Q8_0: (32, 576, 640),
+    T.IQ4_NL: (32, 576),
+    T.Q4_K: (256, 1024),
+    T.Q5_K: (256, 1024),
+    T.Q6_K: (256, 2048),
+    T.F16: (1, 7, 33, 576, 1027),
+    T.BF16: (1, 9, 64, 577),
+    T.F32: (3, 31, 576, 1030),
+}
+LEGACY_MINS = (T.Q4_1, T.Q5_1)  # Q8_1 activations: the dot adds m * s per block
+
+
+@dataclass
+class Case:
+    name: str
+    wtype: T
+    x: np.ndarray  # (n,) float32 activation row
+    w: np.ndarray  # (row_bytes,) uint8 weight row
+
+
+# ------------------------------------------------------------------------------------ expected values
+
+
+def _f16_bytes(v: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(v.astype("<f2")).view(np.uint8).reshape(len(v), -1)
+
+
+def _q8_legacy(x: np.ndarray, with_sum: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Q8_0 / Q8_1 bytes as ggml-cpu's x86 quantize_row_q8_0/q8_1 write them, and the s of each block."""
+    b = x.reshape(-1, 32)
+    amax = np.abs(b).max(axis=1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    d = (amax / np.float32(127)).astype(np.float32)
+    q = np.rint(b * inv)
+    s = (d[:, 0] * q.sum(axis=1, dtype=np.float32)).astype(np.float16)
+    parts = [_f16_bytes(d[:, 0])] + ([_f16_bytes(s)] if with_sum else []) + [q.astype(np.int8).view(np.uint8)]
+    return np.concatenate(parts, axis=1).reshape(-1), s.astype(np.float32)
+
+
+def activation_bytes(x: np.ndarray, wtype: T) -> tuple[np.ndarray, np.ndarray | None]:
+    """The activation row ggml's vec_dot for `wtype` reads, as bytes, and Q8_1's s per block (else None).
+    Checked to decode to exactly `activation_roundtrip`, the project's reference."""
+    t = quants.quant_type(wtype).vec_dot_type
+    s = None
+    if t in (T.Q8_0, T.Q8_1):
+        raw, s = _q8_legacy(x, t == T.Q8_1)
+        decoded = quants.dequantize(
+            raw.reshape(-1, 36)[:, [0, 1, *range(4, 36)]] if t == T.Q8_1 else raw, T.Q8_0, x.shape
+        )
+    else:
+        raw = quants.quantize(x, t).reshape(-1)
+        decoded = quants.dequantize(raw, t, x.shape)
+    np.testing.assert_array_equal(decoded, activation_roundtrip(x[None, :], wtype)[0])
+    return raw, (s if t == T.Q8_1 else None)
+
+
+def expected_dot(c: Case) -> tuple[float, float, np.ndarray]:
+    """(float64 reference dot, magnitude sum |w_i x_i| the tolerance scales with, activation bytes)."""
+    n = len(c.x)
+    w = quants.dequantize(c.w, c.wtype, (n,)).astype(np.float64)
+    a_raw, s = activation_bytes(c.x, c.wtype)
+    a = activation_roundtrip(c.x[None, :], c.wtype)[0].astype(np.float64)
+    dot, magnitude = float(np.sum(w * a)), float(np.sum(np.abs(w * a)))
+    if s is not None:  # ggml adds m * s with s = f16(d * sum q), not m * f16(d) * sum q
+        blocks = c.w.reshape(n // 32, -1)
+        m = blocks[:, 2:4].copy().view("<f2")[:, 0].astype(np.float64)
+        q = a_raw.reshape(n // 32, 36)[:, 4:].view(np.int8).astype(np.float64)
+        d = a_raw.reshape(n // 32, 36)[:, 0:2].copy().view("<f2")[:, 0].astype(np.float64)
+        dot += float(np.sum(m * (s - d * q.sum(axis=1))))
+        magnitude += float(np.sum(np.abs(m) * np.abs(a.reshape(-1, 32)).sum(axis=1)))
+    return dot, magnitude, a_raw
+
+
+# ----------------------------------------------------------------------------------------- the cases
+
+
+def _activation_rows(rng: np.random.Generator, n: int) -> list[tuple[str, np.ndarray]]:
+    """Rows that reach the quantizers' edge cases: ties to even, zero blocks, tiny and big scales."""
+    rows = [("normal", rng.standard_normal(n).astype(np.float32))]
+    if n >= 32:
+        # integers with a block maximum of -254: x * 127/amax (Q8_0) and x * -127/max (Q8_K) are exact halves
+        ties = rng.integers(-253, 254, n).astype(np.float32)
+        ties[:: min(n, 32)] = -254
+        rows.append(("ties", ties))
+        zero = rng.standard_normal(n).astype(np.float32)
+        zero[:32] = 0  # an all-zero block: d = 0, q = 0, s = 0
+        rows.append(("zero-block", zero))
+    rows.append(("tiny", (rng.standard_normal(n) * 1e-6).astype(np.float32)))  # f16 subnormals
+    rows.append(
+        ("outlier", (rng.standard_normal(n) * np.where(rng.random(n) < 0.02, 300, 1)).astype(np.float32))
+    )
+    return rows
+
+
+def _random_weight(rng: np.random.Generator, t: T, n: int) -> np.ndarray:
+    q = quants.quant_type(t)
+    if q.quantize_blocks is not None:
+        return quants.quantize(rng.standard_normal(n).astype(np.float32), t).reshape(-1)
+    # no reference quantizer (IQ4_NL, K-quants): random bytes are valid quants; give the scales sane values
+    blocks = rng.integers(0, 256, (n // q.block_size, q.type_size), dtype=np.uint8)
+    scale = (rng.random((len(blocks), 2)) * 0.02 + 0.001).astype("<f2").view(np.uint8)
+    if t == T.Q6_K:
+        blocks[:, -2:] = scale[:, :2]  # d is the last field
+    else:
+        width = 4 if t in (T.Q4_K, T.Q5_K) else 2  # d (and dmin) lead the block
+        blocks[:, :width] = scale[:, :width]
+    return blocks.reshape(-1)
+
+
+def random_cases(seed: int = 0) -> list[Case]:
+    rng = np.random.default_rng(seed)
+    cases = []
+    for t, shapes in RANDOM_SHAPES.items():
+        for n in shapes:
+            w = _random_weight(rng, t, n)
+            for label, x in _activation_rows(rng, n):
+                cases.append(Case(f"random/{t.name}/n={n}/{label}", t, x, w))
+    return cases
+
+
+def model_cases(paths: list[Path], seed: int = 1, rows_per_tensor: int = 2) -> list[Case]:
+    """Rows of one tensor of each (type, row length) in the real models, with random activations."""
+    rng = np.random.default_rng(seed)
+    cases, seen = [], set()
+    for path in paths:
+        mf = ModelFile(path)
+        for qt in mf.tensors.values():
+            key = (qt.type, qt.ne[0])
+            if qt.type not in RANDOM_SHAPES or len(qt.ne) < 2 or key in seen:
+                continue
+            seen.add(key)
+            for r in rng.choice(qt.data.shape[0], rows_per_tensor, replace=False):
+                x = rng.standard_normal(qt.ne[0]).astype(np.float32)
+                cases.append(Case(f"{path.stem}/{qt.name}/row{r}", qt.type, x, np.array(qt.data[r])))
+    return cases
+
+
+def write_case_file(path: Path, cases: list[Case]) -> None:
+    """The binary format native/tests/kernel_check.c reads (see its header comment)."""
+    with open(path, "wb") as f:
+        f.write(b"EDKC" + struct.pack("<II", 1, len(cases)))
+        for c in cases:
+            dot, magnitude, a_raw = expected_dot(c)
+            name = c.name.encode()[:127]
+            atype = quants.quant_type(c.wtype).vec_dot_type
+            f.write(struct.pack("<I", len(name)) + name)
+            f.write(struct.pack("<IIIIIdd", c.wtype, len(c.x), len(c.w), atype, len(a_raw), dot, magnitude))
+            f.write(c.x.astype("<f4").tobytes() + c.w.tobytes() + a_raw.tobytes())
+
+
+# ------------------------------------------------------------------------------------------ the tests
+
+
+@pytest.fixture(scope="module")
+def case_file(tmp_path_factory, request) -> Path:
+    cases = random_cases()
+    try:
+        cases += model_cases(request.getfixturevalue("real_model_paths"))
+    except pytest.skip.Exception:
+        pass  # random cases still cover every type
+    path = tmp_path_factory.mktemp("kernels") / "cases.bin"
+    write_case_file(path, cases)
+    return path
+
+
+def _build(compiler: str, flags: list[str], out: Path) -> Path:
+    cmd = [compiler, "-O3", "-std=c11", "-Wall", "-Wextra", *flags, "-o", str(out), *map(str, SOURCES), "-lm"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
+    assert "warning" not in res.stderr, res.stderr
+    return out
+
+
+def _run(cmd: list[str]) -> str:
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, f"{' '.join(cmd)} exited {res.returncode}\n{res.stdout[-6000:]}\n{res.stderr}"
+    return res.stdout
+
+
+def test_kernels_match_numpy_on_every_host_level(case_file, tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    out = _run([str(_build(cc, [], tmp_path / "kernel_check")), str(case_file)])
+    assert "scalar " in out and "OK:" in out
+    with open("/proc/cpuinfo") as f:
+        flags = f.read()
+    if " avx2 " in flags and " fma " in flags and " f16c " in flags:
+        assert "\navx2 " in out, out  # the AVX2 level ran too
+    if " avx512bw " in flags and " avx512vl " in flags:
+        assert "\navx512 " in out, out
+
+
+@pytest.mark.parametrize(
+    ("march", "qemu_cpu", "dotprod"),
+    [("armv8.2-a+dotprod", "max", 1), ("armv8-a", "cortex-a53", 0), ("armv8-a", "cortex-a76", 1)],
+)
+def test_kernels_match_numpy_on_aarch64_neon(case_file, tmp_path, march, qemu_cpu, dotprod):
+    for tool in (AARCH64_CC, QEMU):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} not installed (apt-get install gcc-aarch64-linux-gnu qemu-user-static)")
+    exe = _build(AARCH64_CC, [f"-march={march}", "-static"], tmp_path / "kernel_check")
+    out = _run([QEMU, "-cpu", qemu_cpu, "-L", AARCH64_SYSROOT, str(exe), str(case_file)])
+    assert f"cpu level neon, dotprod {dotprod}" in out, out
+    assert "\nneon " in out and "OK:" in out, out
