@@ -1,0 +1,68 @@
+/* edgellm native runtime: a persistent thread pool and a plan executor running arrays of op records
+ * (matmul, norms, RoPE, attention over the paged f16 KV cache, GLUs, elementwise ops) in one call.
+ *
+ * This header is also the cffi cdef of the extension (native/build_native.py drops the preprocessor
+ * lines), so it holds only plain declarations: no macros, no inline code.
+ *
+ * Determinism: every op splits its work over threads by whole output rows / (row, head) pairs and never
+ * splits a reduction, so results are bit-identical for any thread count and between a plan and the same
+ * ops run one by one.
+ */
+#ifndef ED_RUNTIME_H
+#define ED_RUNTIME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Op codes. Pointers are addresses (uintptr_t) so Python fills them with plain ints. Field use per op:
+ *   MATMUL     src0 weight rows (M rows of i0 bytes, ggml type `type`), src1 x (n, k) f32, dst (n, m) f32;
+ *              i1 = 1: x was quantized by the matmul just before (same x, same activation type): reuse it.
+ *   GET_ROWS   src0 table (i1 rows of i0 bytes, type `type`), src1 ids (n,) int64, dst (n, k) f32;
+ *              an id outside 0..i1-1 yields a row of zeros.
+ *   RMS_NORM   src0 x (n, k), src1 weight (k,) or 0, dst (n, k); f0 = eps.
+ *   ROPE       src0 x (n, m heads, k), src1 positions (n,) int64, src2 cos, src3 sin (i2 rows of i0/2) f32,
+ *              dst; i0 = n_dims, i1 = neox; a position outside the table copies x unrotated.
+ *   ATTENTION  src0 q (n, m, k), src1 k (n, i0, k), src2 v (n, i0, k) f32, src3 k cache, src4 v cache
+ *              (slots, i0, k) f16 of this layer, src5 block_table (i3 seqs, i2 blocks) int32, src6 seq_ids,
+ *              src7 positions (n,) int64, dst (n, m, k); i1 = block_size, i4 = window (0: none),
+ *              i5 = slots; f0 = scale, f1 = softcap (0: none). Rows whose slot is unmapped write zeros.
+ *   SILU_MUL   src0 gate, src1 up, dst: n*k f32.   GELU_MUL  the same, src2 = ggml's GELU table (65536 f32)
+ *   ADD        src0 a (n, k), src1 b (n, k), or (k,) broadcast over rows when i0 = 1, dst (n, k).
+ *   SCALE      dst = src0 * f0 (n*k).              SOFTCAP   dst = f0 * tanhf(src0 / f0) (n*k).
+ *   COPY       dst (n, k) = columns i1..i1+k of src0 rows of i0 floats.
+ */
+enum {
+    ED_OP_NONE = 0, ED_OP_MATMUL = 1, ED_OP_GET_ROWS = 2, ED_OP_RMS_NORM = 3, ED_OP_ROPE = 4,
+    ED_OP_ATTENTION = 5, ED_OP_SILU_MUL = 6, ED_OP_GELU_MUL = 7, ED_OP_ADD = 8, ED_OP_SCALE = 9,
+    ED_OP_SOFTCAP = 10, ED_OP_COPY = 11, ED_OP_COUNT = 12
+};
+
+typedef struct {
+    int32_t code;
+    int32_t type;
+    int64_t n, m, k;
+    int64_t i0, i1, i2, i3, i4, i5;
+    float f0, f1;
+    uintptr_t src0, src1, src2, src3, src4, src5, src6, src7;
+    uintptr_t dst;
+} ed_op;
+
+typedef struct ed_pool ed_pool;
+
+/* A pool of n_threads (the caller is thread 0; n_threads - 1 workers are started now, once). */
+ed_pool *ed_pool_new(int n_threads);
+void ed_pool_free(ed_pool *pool);
+int ed_pool_threads(const ed_pool *pool);
+
+/* Run ops[0..n_ops) in order on every pool thread, with a barrier between ops. Returns 0, or -1 when
+ * an op is malformed (unknown code, a weight type without a kernel): then nothing was run. */
+int ed_plan_run(ed_pool *pool, const ed_op *ops, int n_ops);
+
+/* Whether matmul / get_rows support a ggml weight type with the kernels of this build. */
+int ed_matmul_supported(int type);
+int ed_get_rows_supported(int type);
+/* The kernel level in use (ED_LEVEL_* of ed_kernels.h) and its name. */
+int ed_runtime_level(void);
+const char *ed_runtime_level_name(void);
+
+#endif

@@ -1,0 +1,257 @@
+/* The persistent thread pool and the plan executor (after ggml-cpu's ggml_graph_compute: every thread
+ * walks the same op list, each op split across threads, a barrier between ops).
+ *
+ * Threads are started once by ed_pool_new. Between runs a worker spins for ~1 ms watching the run
+ * counter (a decode loop calls again within that time, so waking costs nothing), then sleeps on a
+ * condition variable. The caller of ed_plan_run is thread 0 and works too.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "f16.h"
+#include "runtime.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define ED_PAUSE() _mm_pause()
+#elif defined(__aarch64__)
+#define ED_PAUSE() __asm__ __volatile__("yield")
+#else
+#define ED_PAUSE() ((void)0)
+#endif
+
+#define ED_SPIN_NS 1000000L /* how long an idle worker watches for the next run before sleeping */
+#define ED_LINE 64
+
+typedef struct {
+    ed_pool *pool;
+    int ith;
+    void *scratch;
+    size_t scratch_bytes;
+    char pad[ED_LINE];
+} ed_thread;
+
+struct ed_pool {
+    int n_threads;
+    pthread_t *threads;
+    ed_thread *thr;
+    pthread_mutex_t run_mu; /* one plan at a time per pool */
+
+    /* the current run */
+    const ed_op *ops;
+    int n_ops;
+    const ed_kernel_table *kt;
+    void *shared;
+    size_t shared_bytes;
+
+    _Alignas(ED_LINE) atomic_int generation;
+    _Alignas(ED_LINE) atomic_int n_done;
+    _Alignas(ED_LINE) atomic_int bar_count;
+    _Alignas(ED_LINE) atomic_int bar_phase;
+    _Alignas(ED_LINE) atomic_llong chunk[2];
+    _Alignas(ED_LINE) atomic_int n_sleeping;
+    atomic_int stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+};
+
+/* ------------------------------------------------------------------------------- kernels, once */
+static const ed_kernel_table *g_kt;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static void init_once(void) {
+    ed_rt_f16_lut_init();
+    g_kt = ed_kernels(ed_cpu_level());
+    if (!g_kt) g_kt = ed_kernels(ED_LEVEL_SCALAR);
+}
+
+static const ed_kernel_table *kernels(void) {
+    pthread_once(&g_once, init_once);
+    return g_kt;
+}
+
+int ed_runtime_level(void) {
+    const ed_kernel_table *kt = kernels();
+    return kt ? kt->level : -1;
+}
+
+const char *ed_runtime_level_name(void) {
+    static const char *names[] = {"scalar", "avx2", "avx512", "neon"};
+    int l = ed_runtime_level();
+    return l >= 0 && l <= 3 ? names[l] : "none";
+}
+
+int ed_matmul_supported(int type) {
+    const ed_kernel_table *kt = kernels();
+    if (!kt || type < 0 || type >= ED_TYPE_COUNT || !kt->types[type].vec_dot) return 0;
+    return kt->from_float[kt->types[type].vec_dot_type] != NULL;
+}
+
+int ed_get_rows_supported(int type) { return ed_dequantize_supported(type); }
+
+/* ------------------------------------------------------------------------------- sync helpers */
+static void barrier(ed_pool *pool) {
+    if (pool->n_threads == 1) return;
+    int phase = atomic_load_explicit(&pool->bar_phase, memory_order_relaxed);
+    if (atomic_fetch_add_explicit(&pool->bar_count, 1, memory_order_acq_rel) == pool->n_threads - 1) {
+        atomic_store_explicit(&pool->bar_count, 0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&pool->bar_phase, 1, memory_order_acq_rel);
+        return;
+    }
+    for (unsigned spins = 0; atomic_load_explicit(&pool->bar_phase, memory_order_acquire) == phase; spins++) {
+        if (spins < 4096) ED_PAUSE();
+        else sched_yield(); /* another process has our core: let it finish its part */
+    }
+}
+
+int64_t ed_next_chunk(ed_ctx *ctx) {
+    return atomic_fetch_add_explicit(&ctx->pool->chunk[ctx->step & 1], 1, memory_order_relaxed);
+}
+
+void *ed_shared_scratch(ed_ctx *ctx) { return ctx->pool->shared; }
+
+void *ed_thread_scratch(ed_ctx *ctx, size_t bytes) {
+    ed_thread *t = &ctx->pool->thr[ctx->ith];
+    if (t->scratch_bytes < bytes) {
+        free(t->scratch);
+        bytes = (bytes + 4095) & ~(size_t)4095;
+        t->scratch = aligned_alloc(ED_LINE, bytes);
+        t->scratch_bytes = t->scratch ? bytes : 0;
+    }
+    return t->scratch;
+}
+
+static long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+/* ------------------------------------------------------------------------------- the run */
+static void run_plan(ed_pool *pool, int ith) {
+    ed_ctx ctx = {.ith = ith, .nth = pool->n_threads, .pool = pool, .kt = pool->kt, .step = 0};
+    for (int i = 0; i < pool->n_ops; i++) {
+        const ed_op *op = &pool->ops[i];
+        int phases = ed_op_phases(op);
+        for (int p = 0; p < phases; p++) {
+            /* the counter of the next step is free: every thread is past the barrier that ended its last use */
+            if (ith == 0) atomic_store_explicit(&pool->chunk[(ctx.step + 1) & 1], 0, memory_order_relaxed);
+            ed_op_run(op, p, &ctx);
+            if (i < pool->n_ops - 1 || p < phases - 1) barrier(pool);
+            ctx.step++;
+        }
+    }
+}
+
+static void *worker_main(void *arg) {
+    ed_thread *t = arg;
+    ed_pool *pool = t->pool;
+    int seen = 0;
+    for (;;) {
+        long t0 = now_ns();
+        for (unsigned spins = 1; atomic_load_explicit(&pool->generation, memory_order_acquire) == seen; spins++) {
+            ED_PAUSE();
+            if ((spins & 255) == 0 && now_ns() - t0 > ED_SPIN_NS) {
+                pthread_mutex_lock(&pool->mu);
+                atomic_fetch_add(&pool->n_sleeping, 1);
+                while (atomic_load(&pool->generation) == seen) pthread_cond_wait(&pool->cv, &pool->mu);
+                atomic_fetch_sub(&pool->n_sleeping, 1);
+                pthread_mutex_unlock(&pool->mu);
+                break;
+            }
+        }
+        seen = atomic_load_explicit(&pool->generation, memory_order_acquire);
+        if (atomic_load(&pool->stop)) return NULL;
+        run_plan(pool, t->ith);
+        atomic_fetch_add_explicit(&pool->n_done, 1, memory_order_release);
+    }
+}
+
+static void wake_workers(ed_pool *pool) {
+    atomic_fetch_add(&pool->generation, 1); /* seq_cst: a worker going to sleep either sees it or is seen */
+    if (atomic_load(&pool->n_sleeping) > 0) {
+        pthread_mutex_lock(&pool->mu);
+        pthread_cond_broadcast(&pool->cv);
+        pthread_mutex_unlock(&pool->mu);
+    }
+}
+
+ed_pool *ed_pool_new(int n_threads) {
+    if (!kernels()) return NULL;
+    if (n_threads < 1) n_threads = 1;
+    ed_pool *pool = aligned_alloc(ED_LINE, (sizeof(ed_pool) + ED_LINE - 1) / ED_LINE * ED_LINE);
+    if (!pool) return NULL;
+    memset(pool, 0, sizeof *pool);
+    pool->n_threads = n_threads;
+    pool->kt = kernels();
+    pool->thr = calloc(n_threads, sizeof(ed_thread));
+    pool->threads = calloc(n_threads, sizeof(pthread_t));
+    pthread_mutex_init(&pool->run_mu, NULL);
+    pthread_mutex_init(&pool->mu, NULL);
+    pthread_cond_init(&pool->cv, NULL);
+    for (int i = 0; i < n_threads; i++) pool->thr[i] = (ed_thread){.pool = pool, .ith = i};
+    for (int i = 1; i < n_threads; i++) {
+        if (pthread_create(&pool->threads[i], NULL, worker_main, &pool->thr[i]) != 0) {
+            pool->n_threads = i; /* run with the threads we got */
+            break;
+        }
+    }
+    return pool;
+}
+
+void ed_pool_free(ed_pool *pool) {
+    if (!pool) return;
+    atomic_store(&pool->stop, 1);
+    wake_workers(pool);
+    for (int i = 1; i < pool->n_threads; i++) pthread_join(pool->threads[i], NULL);
+    for (int i = 0; i < pool->n_threads; i++) free(pool->thr[i].scratch);
+    free(pool->shared);
+    free(pool->thr);
+    free(pool->threads);
+    pthread_mutex_destroy(&pool->run_mu);
+    pthread_mutex_destroy(&pool->mu);
+    pthread_cond_destroy(&pool->cv);
+    free(pool);
+}
+
+int ed_pool_threads(const ed_pool *pool) { return pool->n_threads; }
+
+int ed_plan_run(ed_pool *pool, const ed_op *ops, int n_ops) {
+    const ed_kernel_table *kt = pool->kt;
+    size_t shared = 0;
+    for (int i = 0; i < n_ops; i++) {
+        if (!ed_op_valid(&ops[i], kt)) return -1;
+        size_t s = ed_op_shared_scratch(&ops[i], kt);
+        if (s > shared) shared = s;
+    }
+    if (n_ops == 0) return 0;
+    pthread_mutex_lock(&pool->run_mu);
+    if (shared > pool->shared_bytes) {
+        free(pool->shared);
+        shared = (shared + 4095) & ~(size_t)4095;
+        pool->shared = aligned_alloc(ED_LINE, shared);
+        pool->shared_bytes = pool->shared ? shared : 0;
+        if (!pool->shared) {
+            pthread_mutex_unlock(&pool->run_mu);
+            return -2;
+        }
+    }
+    pool->ops = ops;
+    pool->n_ops = n_ops;
+    atomic_store(&pool->chunk[0], 0);
+    atomic_store(&pool->chunk[1], 0);
+    atomic_store(&pool->n_done, 0);
+    if (pool->n_threads > 1) wake_workers(pool);
+    run_plan(pool, 0);
+    for (unsigned spins = 0; atomic_load_explicit(&pool->n_done, memory_order_acquire) < pool->n_threads - 1;
+         spins++) {
+        if (spins < 4096) ED_PAUSE();
+        else sched_yield();
+    }
+    pthread_mutex_unlock(&pool->run_mu);
+    return 0;
+}
