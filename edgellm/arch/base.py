@@ -15,9 +15,18 @@ class DecoderModel:
     output_norm: np.ndarray  # (D,)
     output: Any  # (V, D), or the tied token embedding
 
-    def new_kv_cache(self, n_ctx: int, n_seqs: int = 1) -> Any:
+    def new_kv_cache(
+        self, n_ctx: int, n_seqs: int = 1, block_size: int | None = None, n_blocks: int | None = None
+    ) -> Any:
+        """The backend's paged KV cache for this model (see Backend.new_kv_cache)."""
         c = self.config
-        return self.backend.new_kv_cache(c.n_layer, c.n_head_kv, c.head_dim, n_ctx, n_seqs)
+        b = self.backend
+        return b.new_kv_cache(c.n_layer, c.n_head_kv, c.head_dim, n_ctx, n_seqs, block_size, n_blocks)
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of float16 K and V one position takes over all layers."""
+        c = self.config
+        return 2 * 2 * c.n_layer * c.n_head_kv * c.head_dim
 
     def head(self, x: np.ndarray, logits_rows: np.ndarray | None) -> np.ndarray:
         """Final RMSNorm and output matrix over the rows that need logits: (N, D) -> (len(rows), V)."""

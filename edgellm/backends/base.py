@@ -77,14 +77,34 @@ class Backend(ABC):
         window: int | None = None,
         softcap: float | None = None,
     ) -> np.ndarray:
-        """Store k, v (N, Hkv, Dh) at (seq, position) in the cache, then attend causally.
+        """Store every row's k, v (N, Hkv, Dh) at (seq, position) in the cache, then attend causally.
 
-        q (N, H, Dh) -> (N, H, Dh). `window` limits attention to the last `window` positions (sliding window).
+        q (N, H, Dh) -> (N, H, Dh): row i attends over positions max(0, p - window + 1) .. p of sequence
+        seq_ids[i] (p = positions[i]) through the block table. `window` limits attention to the last
+        `window` positions (sliding window). A position outside the context or in an unmapped block raises
+        ValueError.
         """
 
     @abstractmethod
-    def new_kv_cache(self, n_layers: int, n_kv_heads: int, head_dim: int, n_ctx: int, n_seqs: int) -> Any:
-        """Allocate a KV cache for n_seqs sequences of up to n_ctx positions."""
+    def new_kv_cache(
+        self,
+        n_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        n_ctx: int,
+        n_seqs: int,
+        block_size: int | None = None,
+        n_blocks: int | None = None,
+    ) -> Any:
+        """Allocate a paged KV cache for n_seqs sequences of up to n_ctx positions.
+
+        The cache is a pool of blocks of `block_size` positions (default 16) and an int32 block table
+        (n_seqs, ceil(n_ctx / block_size)); position p of sequence s lives in block
+        `block_table[s, p // block_size]` (-1: unmapped) at offset p % block_size. Without `n_blocks`
+        the pool holds n_seqs * ceil(n_ctx / block_size) blocks and each sequence owns consecutive ones;
+        with `n_blocks` the pool holds that many and the table starts unmapped, for `edgellm.kvcache` to
+        fill (blocks may be shared by several sequences). See reference.KVCache for the layout.
+        """
 
     # -- elementwise ops with plain numpy defaults ---------------------------------------------------------
     def silu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:

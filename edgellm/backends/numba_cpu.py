@@ -4,7 +4,7 @@ C compiler.
 Weights stay the raw blocks of the mmapped file (no float32 copy). A matmul quantizes its activation
 rows once to the weight's ggml vec_dot type and computes every output as ggml-cpu's scalar dot product
 does (numba_kernels/), so results match the reference backend to float-summation order and are the same
-for any thread count. RMSNorm, RoPE, attention over the (reference's float16) KV cache and the GLUs are
+for any thread count. RMSNorm, RoPE, attention over the (reference's paged float16) KV cache and the GLUs are
 the reference's float32 operations compiled (numba_kernels/ops.py); embedding lookup and add stay numpy.
 Kernels compile when the backend is made (ops) or the first weight of their family is bound (matmuls),
 or on `warmup()`; never inside a timed step. Numba caches them on disk, so a second process pays no JIT.
@@ -168,8 +168,7 @@ class NumbaBackend(ReferenceBackend):
 
     def attention(self, q, k, v, kv: KVCache, layer, seq_ids, positions, scale, window=None, softcap=None):
         positions = np.asarray(positions, np.int64)
-        if positions.max(initial=0) >= kv.n_ctx:
-            raise ValueError(f"position {int(positions.max())} is outside the context of {kv.n_ctx}")
+        kv.slots(seq_ids, positions)  # checks every block the kernel will touch is mapped
         out = np.empty((q.shape[0], q.shape[1], v.shape[-1]), np.float32)
         O.attention(
             np.ascontiguousarray(q, np.float32),
@@ -177,6 +176,8 @@ class NumbaBackend(ReferenceBackend):
             np.ascontiguousarray(v, np.float32),
             kv.k[layer].view(np.uint16),
             kv.v[layer].view(np.uint16),
+            kv.block_table,
+            kv.block_size,
             np.asarray(seq_ids, np.int64),
             positions,
             float(scale),

@@ -43,15 +43,68 @@ class RefWeight:
         return self._mins
 
 
-class KVCache:
-    """Contiguous float16 cache: k, v of shape (layers, seqs, positions, Hkv, Dh)."""
+DEFAULT_BLOCK_SIZE = 16  # positions per KV block (vLLM's default; llama.cpp's unified cache is one block)
 
-    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, n_ctx: int, n_seqs: int):
-        shape = (n_layers, n_seqs, n_ctx, n_kv_heads, head_dim)
+
+class KVCache:
+    """Paged float16 cache: k, v of shape (layers, slots, Hkv, Dh), slots = n_blocks * block_size.
+
+    block_table (seqs, max_blocks_per_seq) int32 names the block holding each run of block_size positions
+    of a sequence (-1: unmapped); position p of sequence s lives at slot
+    block_table[s, p // block_size] * block_size + p % block_size. Without n_blocks, every sequence owns
+    its own consecutive blocks (the layout `generate.py` uses); with n_blocks the table starts unmapped
+    and `edgellm.kvcache` fills it from one shared pool.
+    """
+
+    def __init__(
+        self,
+        n_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        n_ctx: int,
+        n_seqs: int,
+        block_size: int | None = None,
+        n_blocks: int | None = None,
+    ):
+        bs = int(block_size or DEFAULT_BLOCK_SIZE)
+        if bs <= 0 or n_ctx <= 0 or n_seqs <= 0:
+            raise ValueError(f"KV cache needs positive sizes, got block {bs}, ctx {n_ctx}, seqs {n_seqs}")
+        per_seq = -(-n_ctx // bs)  # blocks one sequence may map
+        if n_blocks is None:
+            n_blocks = n_seqs * per_seq
+            table = np.arange(n_blocks, dtype=np.int32).reshape(n_seqs, per_seq)
+        else:
+            table = np.full((n_seqs, per_seq), -1, np.int32)
+        shape = (n_layers, int(n_blocks) * bs, n_kv_heads, head_dim)
         self.k = np.zeros(shape, np.float16)
         self.v = np.zeros(shape, np.float16)
-        self.n_ctx = n_ctx
+        self.block_table = table
+        self.block_size = bs
+        self.n_blocks = int(n_blocks)
+        self.n_ctx = n_ctx  # positions per sequence
         self.n_seqs = n_seqs
+
+    def slots(self, seq_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Cache slots (int64) of (seq, position) pairs. Raises ValueError if a position is outside the
+        context, or if a block holding it or any earlier position of its sequence is unmapped: attention
+        reads positions 0..p, and native kernels rely on this check having been made."""
+        seq_ids = np.asarray(seq_ids, np.int64)
+        positions = np.asarray(positions, np.int64)
+        if positions.size == 0:
+            return positions
+        if positions.max() >= self.n_ctx or positions.min() < 0:
+            bad = int(positions.max()) if positions.max() >= self.n_ctx else int(positions.min())
+            raise ValueError(f"position {bad} is outside the context of {self.n_ctx}")
+        if seq_ids.min() < 0 or seq_ids.max() >= self.n_seqs:
+            raise ValueError(f"sequence id outside 0..{self.n_seqs - 1}")
+        seqs, row_seq = np.unique(seq_ids, return_inverse=True)
+        unmapped = self.block_table[seqs] < 0  # (distinct seqs, max blocks)
+        first_hole = np.where(unmapped.any(axis=1), unmapped.argmax(axis=1), unmapped.shape[1])[row_seq]
+        blk = positions // self.block_size
+        if (blk >= first_hole).any():
+            i = int(np.argmax(blk >= first_hole))
+            raise ValueError(f"sequence {int(seq_ids[i])} has no KV block for position {int(positions[i])}")
+        return self.block_table[seq_ids, blk].astype(np.int64) * self.block_size + positions % self.block_size
 
     def clear(self, seq: int | None = None) -> None:
         """Nothing to free: positions are overwritten before they are read."""
@@ -168,24 +221,26 @@ class ReferenceBackend(Backend):
             out[..., 1 : spec.n_dims : 2] = a * sin + b * cos
         return out
 
-    def new_kv_cache(self, n_layers, n_kv_heads, head_dim, n_ctx, n_seqs) -> KVCache:
-        return KVCache(n_layers, n_kv_heads, head_dim, n_ctx, n_seqs)
+    def new_kv_cache(
+        self, n_layers, n_kv_heads, head_dim, n_ctx, n_seqs, block_size=None, n_blocks=None
+    ) -> KVCache:
+        return KVCache(n_layers, n_kv_heads, head_dim, n_ctx, n_seqs, block_size, n_blocks)
 
     def attention(self, q, k, v, kv: KVCache, layer, seq_ids, positions, scale, window=None, softcap=None):
         n, n_head, dh = q.shape
         n_kv_head = k.shape[1]
         group = n_head // n_kv_head
-        if positions.max(initial=0) >= kv.n_ctx:
-            raise ValueError(f"position {int(positions.max())} is outside the context of {kv.n_ctx}")
-        kv.k[layer, seq_ids, positions] = k
-        kv.v[layer, seq_ids, positions] = v
+        slots = kv.slots(seq_ids, positions)
+        kv.k[layer, slots] = k  # every row's k, v first, then attention
+        kv.v[layer, slots] = v
         out = np.empty((n, n_head, v.shape[-1]), np.float32)
         for s in np.unique(seq_ids):
             rows = np.nonzero(seq_ids == s)[0]
             pos = positions[rows]
             t = int(pos.max()) + 1
-            keys = kv.k[layer, s, :t].astype(np.float32)  # (T, Hkv, Dh)
-            vals = kv.v[layer, s, :t].astype(np.float32)
+            slots = kv.slots(np.full(t, s), np.arange(t))  # positions 0..t-1 of s through its block table
+            keys = kv.k[layer, slots].astype(np.float32)  # (T, Hkv, Dh)
+            vals = kv.v[layer, slots].astype(np.float32)
             qs = _f16_round(q[rows]).reshape(len(rows), n_kv_head, group, dh)
             # scores (Hkv, group, n, T)
             scores = np.einsum("nhgd,thd->hgnt", qs, keys, optimize=True) * np.float32(scale)

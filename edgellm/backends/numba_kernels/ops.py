@@ -2,7 +2,7 @@
 float16 KV cache, SwiGLU, GeGLU), with the reference's float32 operations in the same order.
 
 What can differ from the reference is float summation order (dot products, softmax and RMS sums) and the
-last bit of exp/tanh (libm here, numpy's SIMD routines there). The KV cache is the reference's float16
+last bit of exp/tanh (libm here, numpy's SIMD routines there). The KV cache is the reference's paged float16
 cache seen as uint16 bits (Numba has no float16): values are stored rounded to nearest even like numpy's
 astype(float16), and read back exactly.
 """
@@ -54,22 +54,30 @@ def rope(x, cos, sin, n_dims, neox, out):
                     out[r, hh, 2 * i + 1] = a * s + b * c
 
 
+@njit(cache=True, inline="always")
+def _slot(table, block_size, s, p):
+    """Cache slot of position p of sequence s through the block table (see reference.KVCache)."""
+    return table[s, p // block_size] * block_size + p % block_size
+
+
 @njit(cache=True)
-def attention(q, k, v, kc, vc, seq_ids, positions, scale, window, softcap, out):
-    """Store k, v (N, Hkv, Dh) into this layer's caches kc, vc (seqs, ctx, Hkv, Dh) uint16 (f16 bits) at
-    (seq, position), then causal attention of q (N, H, Dh) -> out (N, H, Dh), like ReferenceBackend:
-    q rounded to f16, scores * scale, optional softcap, masked beyond the position (and before the window),
-    softmax in float32, weights rounded to f16 before their product with the values."""
+def attention(q, k, v, kc, vc, table, block_size, seq_ids, positions, scale, window, softcap, out):
+    """Store k, v (N, Hkv, Dh) into this layer's caches kc, vc (slots, Hkv, Dh) uint16 (f16 bits) at
+    (seq, position) through the int32 block table (seqs, max blocks), then causal attention of q (N, H, Dh)
+    -> out (N, H, Dh), like ReferenceBackend: q rounded to f16, scores * scale, optional softcap, masked
+    beyond the position (and before the window), softmax in float32, weights rounded to f16 before their
+    product with the values. The caller has checked that every block read or written is mapped."""
     n, n_head, dh = q.shape
     n_kv = k.shape[1]
     group = n_head // n_kv
     scale = F32(scale)
     softcap = F32(softcap)
     for r in range(n):
+        slot = _slot(table, block_size, seq_ids[r], positions[r])
         for hh in range(n_kv):
             for d in range(dh):
-                kc[seq_ids[r], positions[r], hh, d] = f32_to_f16_bits(k[r, hh, d])
-                vc[seq_ids[r], positions[r], hh, d] = f32_to_f16_bits(v[r, hh, d])
+                kc[slot, hh, d] = f32_to_f16_bits(k[r, hh, d])
+                vc[slot, hh, d] = f32_to_f16_bits(v[r, hh, d])
     qh = np.empty(dh, F32)
     acc = np.empty(dh, F32)
     for r in range(n):
@@ -77,13 +85,16 @@ def attention(q, k, v, kc, vc, seq_ids, positions, scale, window, softcap, out):
         lo = max(0, pos - window + 1) if window > 0 else 0
         t = pos + 1 - lo
         scores = np.empty(t, F32)
+        slots = np.empty(t, np.int64)
+        for j in range(t):
+            slots[j] = _slot(table, block_size, s_id, lo + j)
         for h in range(n_head):
             g = h // group
             for d in range(dh):
                 qh[d] = f16_to_f32(f32_to_f16_bits(q[r, h, d]))
             mx = F32(-np.inf)
             for j in range(t):
-                krow = kc[s_id, lo + j, g]
+                krow = kc[slots[j], g]
                 s = F32(0)
                 for d in range(dh):
                     s += qh[d] * _f16_bits_to_f32(krow[d])
@@ -102,7 +113,7 @@ def attention(q, k, v, kc, vc, seq_ids, positions, scale, window, softcap, out):
                 acc[d] = F32(0)
             for j in range(t):
                 p = f16_to_f32(f32_to_f16_bits(scores[j] / total))
-                vrow = vc[s_id, lo + j, g]
+                vrow = vc[slots[j], g]
                 for d in range(dh):
                     acc[d] += p * _f16_bits_to_f32(vrow[d])
             for d in range(dh):
