@@ -10,6 +10,8 @@ dot-product extension).
 
 from __future__ import annotations
 
+import os
+import platform
 import shutil
 import struct
 import subprocess
@@ -210,6 +212,13 @@ def _build(compiler: str, flags: list[str], out: Path) -> Path:
     return out
 
 
+def _cpu_flags() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 def _run(cmd: list[str]) -> str:
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, f"{' '.join(cmd)} exited {res.returncode}\n{res.stdout[-6000:]}\n{res.stderr}"
@@ -222,12 +231,34 @@ def test_kernels_match_numpy_on_every_host_level(case_file, tmp_path):
         pytest.skip("no C compiler")
     out = _run([str(_build(cc, [], tmp_path / "kernel_check")), str(case_file)])
     assert "scalar " in out and "OK:" in out
-    with open("/proc/cpuinfo") as f:
-        flags = f.read()
+    flags = _cpu_flags()
     if " avx2 " in flags and " fma " in flags and " f16c " in flags:
         assert "\navx2 " in out, out  # the AVX2 level ran too
     if " avx512bw " in flags and " avx512vl " in flags:
         assert "\navx512 " in out, out
+
+
+@pytest.mark.parametrize("vnni", ["1", "0"])
+def test_avx512_kernels_match_numpy_under_simde_emulation(case_file, tmp_path, vnni):
+    """The AVX-512 code (VNNI and BW variants) compiled against SIMDe's portable intrinsics, so it is
+    checked on machines without AVX-512 too."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None or platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("needs an x86-64 C compiler")
+    if not Path("/usr/include/simde/x86/avx512.h").exists():
+        pytest.skip("SIMDe headers not installed (apt-get install libsimde-dev)")
+    exe = _build(cc, ["-DED_EMULATE_AVX512", "-Wno-psabi"], tmp_path / "kernel_check_emu")
+    if " avx2 " not in _cpu_flags():
+        pytest.skip("the emulated AVX-512 table builds on the AVX2 one, which this CPU cannot run")
+    res = subprocess.run(
+        [str(exe), str(case_file), "--level", "avx512"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "ED_EMULATE_VNNI": vnni},
+    )
+    assert res.returncode == 0, res.stdout[-6000:] + res.stderr
+    assert f"avx512vnni {vnni}" in res.stdout and "\navx512 " in res.stdout, res.stdout
 
 
 @pytest.mark.parametrize(

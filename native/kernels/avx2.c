@@ -1,2 +1,487 @@
+/* AVX2 + FMA + F16C kernels, compiled with a target pragma so a build without -march carries them.
+ *
+ * Mirrors ggml-org/llama.cpp ggml/src/ggml-cpu/arch/x86/quants.c (the __AVX2__ branches of
+ * quantize_row_q8_0/q8_1 and ggml_vec_dot_{q4_0,q4_1,q5_0,q5_1,q8_0,iq4_nl}_q8_0/1, q{4,5,6}_K_q8_K) and
+ * vec.cpp (ggml_vec_dot_f16/bf16/f32). Differences: the legacy dots run two blocks per iteration into two
+ * accumulators (the FMA chain, not the ALUs, bounds ggml's one-accumulator loop), Q4_1/Q5_1 form
+ * (dx*dy, m*s) with one F16C conversion of each 4-byte block head, and Q8_K is vectorized (ggml uses the
+ * scalar reference on x86). Every quantizer rounds to nearest even, bit-identical to scalar.c.
+ */
 #include "ed_blocks.h"
-int ed_fill_avx2(ed_kernel_table *t) { (void)t; return 0; }
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
+/* ------------------------------------------------------------------------------------- helpers */
+
+static inline float hsum_f32x8(__m256 x) {
+    __m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+static inline int hsum_i32x8(__m256i a) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+static inline float f16(uint16_t h) { return _cvtsh_ss(h); }
+
+/* the f16 pair at p (block heads: d,m of Q4_1/Q5_1, d,s of Q8_1) as floats in lanes 0, 1 */
+static inline __m128 f16x2(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128(v));
+}
+
+/* f16(*xd) * f16(*yd) in all lanes */
+static inline __m256 scale_xy(const void *xd, const void *yd) {
+    return _mm256_set1_ps(ed_f16_table[ed_load_u16(xd)] * ed_f16_table[ed_load_u16(yd)]);
+}
+
+/* 16 bytes of nibbles -> 32 bytes 0..15: low nibbles first (elements 0..15), then high (16..31) */
+static inline __m256i nibbles32(const uint8_t *p) {
+    const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_and_si256(_mm256_set1_epi8(0x0F), _mm256_srlv_epi64(t, _mm256_set_epi64x(4, 4, 0, 0)));
+}
+
+/* 32 bits -> 32 bytes, 0xFF where the bit is set (ggml bytes_from_bits_32) */
+static inline __m256i bits32(const uint8_t *p) {
+    uint32_t x;
+    memcpy(&x, p, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuf);
+    b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
+}
+
+/* Σ pairs of u8 * s8 products, as 8 float lanes of 4-element sums */
+static inline __m256 dot_us8(__m256i ax, __m256i sy) {
+    const __m256i p16 = _mm256_maddubs_epi16(ax, sy);
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), p16));
+}
+
+/* the same for s8 * s8: |x| * (y with x's sign) */
+static inline __m256 dot_s8(__m256i x, __m256i y) {
+    return dot_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+/* ------------------------------------------------------------------------- activation quantizers */
+
+/* 32 floats -> rint(x * id) as int8, in order (ggml's packs + permute) */
+static inline __m256i round_pack32(const __m256 v[4], __m256 mul, __m256i *sum) {
+    __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[0], mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[1], mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[2], mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[3], mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (sum) *sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+    i0 = _mm256_packs_epi32(i0, i1);
+    i2 = _mm256_packs_epi32(i2, i3);
+    i0 = _mm256_packs_epi16(i0, i2);
+    return _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+static inline float amax32(const float *x, __m256 v[4]) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int j = 0; j < 4; j++) v[j] = _mm256_loadu_ps(x + 8 * j);
+    __m256 m = _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1]));
+    m = _mm256_max_ps(m, _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+    __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    return _mm_cvtss_f32(m4);
+}
+
+static void quantize_q8_0(const float *x, void *vy, int64_t n) {
+    block_q8_0 *y = vy;
+    for (int64_t i = 0; i < n / QK; i++, x += QK) {
+        __m256 v[4];
+        const float amax = amax32(x, v);
+        y[i].d = ed_f32_to_f16(amax / 127.f);
+        const __m256 mul = _mm256_set1_ps(amax != 0.0f ? 127.f / amax : 0.0f);
+        _mm256_storeu_si256((__m256i *)y[i].qs, round_pack32(v, mul, NULL));
+    }
+}
+
+static void quantize_q8_1(const float *x, void *vy, int64_t n) {
+    block_q8_1 *y = vy;
+    for (int64_t i = 0; i < n / QK; i++, x += QK) {
+        __m256 v[4];
+        __m256i sum;
+        const float amax = amax32(x, v);
+        const float d = amax / 127.f;
+        const __m256 mul = _mm256_set1_ps(amax != 0.0f ? 127.f / amax : 0.0f);
+        _mm256_storeu_si256((__m256i *)y[i].qs, round_pack32(v, mul, &sum));
+        y[i].d = ed_f32_to_f16(d);
+        y[i].s = ed_f32_to_f16(d * (float)hsum_i32x8(sum));
+    }
+}
+
+/* ggml-quants.c quantize_row_q8_K_ref, vectorized: d = 1/(-127/max), q = min(127, rint(x * -127/max)) */
+static void quantize_q8_K(const float *x, void *vy, int64_t n) {
+    block_q8_K *y = vy;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
+        __m256 m = _mm256_setzero_ps();
+        for (int j = 0; j < QK_K; j += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
+        __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
+        if (amax == 0.0f) {
+            memset(&y[i], 0, sizeof(y[i]));
+            continue;
+        }
+        float max = amax; /* the first element of largest magnitude, with its sign */
+        const __m256 va = _mm256_set1_ps(amax);
+        for (int j = 0; j < QK_K; j += 8) {
+            const __m256 xj = _mm256_loadu_ps(x + j);
+            const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, xj), va, _CMP_EQ_OQ));
+            if (hit) {
+                max = x[j + __builtin_ctz((unsigned)hit)];
+                break;
+            }
+        }
+        const float iscale = -127.f / max;
+        const __m256 mul = _mm256_set1_ps(iscale);
+        const __m256i lim = _mm256_set1_epi32(127);
+        __m256i sums[4];
+        for (int g = 0; g < QK_K / 64; g++) { /* 64 elements: 4 groups of 16 */
+            __m256i q[8];
+            for (int k = 0; k < 8; k++) {
+                const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + 64 * g + 8 * k), mul);
+                q[k] = _mm256_min_epi32(lim, _mm256_cvtps_epi32(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+            }
+            for (int k = 0; k < 8; k += 4) {
+                __m256i a = _mm256_packs_epi32(q[k], q[k + 1]), b = _mm256_packs_epi32(q[k + 2], q[k + 3]);
+                a = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(a, b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+                _mm256_storeu_si256((__m256i *)(y[i].qs + 64 * g + 8 * k), a);
+            }
+            /* group sums: hadd tree over the 4 pairs (q[0]+q[1], ...) -> [s0 s1 s2 s3] in both halves */
+            const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])),
+                                                _mm256_hadd_epi32(_mm256_add_epi32(q[4], q[5]), _mm256_add_epi32(q[6], q[7])));
+            sums[g] = h;
+        }
+        for (int g = 0; g < QK_K / 64; g++) {
+            const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(sums[g]), _mm256_extracti128_si256(sums[g], 1));
+            int32_t t[4];
+            _mm_storeu_si128((__m128i *)t, s);
+            for (int k = 0; k < 4; k++) y[i].bsums[4 * g + k] = (int16_t)t[k];
+        }
+        y[i].d = 1.0f / iscale;
+    }
+}
+
+static void convert_f16(const float *x, void *vy, int64_t n) {
+    uint16_t *y = vy;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) y[i] = ed_f32_to_f16(x[i]);
+}
+
+/* ggml_compute_fp32_to_bf16 on 8 lanes: round to nearest even, NaNs made quiet */
+static inline __m256i bf16x8(__m256 v) {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)), _mm256_set1_epi32(0x7F800000));
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+    const __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(64));
+    return _mm256_blendv_epi8(r, q, nan);
+}
+
+static void convert_bf16(const float *x, void *vy, int64_t n) {
+    uint16_t *y = vy;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256i p = _mm256_packus_epi32(bf16x8(_mm256_loadu_ps(x + i)), bf16x8(_mm256_loadu_ps(x + i + 8)));
+        _mm256_storeu_si256((__m256i *)(y + i), _mm256_permute4x64_epi64(p, _MM_SHUFFLE(3, 1, 2, 0)));
+    }
+    for (; i < n; i++) y[i] = ed_f32_to_bf16(x[i]);
+}
+
+static void convert_f32(const float *x, void *vy, int64_t n) { memcpy(vy, x, (size_t)n * sizeof(float)); }
+
+/* ------------------------------------------------------------------------- legacy 32-element blocks */
+
+/* Each dot runs blocks in pairs into two accumulators, then the odd block; per block: acc += d * Σq */
+
+#define LEGACY_DOT(name, XT, YT, BLOCK)                                                  \
+    static void name(int n, float *s, const void *vx, const void *vy) {                 \
+        const XT *x = vx;                                                                 \
+        const YT *y = vy;                                                                 \
+        const int nb = n / QK;                                                            \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                    \
+        __m128 ms0 = _mm_setzero_ps(), ms1 = _mm_setzero_ps();                            \
+        int ib = 0;                                                                       \
+        for (; ib + 1 < nb; ib += 2) {                                                    \
+            acc0 = BLOCK(&x[ib], &y[ib], acc0, &ms0);                                     \
+            acc1 = BLOCK(&x[ib + 1], &y[ib + 1], acc1, &ms1);                             \
+        }                                                                                 \
+        if (ib < nb) acc0 = BLOCK(&x[ib], &y[ib], acc0, &ms0);                            \
+        const __m128 ms = _mm_add_ps(ms0, ms1);                                           \
+        *s = hsum_f32x8(_mm256_add_ps(acc0, acc1)) + _mm_cvtss_f32(_mm_shuffle_ps(ms, ms, 1)); \
+    }
+
+static inline __m256 block_q4_0_q8_0(const block_q4_0 *x, const block_q8_0 *y, __m256 acc, __m128 *ms) {
+    (void)ms;
+    const __m256 d = scale_xy(&x->d, &y->d);
+    const __m256i qx = _mm256_sub_epi8(nibbles32(x->qs), _mm256_set1_epi8(8));
+    return _mm256_fmadd_ps(d, dot_s8(qx, _mm256_loadu_si256((const __m256i *)y->qs)), acc);
+}
+
+/* (dx*dy, mx*sy) from the two 4-byte heads; ms lane 1 collects Σ m*s */
+static inline __m256 block_q4_1_q8_1(const block_q4_1 *x, const block_q8_1 *y, __m256 acc, __m128 *ms) {
+    const __m128 p = _mm_mul_ps(f16x2(x), f16x2(y));
+    *ms = _mm_add_ps(*ms, p);
+    const __m256 xy = dot_us8(nibbles32(x->qs), _mm256_loadu_si256((const __m256i *)y->qs));
+    return _mm256_fmadd_ps(_mm256_broadcastss_ps(p), xy, acc);
+}
+
+static inline __m256 block_q5_0_q8_0(const block_q5_0 *x, const block_q8_0 *y, __m256 acc, __m128 *ms) {
+    (void)ms;
+    const __m256 d = scale_xy(&x->d, &y->d);
+    /* q | 0xF0 where the fifth bit is clear is q - 16 as int8 */
+    const __m256i hi = _mm256_andnot_si256(bits32(x->qh), _mm256_set1_epi8((char)0xF0));
+    const __m256i qx = _mm256_or_si256(nibbles32(x->qs), hi);
+    return _mm256_fmadd_ps(d, dot_s8(qx, _mm256_loadu_si256((const __m256i *)y->qs)), acc);
+}
+
+static inline __m256 block_q5_1_q8_1(const block_q5_1 *x, const block_q8_1 *y, __m256 acc, __m128 *ms) {
+    const __m128 p = _mm_mul_ps(f16x2(x), f16x2(y));
+    *ms = _mm_add_ps(*ms, p);
+    const __m256i hi = _mm256_and_si256(bits32(x->qh), _mm256_set1_epi8(0x10));
+    const __m256i qx = _mm256_or_si256(nibbles32(x->qs), hi);
+    const __m256 xy = dot_us8(qx, _mm256_loadu_si256((const __m256i *)y->qs));
+    return _mm256_fmadd_ps(_mm256_broadcastss_ps(p), xy, acc);
+}
+
+static inline __m256 block_q8_0_q8_0(const block_q8_0 *x, const block_q8_0 *y, __m256 acc, __m128 *ms) {
+    (void)ms;
+    const __m256 d = scale_xy(&x->d, &y->d);
+    const __m256i qx = _mm256_loadu_si256((const __m256i *)x->qs);
+    return _mm256_fmadd_ps(d, dot_s8(qx, _mm256_loadu_si256((const __m256i *)y->qs)), acc);
+}
+
+static inline __m256 block_iq4_nl_q8_0(const block_iq4_nl *x, const block_q8_0 *y, __m256 acc, __m128 *ms) {
+    (void)ms;
+    const __m128i values = _mm_loadu_si128((const __m128i *)ed_kvalues_iq4nl);
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    const __m128i bits = _mm_loadu_si128((const __m128i *)x->qs);
+    const __m256i qx = _mm256_set_m128i(_mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(bits, 4), m4)),
+                                        _mm_shuffle_epi8(values, _mm_and_si128(bits, m4)));
+    const __m256 d = scale_xy(&y->d, &x->d);
+    return _mm256_fmadd_ps(d, dot_s8(qx, _mm256_loadu_si256((const __m256i *)y->qs)), acc);
+}
+
+LEGACY_DOT(vec_dot_q4_0, block_q4_0, block_q8_0, block_q4_0_q8_0)
+LEGACY_DOT(vec_dot_q4_1, block_q4_1, block_q8_1, block_q4_1_q8_1)
+LEGACY_DOT(vec_dot_q5_0, block_q5_0, block_q8_0, block_q5_0_q8_0)
+LEGACY_DOT(vec_dot_q5_1, block_q5_1, block_q8_1, block_q5_1_q8_1)
+LEGACY_DOT(vec_dot_q8_0, block_q8_0, block_q8_0, block_q8_0_q8_0)
+LEGACY_DOT(vec_dot_iq4_nl, block_iq4_nl, block_q8_0, block_iq4_nl_q8_0)
+
+/* --------------------------------------------------------------------------- K-quants (vs Q8_K) */
+
+/* ggml get_scale_shuffle_k4: broadcast the 16-bit scale pair k (of 8) to all lanes */
+static inline __m256i scale_k4(__m256i scales, int k) {
+    return _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((2 * k) | ((2 * k + 1) << 8))));
+}
+
+/* 8 mins (int16) * Q8_K's 16 bsums summed in pairs -> Σ mins[j] * (bsums[2j] + bsums[2j+1]) as 4 int32 */
+static inline __m128i mins_dot(__m256i mins_and_scales, const int16_t *bsums) {
+    const __m256i q8sums = _mm256_loadu_si256((const __m256i *)bsums);
+    const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256(q8sums, 1));
+    return _mm_madd_epi16(_mm256_extracti128_si256(mins_and_scales, 1), q8s);
+}
+
+static void vec_dot_q4_K(int n, float *s, const void *vx, const void *vy) {
+    const block_q4_K *x = vx;
+    const block_q8_K *y = vy;
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    __m256 acc = _mm256_setzero_ps();
+    __m128 acc_m = _mm_setzero_ps();
+    for (int i = 0; i < n / QK_K; i++) {
+        const float d = y[i].d * f16(ed_load_u16(&x[i].d));
+        const float dmin = -y[i].d * f16(ed_load_u16(&x[i].dmin));
+        uint32_t utmp[4];
+        ed_unpack_scales_k4(x[i].scales, utmp);
+        const __m256i mins_and_scales = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)utmp));
+        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot(mins_and_scales, y[i].bsums)), acc_m);
+        const __m128i sc128 = _mm256_castsi256_si128(mins_and_scales);
+        const __m256i scales = _mm256_set_m128i(sc128, sc128);
+        const uint8_t *q4 = x[i].qs;
+        const int8_t *q8 = y[i].qs;
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < QK_K / 64; j++, q4 += 32, q8 += 64) {
+            const __m256i q4bits = _mm256_loadu_si256((const __m256i *)q4);
+            const __m256i q4l = _mm256_and_si256(q4bits, m4);
+            const __m256i q4h = _mm256_and_si256(_mm256_srli_epi16(q4bits, 4), m4);
+            const __m256i pl = _mm256_maddubs_epi16(q4l, _mm256_loadu_si256((const __m256i *)q8));
+            const __m256i ph = _mm256_maddubs_epi16(q4h, _mm256_loadu_si256((const __m256i *)(q8 + 32)));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(scale_k4(scales, 2 * j), pl),
+                                                           _mm256_madd_epi16(scale_k4(scales, 2 * j + 1), ph)));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+    acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
+    *s = hsum_f32x8(acc) + _mm_cvtss_f32(acc_m);
+}
+
+static void vec_dot_q5_K(int n, float *s, const void *vx, const void *vy) {
+    const block_q5_K *x = vx;
+    const block_q8_K *y = vy;
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    __m256 acc = _mm256_setzero_ps();
+    __m128 acc_m = _mm_setzero_ps();
+    for (int i = 0; i < n / QK_K; i++) {
+        const float d = y[i].d * f16(ed_load_u16(&x[i].d));
+        const float dmin = -y[i].d * f16(ed_load_u16(&x[i].dmin));
+        uint32_t utmp[4];
+        ed_unpack_scales_k4(x[i].scales, utmp);
+        const __m256i mins_and_scales = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)utmp));
+        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot(mins_and_scales, y[i].bsums)), acc_m);
+        const __m128i sc128 = _mm256_castsi256_si128(mins_and_scales);
+        const __m256i scales = _mm256_set_m128i(sc128, sc128);
+        const __m256i hbits = _mm256_loadu_si256((const __m256i *)x[i].qh);
+        const uint8_t *q5 = x[i].qs;
+        const int8_t *q8 = y[i].qs;
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < QK_K / 64; j++, q5 += 32, q8 += 64) {
+            const __m256i q5bits = _mm256_loadu_si256((const __m256i *)q5);
+            /* bit 2j of qh -> 16 for the low nibbles, bit 2j+1 for the high ones */
+            const __m256i bl = _mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j), _mm256_set1_epi8(1));
+            const __m256i bh = _mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), _mm256_set1_epi8(1));
+            const __m256i q5l = _mm256_or_si256(_mm256_and_si256(q5bits, m4), _mm256_slli_epi16(bl, 4));
+            const __m256i q5h = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q5bits, 4), m4), _mm256_slli_epi16(bh, 4));
+            const __m256i pl = _mm256_maddubs_epi16(q5l, _mm256_loadu_si256((const __m256i *)q8));
+            const __m256i ph = _mm256_maddubs_epi16(q5h, _mm256_loadu_si256((const __m256i *)(q8 + 32)));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(scale_k4(scales, 2 * j), pl),
+                                                           _mm256_madd_epi16(scale_k4(scales, 2 * j + 1), ph)));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+    acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
+    *s = hsum_f32x8(acc) + _mm_cvtss_f32(acc_m);
+}
+
+static void vec_dot_q6_K(int n, float *s, const void *vx, const void *vy) {
+    const block_q6_K *x = vx;
+    const block_q8_K *y = vy;
+    const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(15);
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / QK_K; i++) {
+        const float d = y[i].d * f16(ed_load_u16(&x[i].d));
+        const uint8_t *ql = x[i].ql, *qh = x[i].qh;
+        const int8_t *q8 = y[i].qs;
+        const __m128i scales = _mm_loadu_si128((const __m128i *)x[i].scales);
+        /* quants are stored +32: subtract 32 * Σ scale * bsum once per block */
+        const __m256i q8sums = _mm256_loadu_si256((const __m256i *)y[i].bsums);
+        const __m256i sub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, _mm256_cvtepi8_epi16(scales)), 5);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < QK_K / 128; j++, ql += 64, qh += 32, q8 += 128) {
+            const __m256i b1 = _mm256_loadu_si256((const __m256i *)ql);
+            const __m256i b2 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            const __m256i bh = _mm256_loadu_si256((const __m256i *)qh);
+            const __m256i q0 = _mm256_or_si256(_mm256_and_si256(b1, m15), _mm256_slli_epi16(_mm256_and_si256(bh, m3), 4));
+            const __m256i q1 = _mm256_or_si256(_mm256_and_si256(b2, m15),
+                                               _mm256_slli_epi16(_mm256_and_si256(bh, _mm256_set1_epi8(12)), 2));
+            const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m15),
+                                               _mm256_and_si256(bh, _mm256_set1_epi8(48)));
+            const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m15),
+                                               _mm256_srli_epi16(_mm256_and_si256(bh, _mm256_set1_epi8(-64)), 2));
+            const __m256i p0 = _mm256_maddubs_epi16(q0, _mm256_loadu_si256((const __m256i *)q8));
+            const __m256i p1 = _mm256_maddubs_epi16(q1, _mm256_loadu_si256((const __m256i *)(q8 + 32)));
+            const __m256i p2 = _mm256_maddubs_epi16(q2, _mm256_loadu_si256((const __m256i *)(q8 + 64)));
+            const __m256i p3 = _mm256_maddubs_epi16(q3, _mm256_loadu_si256((const __m256i *)(q8 + 96)));
+            /* scales 8j .. 8j+7: each 32-element product vector spans two 16-element scale groups */
+            const int is = 8 * j;
+            const __m256i s0 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, _mm_set_epi64x(0x0101010101010101LL * (is + 1), 0x0101010101010101LL * is)));
+            const __m256i s1 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, _mm_set_epi64x(0x0101010101010101LL * (is + 3), 0x0101010101010101LL * (is + 2))));
+            const __m256i s2 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, _mm_set_epi64x(0x0101010101010101LL * (is + 5), 0x0101010101010101LL * (is + 4))));
+            const __m256i s3 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, _mm_set_epi64x(0x0101010101010101LL * (is + 7), 0x0101010101010101LL * (is + 6))));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(s0, p0), _mm256_madd_epi16(s1, p1)));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(s2, p2), _mm256_madd_epi16(s3, p3)));
+        }
+        sumi = _mm256_sub_epi32(sumi, sub);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    *s = hsum_f32x8(acc);
+}
+
+/* ---------------------------------------------------------- float types: 4 x 8 f32 lanes, FMA */
+
+#define FLOAT_DOT(name, T, LOAD, CONV)                                                    \
+    static void name(int n, float *s, const void *vx, const void *vy) {                  \
+        const T *x = vx, *y = vy;                                                          \
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                        \
+        int i = 0;                                                                         \
+        for (; i + 32 <= n; i += 32) {                                                     \
+            a0 = _mm256_fmadd_ps(LOAD(x + i), LOAD(y + i), a0);                            \
+            a1 = _mm256_fmadd_ps(LOAD(x + i + 8), LOAD(y + i + 8), a1);                    \
+            a2 = _mm256_fmadd_ps(LOAD(x + i + 16), LOAD(y + i + 16), a2);                  \
+            a3 = _mm256_fmadd_ps(LOAD(x + i + 24), LOAD(y + i + 24), a3);                  \
+        }                                                                                  \
+        for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(LOAD(x + i), LOAD(y + i), a0);     \
+        float sumf = hsum_f32x8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))); \
+        for (; i < n; i++) sumf += CONV(x[i]) * CONV(y[i]);                                \
+        *s = sumf;                                                                         \
+    }
+
+#define LOAD_F32(p) _mm256_loadu_ps(p)
+#define LOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define LOAD_BF16(p) \
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+#define IDENT(v) (v)
+
+FLOAT_DOT(vec_dot_f32, float, LOAD_F32, IDENT)
+FLOAT_DOT(vec_dot_f16, uint16_t, LOAD_F16, f16)
+FLOAT_DOT(vec_dot_bf16, uint16_t, LOAD_BF16, ed_bf16_to_f32)
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif
+
+int ed_fill_avx2(ed_kernel_table *t) {
+    ed_table_init_common(t, ED_LEVEL_AVX2);
+    t->types[ED_Q4_0].vec_dot = vec_dot_q4_0;
+    t->types[ED_Q4_1].vec_dot = vec_dot_q4_1;
+    t->types[ED_Q5_0].vec_dot = vec_dot_q5_0;
+    t->types[ED_Q5_1].vec_dot = vec_dot_q5_1;
+    t->types[ED_Q8_0].vec_dot = vec_dot_q8_0;
+    t->types[ED_IQ4_NL].vec_dot = vec_dot_iq4_nl;
+    t->types[ED_Q4_K].vec_dot = vec_dot_q4_K;
+    t->types[ED_Q5_K].vec_dot = vec_dot_q5_K;
+    t->types[ED_Q6_K].vec_dot = vec_dot_q6_K;
+    t->types[ED_F16].vec_dot = vec_dot_f16;
+    t->types[ED_BF16].vec_dot = vec_dot_bf16;
+    t->types[ED_F32].vec_dot = vec_dot_f32;
+    t->from_float[ED_Q8_0] = quantize_q8_0;
+    t->from_float[ED_Q8_1] = quantize_q8_1;
+    t->from_float[ED_Q8_K] = quantize_q8_K;
+    t->from_float[ED_F16] = convert_f16;
+    t->from_float[ED_BF16] = convert_bf16;
+    t->from_float[ED_F32] = convert_f32;
+    return 1;
+}
+
+#else
+int ed_fill_avx2(ed_kernel_table *t) {
+    (void)t;
+    return 0;
+}
+#endif

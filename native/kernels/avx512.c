@@ -1,2 +1,264 @@
+/* AVX-512 (F, BW, VL) kernels, with a VNNI variant of the legacy-block dots; target pragmas let a build
+ * without -march carry them. The activation quantizers are the AVX2 ones (bit-identical across levels).
+ *
+ * ggml-org/llama.cpp ggml/src/ggml-cpu/arch/x86/quants.c has no 512-bit vec_dot for these types: an
+ * AVX-512 build of ggml runs its AVX2 code with _mm256_dpbusd_epi32 in mul_sum_us8_pairs_float. Here
+ * the legacy dots (avx512_body.h) put two blocks in one 512-bit vector, and the K-quant dots below take 64
+ * quants per vpmaddubsw, with the sub-block scales spread by vpermw; the arithmetic per block and per
+ * K-quant sub-block is ggml's AVX2 one (vec_dot_q4_K_q8_K ...), so results agree to float summation order.
+ *
+ * Built with -DED_EMULATE_AVX512 (tests only), the same code compiles against SIMDe's portable
+ * intrinsics (native/tests/avx512_emu.h) so a machine without AVX-512 can run and check it.
+ */
 #include "ed_blocks.h"
-int ed_fill_avx512(ed_kernel_table *t) { (void)t; return 0; }
+
+#if defined(__x86_64__) || defined(_M_X64)
+
+#if defined(ED_EMULATE_AVX512)
+#include "../tests/avx512_emu.h"
+#define ED_TARGET_PUSH(t)
+#define ED_TARGET_POP
+#else
+#include <immintrin.h>
+#if defined(__clang__)
+#define ED_PRAGMA(x) _Pragma(#x)
+#define ED_TARGET_PUSH(t) ED_PRAGMA(clang attribute push(__attribute__((target(t))), apply_to = function))
+#define ED_TARGET_POP _Pragma("clang attribute pop")
+#else
+#define ED_PRAGMA(x) _Pragma(#x)
+#define ED_TARGET_PUSH(t) _Pragma("GCC push_options") ED_PRAGMA(GCC target(t))
+#define ED_TARGET_POP _Pragma("GCC pop_options")
+#endif
+#endif
+
+ED_TARGET_PUSH("avx2,fma,f16c,avx512f,avx512bw,avx512vl")
+
+/* ------------------------------------------------------------------------------------- helpers */
+
+static inline float hsum_f32x8(__m256 x) {
+    __m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+static inline __m256 lo256(__m512 v) { return _mm512_castps512_ps256(v); }
+static inline __m256 hi256(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
+static inline float hsum_f32x16(__m512 v) { return hsum_f32x8(_mm256_add_ps(lo256(v), hi256(v))); }
+
+static inline __m256i add_halves_i32(__m512i v) {
+    return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
+static inline __m512i join256(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+/* two blocks' 16 nibble bytes -> 64 bytes 0..15: block 0 low nibbles, high nibbles, block 1 likewise */
+static inline __m512i nibbles64(const uint8_t *q0, const uint8_t *q1) {
+    const __m512i t = join256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)q0)),
+                              _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)q1)));
+    return _mm512_and_si512(_mm512_srlv_epi64(t, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0)), _mm512_set1_epi8(0x0F));
+}
+
+static inline __m512i qs64(const int8_t *q0, const int8_t *q1) {
+    return join256(_mm256_loadu_si256((const __m256i *)q0), _mm256_loadu_si256((const __m256i *)q1));
+}
+
+/* + 16 where bit j of the block's qh is set: byte j of each 32-byte half is element j */
+static inline __m512i with_fifth_bit(__m512i q, const uint8_t *qh0, const uint8_t *qh1) {
+    uint32_t h0, h1;
+    memcpy(&h0, qh0, 4);
+    memcpy(&h1, qh1, 4);
+    const __mmask64 k = (__mmask64)h0 | ((__mmask64)h1 << 32);
+    return _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8(16));
+}
+
+/* [d0, 0, d1, 0]: the block scale products f16(x.d) * f16(y.d) of two blocks (d leads every block) */
+static inline __m128 heads_d(const void *x0, const void *x1, const void *y0, const void *y1) {
+    return _mm_set_ps(0.0f, ed_f16_table[ed_load_u16(x1)] * ed_f16_table[ed_load_u16(y1)], 0.0f,
+                      ed_f16_table[ed_load_u16(x0)] * ed_f16_table[ed_load_u16(y0)]);
+}
+
+/* the f16 pair at p as floats in lanes 0, 1 */
+static inline __m128 f16x2(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128(v));
+}
+
+/* [dx0*dy0, m0*s0, dx1*dy1, m1*s1] from the (d, m) and (d, s) heads of Q4_1/Q5_1 and Q8_1 blocks */
+static inline __m128 heads_dm(const void *x0, const void *x1, const void *y0, const void *y1) {
+    return _mm_movelh_ps(_mm_mul_ps(f16x2(x0), f16x2(y0)), _mm_mul_ps(f16x2(x1), f16x2(y1)));
+}
+
+/* lanes 0 and 2 of h spread to [h0 x 8, h2 x 8] */
+static inline __m512 pair_scales(__m128 h) {
+    const __m512i idx = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(h));
+}
+
+/* 16-bit lane indices [a x 8, b x 8, c x 8, d x 8] for vpermw */
+static inline __m512i idx16(short a, short b, short c, short d) {
+    return join256(_mm256_set_m128i(_mm_set1_epi16(b), _mm_set1_epi16(a)),
+                   _mm256_set_m128i(_mm_set1_epi16(d), _mm_set1_epi16(c)));
+}
+
+/* ------------------------------------------------------------ legacy blocks: AVX-512 BW variant */
+
+#define ED_VNNI 0
+#include "avx512_body.h"
+#undef ED_VNNI
+
+/* --------------------------------------------------------------------------- K-quants (vs Q8_K) */
+
+/* 8 mins (int16 lanes 8..15) * Q8_K's 16 bsums summed in pairs -> 4 int32 partial sums */
+static inline __m128i mins_dot(__m256i mins_and_scales, const int16_t *bsums) {
+    const __m256i q8sums = _mm256_loadu_si256((const __m256i *)bsums);
+    const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256(q8sums, 1));
+    return _mm_madd_epi16(_mm256_extracti128_si256(mins_and_scales, 1), q8s);
+}
+
+static inline float hsum_f32x4(__m128 v) {
+    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+}
+
+/* Q4_K and Q5_K share all but the fifth bit: 4 x 64 quants per super-block, scales 2j, 2j+1 per 64 */
+static inline void q45_K(int n, float *s, const void *vx, const void *vy, int five) {
+    const block_q8_K *y = vy;
+    const size_t xstride = five ? sizeof(block_q5_K) : sizeof(block_q4_K);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m256 acc = _mm256_setzero_ps();
+    __m128 acc_m = _mm_setzero_ps();
+    for (int i = 0; i < n / QK_K; i++) {
+        const uint8_t *xb = (const uint8_t *)vx + i * xstride;
+        const block_q4_K *x4 = (const block_q4_K *)xb; /* d, dmin, scales lead both layouts */
+        const uint8_t *qs = five ? ((const block_q5_K *)xb)->qs : x4->qs;
+        const float d = y[i].d * ed_f16_table[ed_load_u16(&x4->d)];
+        const float dmin = -y[i].d * ed_f16_table[ed_load_u16(&x4->dmin)];
+        uint32_t utmp[4];
+        ed_unpack_scales_k4(x4->scales, utmp);
+        const __m256i mins_and_scales = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)utmp));
+        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot(mins_and_scales, y[i].bsums)), acc_m);
+        const __m512i scales = _mm512_castsi256_si512(mins_and_scales);
+        __m512i hbits = _mm512_setzero_si512();
+        if (five) {
+            const __m256i h = _mm256_loadu_si256((const __m256i *)((const block_q5_K *)xb)->qh);
+            hbits = join256(h, h);
+        }
+        const int8_t *q8 = y[i].qs;
+        __m512i sumi = _mm512_setzero_si512();
+        for (int j = 0; j < QK_K / 64; j++) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+            __m512i q = _mm512_and_si512(join256(bits, _mm256_srli_epi16(bits, 4)), m4);
+            if (five) { /* bit 2j of qh for the first 32 quants, bit 2j+1 for the next 32 */
+                const __m512i sel = join256(_mm256_set1_epi8((char)(1 << (2 * j))), _mm256_set1_epi8((char)(1 << (2 * j + 1))));
+                q = _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(hbits, sel), q, _mm512_set1_epi8(16));
+            }
+            const __m512i p = _mm512_maddubs_epi16(q, _mm512_loadu_si512((const void *)(q8 + 64 * j)));
+            const __m512i sc = _mm512_permutexvar_epi16(idx16(2 * j, 2 * j, 2 * j + 1, 2 * j + 1), scales);
+            sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(sc, p));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(add_halves_i32(sumi)), acc);
+    }
+    *s = hsum_f32x8(acc) + hsum_f32x4(acc_m);
+}
+
+static void vec_dot_q4_K(int n, float *s, const void *vx, const void *vy) { q45_K(n, s, vx, vy, 0); }
+static void vec_dot_q5_K(int n, float *s, const void *vx, const void *vy) { q45_K(n, s, vx, vy, 1); }
+
+static void vec_dot_q6_K(int n, float *s, const void *vx, const void *vy) {
+    const block_q6_K *x = vx;
+    const block_q8_K *y = vy;
+    const __m512i m15 = _mm512_set1_epi8(15), m48 = _mm512_set1_epi8(48);
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / QK_K; i++) {
+        const float d = y[i].d * ed_f16_table[ed_load_u16(&x[i].d)];
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+        const __m512i scales = _mm512_castsi256_si512(sc16);
+        /* quants are stored +32: subtract 32 * Σ scale * bsum once per block */
+        const __m256i sub = _mm256_slli_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[i].bsums), sc16), 5);
+        __m512i sumi = _mm512_setzero_si512();
+        for (int h = 0; h < QK_K / 128; h++) {
+            /* ql[0..63] low nibbles are quants 0..63 of this half, high nibbles 64..127; qh holds their
+             * top 2 bits: bits 0-1 / 2-3 for quants 0..31 / 32..63, bits 4-5 / 6-7 for 64..95 / 96..127 */
+            const __m512i lo = _mm512_loadu_si512((const void *)(x[i].ql + 64 * h));
+            const __m256i bh = _mm256_loadu_si256((const __m256i *)(x[i].qh + 32 * h));
+            const __m512i hb = join256(bh, _mm256_srli_epi16(bh, 2));
+            const __m512i qa = _mm512_or_si512(_mm512_and_si512(lo, m15), _mm512_and_si512(_mm512_slli_epi16(hb, 4), m48));
+            const __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lo, 4), m15), _mm512_and_si512(hb, m48));
+            const int8_t *q8 = y[i].qs + 128 * h;
+            const __m512i pa = _mm512_maddubs_epi16(qa, _mm512_loadu_si512((const void *)q8));
+            const __m512i pb = _mm512_maddubs_epi16(qb, _mm512_loadu_si512((const void *)(q8 + 64)));
+            const short b = (short)(8 * h); /* scale k covers quants 16k .. 16k+15: 8 int16 lanes of p */
+            const __m512i sa = _mm512_permutexvar_epi16(idx16(b, b + 1, b + 2, b + 3), scales);
+            const __m512i sb = _mm512_permutexvar_epi16(idx16(b + 4, b + 5, b + 6, b + 7), scales);
+            sumi = _mm512_add_epi32(sumi, _mm512_add_epi32(_mm512_madd_epi16(sa, pa), _mm512_madd_epi16(sb, pb)));
+        }
+        const __m256i total = _mm256_sub_epi32(add_halves_i32(sumi), sub);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(total), acc);
+    }
+    *s = hsum_f32x8(acc);
+}
+
+/* ---------------------------------------------------------- float types: 2 x 16 f32 lanes, FMA */
+
+#define FLOAT_DOT512(name, T, LOAD, CONV)                                                \
+    static void name(int n, float *s, const void *vx, const void *vy) {                  \
+        const T *x = vx, *y = vy;                                                          \
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();                         \
+        int i = 0;                                                                         \
+        for (; i + 32 <= n; i += 32) {                                                     \
+            a0 = _mm512_fmadd_ps(LOAD(x + i), LOAD(y + i), a0);                            \
+            a1 = _mm512_fmadd_ps(LOAD(x + i + 16), LOAD(y + i + 16), a1);                  \
+        }                                                                                  \
+        for (; i + 16 <= n; i += 16) a0 = _mm512_fmadd_ps(LOAD(x + i), LOAD(y + i), a0);   \
+        float sumf = hsum_f32x16(_mm512_add_ps(a0, a1));                                   \
+        for (; i < n; i++) sumf += CONV(x[i]) * CONV(y[i]);                                \
+        *s = sumf;                                                                         \
+    }
+
+#define LOAD_F32(p) _mm512_loadu_ps(p)
+#define LOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define LOAD_BF16(p) \
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+#define IDENT(v) (v)
+#define F16(h) ed_f16_table[h]
+
+FLOAT_DOT512(vec_dot_f32, float, LOAD_F32, IDENT)
+FLOAT_DOT512(vec_dot_f16, uint16_t, LOAD_F16, F16)
+FLOAT_DOT512(vec_dot_bf16, uint16_t, LOAD_BF16, ed_bf16_to_f32)
+
+ED_TARGET_POP
+
+/* ----------------------------------------------------------- legacy blocks: AVX-512 VNNI variant */
+
+ED_TARGET_PUSH("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#define ED_VNNI 1
+#include "avx512_body.h"
+#undef ED_VNNI
+ED_TARGET_POP
+
+int ed_fill_avx512(ed_kernel_table *t) {
+    if (!ed_fill_avx2(t)) return 0; /* quantizers and anything not overridden below */
+    t->level = ED_LEVEL_AVX512;
+    if (ed_cpu_has_avx512vnni())
+        set_legacy_vnni(t);
+    else
+        set_legacy_bw(t);
+    t->types[ED_Q4_K].vec_dot = vec_dot_q4_K;
+    t->types[ED_Q5_K].vec_dot = vec_dot_q5_K;
+    t->types[ED_Q6_K].vec_dot = vec_dot_q6_K;
+    t->types[ED_F16].vec_dot = vec_dot_f16;
+    t->types[ED_BF16].vec_dot = vec_dot_bf16;
+    t->types[ED_F32].vec_dot = vec_dot_f32;
+    return 1;
+}
+
+#else
+int ed_fill_avx512(ed_kernel_table *t) {
+    (void)t;
+    return 0;
+}
+#endif

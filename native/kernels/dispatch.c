@@ -8,6 +8,7 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
+#include <stdlib.h>
 #elif defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 #elif defined(__aarch64__) && defined(__APPLE__)
@@ -46,6 +47,12 @@ static int detect(void) {
         f |= F_AVX512;
         if (avx512vnni) f |= F_AVX512VNNI;
     }
+#if defined(ED_EMULATE_AVX512) /* tests: avx512.c runs on SIMDe; ED_EMULATE_VNNI=0 picks the BW variant */
+    if (f & F_AVX2) {
+        const char *vnni = getenv("ED_EMULATE_VNNI");
+        f |= F_AVX512 | (vnni && vnni[0] == '0' ? 0 : F_AVX512VNNI);
+    }
+#endif
 #elif defined(__aarch64__) && defined(__linux__)
 #ifndef HWCAP_ASIMDDP
 #define HWCAP_ASIMDDP (1 << 20)
@@ -108,6 +115,8 @@ static int fill(ed_kernel_table *t, int level, int f) {
     }
 }
 
+float ed_f16_table[1 << 16];
+
 static ed_kernel_table g_tables[4];
 static int g_state[4]; /* 0: not built yet, 1: available, 2: unavailable */
 static char g_lock;
@@ -119,6 +128,8 @@ const ed_kernel_table *ed_kernels(int level) {
         while (__atomic_test_and_set(&g_lock, __ATOMIC_ACQUIRE)) {
         }
         st = g_state[level];
+        if (!ed_f16_table[0x3C00]) /* 1.0: not filled yet */
+            for (uint32_t h = 0; h < (1u << 16); h++) ed_f16_table[h] = ed_f16_to_f32((uint16_t)h);
         if (st == 0) {
             st = fill(&g_tables[level], level, features()) ? 1 : 2;
             __atomic_store_n(&g_state[level], st, __ATOMIC_RELEASE);

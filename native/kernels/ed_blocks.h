@@ -104,6 +104,11 @@ static inline void ed_unpack_scales_k4(const uint8_t *scales, uint32_t utmp[4]) 
     utmp[0] &= kmask1;
 }
 
+/* f16 -> f32 for every f16 bit pattern (256 KiB), filled before any table is handed out. The SIMD dots
+ * convert block scales with it, as ggml-cpu does on x86 (ggml_table_f32_f16): a load instead of F16C
+ * conversions that compete with the dot product for the floating-point pipes. */
+extern float ed_f16_table[1 << 16];
+
 /* Fill the parts of a table every level shares (block sizes, vec_dot types); kernels are set per level. */
 void ed_table_init_common(ed_kernel_table *t, int level);
 

@@ -1,0 +1,42 @@
+/* Test-only: the AVX-512 intrinsics avx512.c uses, from SIMDe's portable implementations
+ * (libsimde-dev), so kernel_check can run the AVX-512 level on a CPU without it. Built with
+ * -DED_EMULATE_AVX512; the few intrinsics SIMDe 0.7 lacks are composed from 256-bit halves below.
+ */
+#ifndef ED_AVX512_EMU_H
+#define ED_AVX512_EMU_H
+
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#include <simde/x86/f16c.h>
+
+static inline simde__m512i ed_emu_join(simde__m256i lo, simde__m256i hi) {
+    return simde_mm512_inserti64x4(simde_mm512_castsi256_si512(lo), hi, 1);
+}
+static inline simde__m512 ed_emu_join_ps(simde__m256 lo, simde__m256 hi) {
+    return simde_mm512_castpd_ps(simde_mm512_insertf64x4(simde_mm512_castpd256_pd512(simde_mm256_castps_pd(lo)),
+                                                         simde_mm256_castps_pd(hi), 1));
+}
+static inline simde__m512 ed_emu_cvtepi32_ps(simde__m512i v) {
+    return ed_emu_join_ps(simde_mm256_cvtepi32_ps(simde_mm512_castsi512_si256(v)),
+                          simde_mm256_cvtepi32_ps(simde_mm512_extracti64x4_epi64(v, 1)));
+}
+static inline simde__m512 ed_emu_cvtph_ps(simde__m256i h) {
+    return ed_emu_join_ps(simde_mm256_cvtph_ps(simde_mm256_castsi256_si128(h)),
+                          simde_mm256_cvtph_ps(simde_mm256_extracti128_si256(h, 1)));
+}
+static inline simde__m512i ed_emu_cvtepu16_epi32(simde__m256i h) {
+    return ed_emu_join(simde_mm256_cvtepu16_epi32(simde_mm256_castsi256_si128(h)),
+                       simde_mm256_cvtepu16_epi32(simde_mm256_extracti128_si256(h, 1)));
+}
+/* SIMDe 0.7.4 aliases _mm512_madd_epi16 with the masked form's arity, and has no __mmask64 alias */
+#undef _mm512_madd_epi16
+#define _mm512_madd_epi16(a, b) simde_mm512_madd_epi16(a, b)
+#define __mmask64 simde__mmask64
+#undef _mm512_cvtepi32_ps
+#undef _mm512_cvtph_ps
+#undef _mm512_cvtepu16_epi32
+#define _mm512_cvtepi32_ps(v) ed_emu_cvtepi32_ps(v)
+#define _mm512_cvtph_ps(h) ed_emu_cvtph_ps(h)
+#define _mm512_cvtepu16_epi32(h) ed_emu_cvtepu16_epi32(h)
+
+#endif
