@@ -189,7 +189,7 @@ class Generator:
             toks = np.array([s.history[-1] for s in live], np.int64)
             pos = np.array([len(s.history) - 1 for s in live], np.int64)
             ids = np.array([s.index for s in live], np.int64)
-            logits = self.model.forward(toks, pos, ids, kv)
+            logits = self.model.decode_step(toks, pos, ids, kv)  # a captured plan on the native backend
             logits_of = {s.index: logits[i] for i, s in enumerate(live)}
         t.generation_s = time.perf_counter() - t0
 

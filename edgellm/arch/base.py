@@ -28,6 +28,13 @@ class DecoderModel:
         c = self.config
         return 2 * 2 * c.n_layer * c.n_head_kv * c.head_dim
 
+    def decode_step(
+        self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, kv: Any
+    ) -> np.ndarray:
+        """Logits (B, V) for one token of each of B sequences: forward() through the backend's decode
+        path (which may replay a captured plan instead of calling the ops one by one)."""
+        return self.backend.decode_step(self, tokens, positions, seq_ids, kv)
+
     def head(self, x: np.ndarray, logits_rows: np.ndarray | None) -> np.ndarray:
         """Final RMSNorm and output matrix over the rows that need logits: (N, D) -> (len(rows), V)."""
         if logits_rows is not None:

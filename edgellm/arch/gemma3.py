@@ -139,7 +139,7 @@ class Gemma3Model(DecoderModel):
         """Run N tokens (each with its position and sequence); logits (len(logits_rows), V)."""
         c, b = self.config, self.backend
         n = len(tokens)
-        x = b.get_rows(self.tok_embd, tokens) * np.float32(math.sqrt(c.n_embd))
+        x = b.scale(b.get_rows(self.tok_embd, tokens), math.sqrt(c.n_embd))
         for il, L in enumerate(self.layers):
             local = c.is_local(il)
             rope = c.rope_local if local else c.rope_global
@@ -147,7 +147,7 @@ class Gemma3Model(DecoderModel):
             q = b.matmul(L.wq, h).reshape(n, c.n_head, c.head_dim)
             k = b.matmul(L.wk, h).reshape(n, c.n_head_kv, c.head_dim)
             v = b.matmul(L.wv, h).reshape(n, c.n_head_kv, c.head_dim)
-            q = b.rope(b.rms_norm(q, L.q_norm, c.rms_eps), positions, rope) * np.float32(c.attn_scale)
+            q = b.scale(b.rope(b.rms_norm(q, L.q_norm, c.rms_eps), positions, rope), c.attn_scale)
             k = b.rope(b.rms_norm(k, L.k_norm, c.rms_eps), positions, rope)
             a = b.attention(
                 q, k, v, kv, il, seq_ids, positions, 1.0, window=c.sliding_window if local else None
@@ -158,6 +158,4 @@ class Gemma3Model(DecoderModel):
             f = b.matmul(L.w_down, b.gelu_mul(b.matmul(L.w_gate, h), b.matmul(L.w_up, h)))
             x = b.add(x, b.rms_norm(f, L.post_ffn_norm, c.rms_eps))
         logits = self.head(x, logits_rows)
-        if c.final_softcap:
-            logits = np.float32(c.final_softcap) * np.tanh(logits / np.float32(c.final_softcap))
-        return logits
+        return b.softcap(logits, c.final_softcap) if c.final_softcap else logits

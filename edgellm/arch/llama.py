@@ -175,7 +175,7 @@ class LlamaModel(DecoderModel):
             h = b.rms_norm(x, L.attn_norm, c.rms_eps)
             q, k, v = b.matmul(L.wq, h), b.matmul(L.wk, h), b.matmul(L.wv, h)
             if L.bq is not None:
-                q, k, v = q + L.bq, k + L.bk, v + L.bv
+                q, k, v = b.add(q, L.bq), b.add(k, L.bk), b.add(v, L.bv)
             q = b.rope(q.reshape(n, c.n_head, c.head_dim), positions, c.rope)
             k = b.rope(k.reshape(n, c.n_head_kv, c.head_dim), positions, c.rope)
             v = v.reshape(n, c.n_head_kv, c.head_dim)

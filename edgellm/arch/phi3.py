@@ -103,21 +103,30 @@ class Phi3Model(DecoderModel):
         c, b = self.config, self.backend
         n, Dh, F = len(tokens), c.head_dim, c.n_ff
         q_dim, kv_dim = c.n_head * Dh, c.n_head_kv * Dh
-        q_scale = np.float32(1.0 / math.sqrt(Dh))
+        q_scale = 1.0 / math.sqrt(Dh)
         x = b.get_rows(self.tok_embd, tokens)  # (N, D)
         for il, L in enumerate(self.layers):
             h = b.rms_norm(x, L.attn_norm, c.rms_eps)
             if L.wqkv is not None:
                 qkv = b.matmul(L.wqkv, h)  # (N, q_dim + 2*kv_dim): llm_build_phi3's three views
-                q, k, v = (np.ascontiguousarray(y) for y in np.split(qkv, [q_dim, q_dim + kv_dim], axis=1))
+                q, k, v = (b.columns(qkv, lo, hi) for lo, hi in _spans(q_dim, kv_dim, kv_dim))
             else:
                 q, k, v = b.matmul(L.wq, h), b.matmul(L.wk, h), b.matmul(L.wv, h)
-            q = b.rope(q.reshape(n, c.n_head, Dh), positions, c.rope) * q_scale
+            q = b.scale(b.rope(q.reshape(n, c.n_head, Dh), positions, c.rope), q_scale)
             k = b.rope(k.reshape(n, c.n_head_kv, Dh), positions, c.rope)
             a = b.attention(q, k, v.reshape(n, c.n_head_kv, Dh), kv, il, seq_ids, positions, 1.0)
             x = b.add(x, b.matmul(L.wo, a.reshape(n, -1)))
             h = b.rms_norm(x, L.ffn_norm, c.rms_eps)
             gu = b.matmul(L.w_gate_up, h)  # (N, 2F)
-            f = b.silu_mul(np.ascontiguousarray(gu[:, :F]), np.ascontiguousarray(gu[:, F:]))
+            f = b.silu_mul(b.columns(gu, 0, F), b.columns(gu, F, 2 * F))
             x = b.add(x, b.matmul(L.w_down, f))
         return self.head(x, logits_rows)
+
+
+def _spans(*widths: int) -> list[tuple[int, int]]:
+    """Consecutive column ranges of the given widths: [(0, w0), (w0, w0 + w1), ...]."""
+    out, lo = [], 0
+    for w in widths:
+        out.append((lo, lo + w))
+        lo += w
+    return out

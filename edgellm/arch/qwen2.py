@@ -56,4 +56,4 @@ class Qwen2Model(LlamaModel):
     ) -> np.ndarray:
         """Logits (len(logits_rows), V) for N tokens; the Llama forward adds the Q/K/V biases."""
         logits = super().forward(tokens, positions, seq_ids, kv, logits_rows)
-        return logits + self.output_b if self.output_b is not None else logits
+        return self.backend.add(logits, self.output_b) if self.output_b is not None else logits

@@ -50,7 +50,7 @@ class Qwen3Model(LlamaModel):
             h = b.rms_norm(x, L.attn_norm, c.rms_eps)
             q, k, v = b.matmul(L.wq, h), b.matmul(L.wk, h), b.matmul(L.wv, h)
             if L.bq is not None:
-                q, k, v = q + L.bq, k + L.bk, v + L.bv
+                q, k, v = b.add(q, L.bq), b.add(k, L.bk), b.add(v, L.bv)
             q = b.rms_norm(q.reshape(n, c.n_head, Dh), self.q_norm[il], c.rms_eps)
             k = b.rms_norm(k.reshape(n, c.n_head_kv, Dh), self.k_norm[il], c.rms_eps)
             q, k = b.rope(q, positions, c.rope), b.rope(k, positions, c.rope)

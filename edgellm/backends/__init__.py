@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+
 from edgellm.backends.base import Backend, BackendUnavailable
 
 # name -> "module:class"; the fast CPU and device backends register here as they land
 BACKENDS = {
     "reference": "edgellm.backends.reference:ReferenceBackend",
     "numba": "edgellm.backends.numba_cpu:NumbaBackend",
+    "native": "edgellm.backends.native:NativeBackend",
 }
-AUTO_ORDER = ["numba", "reference"]
+AUTO_ORDER = ["native", "numba", "reference"]
+_SAID: set[str] = set()
 
 
 def names() -> list[str]:
@@ -24,9 +28,14 @@ def get_backend(name: str = "auto", threads: int | None = None) -> Backend:
         reasons = []
         for n in AUTO_ORDER:
             try:
-                return get_backend(n, threads)
+                backend = get_backend(n, threads)
             except BackendUnavailable as e:
                 reasons.append(f"{n}: {e}")
+                continue
+            if reasons and reasons[0] not in _SAID:  # say once why a faster backend is not used
+                _SAID.add(reasons[0])
+                logging.getLogger(__name__).warning("using the %s backend (%s)", n, "; ".join(reasons))
+            return backend
         raise BackendUnavailable("no backend is available: " + "; ".join(reasons))
     target = BACKENDS.get(name)
     if target is None:

@@ -119,7 +119,29 @@ class Backend(ABC):
         return g * up
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """a + b, where b is a's shape or a row (a bias) added to every row of a."""
         return a + b
+
+    def scale(self, x: np.ndarray, s: float) -> np.ndarray:
+        """x * s (s rounded to float32 first)."""
+        return x * np.float32(s)
+
+    def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
+        """cap * tanh(x / cap) (Gemma's logit soft-capping)."""
+        c = np.float32(cap)
+        return c * np.tanh(x / c)
+
+    def columns(self, x: np.ndarray, start: int, stop: int) -> np.ndarray:
+        """Columns start..stop of a 2-D x, as a contiguous (N, stop - start) array (fused-QKV splits)."""
+        return np.ascontiguousarray(x[:, start:stop])
+
+    # -- decode steps ------------------------------------------------------------------------------------
+    def decode_step(
+        self, model: Any, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, kv: Any
+    ) -> np.ndarray:
+        """model.forward for one decode step (B rows, logits for all). A backend may record the step's
+        ops once per batch size and replay them (native: one C call per step)."""
+        return model.forward(tokens, positions, seq_ids, kv)
 
 
 _GELU_TABLE: np.ndarray | None = None

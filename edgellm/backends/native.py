@@ -1,0 +1,374 @@
+"""The native backend: every op in C (native/runtime/, native/kernels/) through the cffi extension
+`edgellm._native`, on a persistent thread pool; decode steps captured once as plans and replayed in one C
+call each (native_plan.py).
+
+Weights stay the raw blocks of the mmapped file. A matmul quantizes its activation rows once to the
+weight's ggml vec_dot type and runs the kernels' dot products in a tiled loop; the other ops are the
+reference backend's float32 operations. Work is split across threads by output rows only, so results are
+the same bits for any thread count, and a replayed plan gives the same bits as the ops run one by one.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edgellm.backends.base import BackendUnavailable, RopeSpec, _gelu_f16_table
+from edgellm.backends.cpu import physical_cores
+from edgellm.backends.native_plan import Capture, Plan, Regions, address, check_slots
+from edgellm.backends.reference import KVCache, ReferenceBackend, RefWeight
+from edgellm.gguf import QTensor
+
+log = logging.getLogger(__name__)
+
+_IMPORT_ERROR = ""
+try:
+    from edgellm._native import ffi, lib
+except ImportError as e:  # no C compiler at install time, or a build for another platform
+    ffi = lib = None
+    _IMPORT_ERROR = f"the C extension edgellm._native is not built ({e}); reinstall with a C compiler"
+
+# op codes of native/runtime/ed_runtime.h
+MATMUL, GET_ROWS, RMS_NORM, ROPE, ATTENTION, SILU_MUL, GELU_MUL, ADD, SCALE, SOFTCAP, COPY = range(1, 12)
+
+
+def available() -> str | None:
+    """None if the native backend can run here, else why not (one line)."""
+    if lib is None:
+        return _IMPORT_ERROR
+    if lib.ed_runtime_level() < 0:
+        return "the native kernels have no code path for this CPU"
+    return None
+
+
+def paged(kv: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """k, v (layers, slots, Hkv, Dh) float16, block_table (seqs, blocks) int32 and block_size of a
+    reference.KVCache (the layout the C attention reads)."""
+    return kv.k, kv.v, kv.block_table, kv.block_size
+
+
+@dataclass
+class NativeWeight(RefWeight):
+    """A bound weight: the raw (rows, row bytes) blocks and their address; which C ops take its type."""
+
+    raw: np.ndarray | None = None
+    ptr: int = 0
+    rows: int = 0
+    row_bytes: int = 0
+    matmul_ok: bool = False
+    get_rows_ok: bool = False
+
+
+_GELU_F32: np.ndarray | None = None
+
+
+def _gelu_table() -> np.ndarray:
+    global _GELU_F32
+    if _GELU_F32 is None:
+        _GELU_F32 = _gelu_f16_table().astype(np.float32)
+    return _GELU_F32
+
+
+def rope_table(spec: RopeSpec, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin (n_pos, n_dims/2) float32 of positions 0.., exactly the reference's per-call values
+    (ggml_rope_cache_init's running product theta_{i+1} = theta_i * base^(-2/n_dims) in float32)."""
+    half = spec.n_dims // 2
+    theta_scale = np.float32(spec.freq_base) ** np.float32(-2.0 / spec.n_dims)
+    theta = np.empty((n_pos, half), np.float32)
+    theta[:, 0] = np.arange(n_pos).astype(np.float32)
+    for i in range(1, half):
+        theta[:, i] = theta[:, i - 1] * theta_scale
+    if spec.freq_factors is not None:
+        theta = theta / spec.freq_factors.astype(np.float32)
+    theta = theta * np.float32(spec.freq_scale)
+    return np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
+
+
+_LOGGED: set[str] = set()
+
+
+def _log_once(msg: str) -> None:
+    if msg not in _LOGGED:
+        _LOGGED.add(msg)
+        log.warning(msg)
+
+
+class NativeBackend(ReferenceBackend):
+    name = "native"
+
+    def __init__(self, threads: int | None = None):
+        why = available()
+        if why is not None:
+            raise BackendUnavailable(why)
+        cores = physical_cores()
+        self.threads = max(1, min(int(threads) if threads else cores, cores))
+        self._pool = ffi.gc(lib.ed_pool_new(self.threads), lib.ed_pool_free)
+        if self._pool == ffi.NULL:
+            raise BackendUnavailable("the native runtime could not start its thread pool")
+        self.level = ffi.string(lib.ed_runtime_level_name()).decode()
+        self._vectors = Regions()  # bound vectors: trusted memory for captures
+        self._ropes: dict[int, tuple[RopeSpec, np.ndarray, np.ndarray]] = {}
+        self._cap: Capture | None = None
+        self._plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # kv -> {(model id, B): plan}
+        self._checked: tuple = ()
+
+    # -- weights ---------------------------------------------------------------------------------------
+    def bind(self, t: QTensor) -> NativeWeight:
+        w = NativeWeight(t)
+        raw = t.data
+        if raw.ndim == 2 and raw.flags.c_contiguous and raw.dtype == np.uint8:
+            w.raw, w.ptr, w.rows, w.row_bytes = raw, address(raw), raw.shape[0], raw.shape[1]
+            w.matmul_ok = bool(lib.ed_matmul_supported(int(t.type)))
+            w.get_rows_ok = bool(lib.ed_get_rows_supported(int(t.type)))
+        return w
+
+    def vector(self, t: QTensor) -> np.ndarray:
+        v = np.ascontiguousarray(super().vector(t), np.float32)
+        if v.nbytes:
+            self._vectors.add(address(v), address(v) + v.nbytes, None)
+        return v
+
+    # -- plumbing --------------------------------------------------------------------------------------
+    def _out(self, shape: tuple[int, ...]) -> np.ndarray:
+        return self._cap.alloc(shape) if self._cap is not None else np.empty(shape, np.float32)
+
+    def _in(self, a: np.ndarray, what: str) -> int:
+        if self._cap is not None:
+            self._cap.check(a, what)
+        return address(a)
+
+    def _f32(self, x: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(x, dtype=np.float32)
+
+    def _exec(self, **fields: Any) -> None:
+        if self._cap is not None:
+            self._cap.record(fields)
+        if lib.ed_plan_run(self._pool, ffi.new("ed_op *", fields), 1) != 0:
+            raise RuntimeError(f"native op {fields['code']} was rejected by the runtime")
+
+    def _eager_only(self, why: str) -> None:
+        if self._cap is not None:
+            self._cap.refuse(why)
+
+    # -- ops -------------------------------------------------------------------------------------------
+    def get_rows(self, w: NativeWeight, ids: np.ndarray) -> np.ndarray:
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        if not w.get_rows_ok:
+            self._eager_only(f"get_rows of a {w.qt.type.name} tensor has no native kernel")
+            return super().get_rows(w, ids)
+        k = w.qt.ne[0]
+        if ids.size and (ids.min() < 0 or ids.max() >= w.rows):
+            raise ValueError(f"token id outside the vocabulary of {w.rows}")
+        out = self._out((len(ids), k))
+        if len(ids):
+            self._exec(
+                code=GET_ROWS, type=int(w.qt.type), n=len(ids), k=k, i0=w.row_bytes, i1=w.rows,
+                src0=w.ptr, src1=self._in(ids, "get_rows"), dst=address(out),
+            )  # fmt: skip
+        return out
+
+    def matmul(self, w: NativeWeight, x: np.ndarray) -> np.ndarray:
+        if not w.matmul_ok:
+            self._eager_only(f"matmul of a {w.qt.type.name} tensor has no native kernel")
+            return super().matmul(w, x)
+        k = w.qt.ne[0]
+        if x.shape[-1] != k:
+            raise ValueError(f"matmul: x has {x.shape[-1]} columns, the weight {k}")
+        x = self._f32(x)
+        n = x.size // k
+        out = self._out((*x.shape[:-1], w.rows))
+        if n:
+            self._exec(
+                code=MATMUL, type=int(w.qt.type), n=n, m=w.rows, k=k, i0=w.row_bytes,
+                src0=w.ptr, src1=self._in(x, "matmul"), dst=address(out),
+            )  # fmt: skip
+        return out
+
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
+        x = self._f32(x)
+        d = x.shape[-1]
+        out = self._out(x.shape)
+        wp = 0
+        if weight is not None:
+            weight = self._f32(weight)
+            if weight.shape != (d,):
+                raise ValueError(f"rms_norm: weight of shape {weight.shape} for rows of {d}")
+            wp = self._in(weight, "rms_norm")
+        if x.size:
+            self._exec(
+                code=RMS_NORM, n=x.size // d, k=d, f0=float(eps), src0=self._in(x, "rms_norm"), src1=wp,
+                dst=address(out),
+            )  # fmt: skip
+        return out
+
+    def _rope_table(self, spec: RopeSpec, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
+        entry = self._ropes.get(id(spec))
+        if entry is None or entry[0] is not spec or len(entry[1]) < n_pos:
+            have = len(entry[1]) if entry is not None and entry[0] is spec else 0
+            cos, sin = rope_table(spec, max(n_pos, 2 * have, 256))
+            entry = self._ropes[id(spec)] = (spec, cos, sin)  # plans keep the tables they point into
+        return entry[1], entry[2]
+
+    def rope(self, x: np.ndarray, positions: np.ndarray, spec: RopeSpec) -> np.ndarray:
+        x = self._f32(x)
+        positions = np.ascontiguousarray(positions, dtype=np.int64)
+        n, heads, dh = x.shape
+        if spec.n_dims > dh or spec.n_dims % 2:
+            raise ValueError(f"rope: {spec.n_dims} rotated dims in heads of {dh}")
+        need = int(positions.max(initial=0)) + 1
+        if self._cap is not None:
+            need = max(need, self._cap.n_ctx)
+        cos, sin = self._rope_table(spec, need)
+        out = self._out(x.shape)
+        if self._cap is not None:
+            self._cap.keep += [cos, sin]
+        if x.size:
+            self._exec(
+                code=ROPE, n=n, m=heads, k=dh, i0=spec.n_dims, i1=int(spec.neox), i2=len(cos),
+                src0=self._in(x, "rope"), src1=self._in(positions, "rope"), src2=address(cos),
+                src3=address(sin), dst=address(out),
+            )  # fmt: skip
+        return out
+
+    def _check_kv(self, kv: Any, seq_ids: np.ndarray, positions: np.ndarray) -> None:
+        """check_slots once per forward: every layer passes the same arrays."""
+        c = self._checked
+        if c and c[0] is kv and c[1] is seq_ids and c[2] is positions:
+            if np.array_equal(c[3], seq_ids) and np.array_equal(c[4], positions):
+                return
+        check_slots(kv, seq_ids, positions)
+        self._checked = (kv, seq_ids, positions, seq_ids.copy(), positions.copy())
+
+    def attention(self, q, k, v, kv: KVCache, layer, seq_ids, positions, scale, window=None, softcap=None):
+        q, k, v = self._f32(q), self._f32(k), self._f32(v)
+        seq_ids = np.ascontiguousarray(seq_ids, dtype=np.int64)
+        positions = np.ascontiguousarray(positions, dtype=np.int64)
+        n, n_head, dh = q.shape
+        n_kv = k.shape[1]
+        if k.shape != (n, n_kv, dh) or v.shape != k.shape or n_head % n_kv:
+            raise ValueError(f"attention: q {q.shape}, k {k.shape}, v {v.shape}")
+        self._check_kv(kv, seq_ids, positions)
+        kc, vc, table, block_size = paged(kv)
+        if kc.shape[2:] != (n_kv, dh) or kc.dtype != np.float16 or not kc.flags.c_contiguous:
+            raise ValueError(f"attention: cache of shape {kc.shape} for heads of {(n_kv, dh)}")
+        if table.dtype != np.int32 or not table.flags.c_contiguous:
+            raise ValueError("attention: the block table must be a C-contiguous int32 array")
+        out = self._out(q.shape)
+        if n:
+            self._exec(
+                code=ATTENTION, n=n, m=n_head, k=dh, i0=n_kv, i1=block_size, i2=table.shape[1],
+                i3=table.shape[0], i4=int(window or 0), i5=kc.shape[1], f0=float(scale),
+                f1=float(softcap or 0.0), src0=self._in(q, "attention"), src1=self._in(k, "attention"),
+                src2=self._in(v, "attention"), src3=address(kc) + layer * kc.strides[0],
+                src4=address(vc) + layer * vc.strides[0], src5=address(table),
+                src6=self._in(seq_ids, "attention"), src7=self._in(positions, "attention"), dst=address(out),
+            )  # fmt: skip
+        return out
+
+    def _binary(self, code: int, a: np.ndarray, b: np.ndarray, what: str, extra: int = 0) -> np.ndarray:
+        a, b = self._f32(a), self._f32(b)
+        if a.shape != b.shape:
+            raise ValueError(f"{what}: shapes {a.shape} and {b.shape}")
+        out = self._out(a.shape)
+        if a.size:
+            self._exec(
+                code=code, n=1, k=a.size, src0=self._in(a, what), src1=self._in(b, what), src2=extra,
+                dst=address(out),
+            )  # fmt: skip
+        return out
+
+    def silu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return self._binary(SILU_MUL, gate, up, "silu_mul")
+
+    def gelu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return self._binary(GELU_MUL, gate, up, "gelu_mul", address(_gelu_table()))
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        a, b = self._f32(a), self._f32(b)
+        if b.shape == a.shape:
+            return self._binary(ADD, a, b, "add")
+        if b.ndim != 1 or a.ndim == 0 or b.shape[0] != a.shape[-1]:
+            self._eager_only(f"add of shapes {a.shape} and {b.shape}")
+            return a + b
+        out = self._out(a.shape)  # a bias: b broadcast over the rows of a
+        if a.size:
+            self._exec(
+                code=ADD, n=a.size // b.size, k=b.size, i0=1, src0=self._in(a, "add"),
+                src1=self._in(b, "add"), dst=address(out),
+            )  # fmt: skip
+        return out
+
+    def _unary(self, code: int, x: np.ndarray, f: float, what: str) -> np.ndarray:
+        x = self._f32(x)
+        out = self._out(x.shape)
+        if x.size:
+            self._exec(code=code, n=1, k=x.size, f0=float(f), src0=self._in(x, what), dst=address(out))
+        return out
+
+    def scale(self, x: np.ndarray, s: float) -> np.ndarray:
+        return self._unary(SCALE, x, s, "scale")
+
+    def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
+        return self._unary(SOFTCAP, x, cap, "softcap")
+
+    def columns(self, x: np.ndarray, start: int, stop: int) -> np.ndarray:
+        x = self._f32(x)
+        rows, width = x.shape
+        if not 0 <= start <= stop <= width:
+            raise ValueError(f"columns {start}:{stop} of rows of {width}")
+        out = self._out((rows, stop - start))
+        if out.size:
+            self._exec(
+                code=COPY, n=rows, k=stop - start, i0=width, i1=start, src0=self._in(x, "columns"),
+                dst=address(out),
+            )  # fmt: skip
+        return out
+
+    # -- captured decode steps -------------------------------------------------------------------------
+    def decode_step(
+        self, model: Any, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, kv: Any
+    ) -> np.ndarray:
+        """model.forward(tokens, positions, seq_ids, kv) for B decode rows, replayed from a plan captured
+        on the first step of each batch size (the first step runs eagerly while it is recorded)."""
+        if self._cap is not None:  # a forward inside a capture (never expected): just run it
+            return model.forward(tokens, positions, seq_ids, kv)
+        plans = self._plans.get(kv)
+        if plans is None:
+            plans = self._plans[kv] = {}
+        key = (id(model), len(tokens))
+        plan = plans.get(key)
+        if plan is not None and plan is not _REFUSED and not plan.matches(model, kv):
+            plan = None
+        if plan is None:
+            plan, logits = self._capture(model, tokens, positions, seq_ids, kv)
+            plans[key] = plan
+            return logits
+        if plan is _REFUSED:
+            return model.forward(tokens, positions, seq_ids, kv)
+        return plan.run(kv, tokens, positions, seq_ids)
+
+    def _capture(self, model: Any, tokens, positions, seq_ids, kv) -> tuple[Any, np.ndarray]:
+        inputs = [np.array(a, dtype=np.int64) for a in (tokens, positions, seq_ids)]
+        n_ctx = int(kv.n_ctx)
+        self._cap = cap = Capture(inputs, self._vectors, n_ctx)
+        try:
+            logits = model.forward(inputs[0], inputs[1], inputs[2], kv)
+        finally:
+            self._cap = None
+        if cap.refused is None and not (
+            isinstance(logits, np.ndarray)
+            and logits.flags.c_contiguous
+            and cap.buffers.find(address(logits), address(logits) + logits.nbytes)
+        ):
+            cap.refuse("the forward's result is not the output of a backend op")
+        if cap.refused is not None:
+            _log_once(f"native: {type(model).__name__} decode steps run op by op: {cap.refused}")
+            return _REFUSED, logits
+        return Plan(ffi, lib, self._pool, cap, logits, model, kv), logits
+
+
+_REFUSED = object()  # a model whose forward cannot be captured: decode steps run eagerly

@@ -1,0 +1,207 @@
+"""Captured decode plans for the native backend: one `model.forward` recorded as a list of C op records
+over fixed buffers, then replayed by one `ed_plan_run` call per decode step (DESIGN.md principle 4).
+
+Capture runs the forward once with every op executing eagerly and also recording its op record. Each
+array an op receives must live in memory the plan can own or trusts: a plan input (tokens, positions,
+sequence ids), the output of an earlier op of the capture, or a bound vector of the backend (weights,
+the KV cache and the backend's tables are passed as addresses by the backend itself). Anything else
+means the forward computed something in numpy between ops, which a replay would miss: the capture is
+refused and the step runs eagerly. When it succeeds, every op output is given a place in one arena,
+reusing memory between buffers whose lifetimes do not overlap, and the records are relocated there.
+Limits: an arch that writes into an op's output in place (x += ...) is not detected.
+"""
+
+from __future__ import annotations
+
+import bisect
+import weakref
+from typing import Any
+
+import numpy as np
+
+from edgellm import quants
+
+POINTERS = ("src0", "src1", "src2", "src3", "src4", "src5", "src6", "src7", "dst")
+MATMUL = 1
+GET_ROWS = 2
+ALIGN = 64
+
+
+def address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+class Regions:
+    """Sorted, non-overlapping address ranges [start, end) with an owner each; lookup by bisection."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.items: list[tuple[int, int, Any]] = []
+
+    def add(self, start: int, end: int, owner: Any) -> None:
+        i = bisect.bisect_right(self.starts, start)
+        self.starts.insert(i, start)
+        self.items.insert(i, (start, end, owner))
+
+    def find(self, start: int, end: int) -> tuple[int, int, Any] | None:
+        """The region holding [start, end), if one does."""
+        i = bisect.bisect_right(self.starts, start) - 1
+        if i >= 0:
+            s, e, owner = self.items[i]
+            if s <= start and end <= e:
+                return self.items[i]
+        return None
+
+
+class Capture:
+    """Watches one model.forward: hands out op outputs, checks op inputs, records op fields."""
+
+    def __init__(self, inputs: list[np.ndarray], trusted: Regions, n_ctx: int):
+        self.n_ctx = n_ctx  # positions the plan will see: rope tables are sized for them
+        self.trusted = trusted
+        self.input_arrays = inputs
+        self.inputs = Regions()
+        for a in inputs:
+            self.inputs.add(address(a), address(a) + a.nbytes, a)
+        self.buffers = Regions()  # op outputs of this capture, owner = index into self.arrays
+        self.arrays: list[np.ndarray] = []
+        self.ops: list[dict] = []
+        self.keep: list[Any] = []  # backend tables the records point into
+        self.refused: str | None = None
+
+    def alloc(self, shape: tuple[int, ...]) -> np.ndarray:
+        a = np.empty(shape, np.float32)
+        if a.nbytes:
+            self.buffers.add(address(a), address(a) + a.nbytes, len(self.arrays))
+        self.arrays.append(a)
+        return a
+
+    def check(self, a: np.ndarray, what: str) -> None:
+        """Refuse the capture unless `a` lives in plan-owned or trusted memory."""
+        if self.refused is not None or a.nbytes == 0:
+            return
+        start = address(a)
+        end = start + a.nbytes
+        if not a.flags.c_contiguous or not (
+            self.buffers.find(start, end) or self.inputs.find(start, end) or self.trusted.find(start, end)
+        ):
+            self.refuse(f"{what} receives an array computed outside the backend's ops")
+
+    def refuse(self, why: str) -> None:
+        if self.refused is None:
+            self.refused = why
+
+    def record(self, fields: dict) -> None:
+        self.ops.append(dict(fields))
+
+
+def _vec_dot_type(t: int) -> int:
+    v = quants.quant_type(t).vec_dot_type
+    return int(v) if v is not None else -1
+
+
+class Plan:
+    """A captured forward: op records over one arena, its inputs, and where the logits land."""
+
+    def __init__(self, ffi: Any, lib: Any, pool: Any, cap: Capture, result: np.ndarray, model: Any, kv: Any):
+        self.ffi, self.lib, self.pool = ffi, lib, pool
+        self.model = weakref.ref(model)
+        self.tokens, self.positions, self.seq_ids = cap.input_arrays
+        self.keep = cap.keep
+        self.kv_addrs = _kv_addresses(kv)
+        self.vocab_rows = next(
+            (op["i1"] for op in cap.ops if op["code"] == GET_ROWS and op["src1"] == address(self.tokens)),
+            None,
+        )
+        offsets, size = _arena_layout(cap, result)
+        self.arena = np.empty(max(size, ALIGN) // 4 + ALIGN, np.float32)
+        base = (address(self.arena) + ALIGN - 1) // ALIGN * ALIGN
+
+        def relocate(addr: int) -> int:
+            hit = cap.buffers.find(addr, addr + 1)
+            return addr if hit is None else base + offsets[hit[2]] + addr - hit[0]
+
+        self.n_ops = len(cap.ops)
+        self.ops = ffi.new("ed_op[]", max(1, self.n_ops))
+        prev: dict | None = None
+        for i, rec in enumerate(cap.ops):
+            rec = dict(rec)
+            for p in POINTERS:
+                if rec.get(p):
+                    rec[p] = relocate(rec[p])
+            if rec["code"] == MATMUL and prev is not None and _same_activations(prev, rec):
+                rec["i1"] = 1  # x is already quantized in the pool's scratch by the matmul just before
+            self.ops[i] = rec
+            prev = rec
+        start = relocate(address(result))
+        self.result = np.frombuffer(
+            self.ffi.buffer(self.ffi.cast("char *", start), result.nbytes), np.float32
+        ).reshape(result.shape)
+
+    def matches(self, model: Any, kv: Any) -> bool:
+        """Whether this plan still points at the model's weights and the cache's arrays."""
+        return self.model() is model and _kv_addresses(kv) == self.kv_addrs
+
+    def run(self, kv: Any, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray) -> np.ndarray:
+        """One replay: copy the inputs in, check them, run every op in one C call; logits (B, V), a copy."""
+        self.tokens[:] = tokens
+        self.positions[:] = positions
+        self.seq_ids[:] = seq_ids
+        if self.vocab_rows is not None and (self.tokens.min() < 0 or self.tokens.max() >= self.vocab_rows):
+            raise ValueError(f"token id outside the vocabulary of {self.vocab_rows}")
+        check_slots(kv, self.seq_ids, self.positions)
+        if self.lib.ed_plan_run(self.pool, self.ops, self.n_ops) != 0:
+            raise RuntimeError("native plan rejected by the runtime")
+        return self.result.copy()
+
+
+def check_slots(kv: Any, seq_ids: np.ndarray, positions: np.ndarray) -> None:
+    """Raise ValueError where a (sequence, position) has no place in the cache: the C attention relies
+    on it (it skips such rows rather than touch memory outside the cache, but gives no error)."""
+    kv.slots(seq_ids, positions)
+
+
+def _kv_addresses(kv: Any) -> tuple[int, ...]:
+    return (address(kv.k), address(kv.v), address(kv.block_table))
+
+
+def _same_activations(prev: dict, rec: dict) -> bool:
+    vt = _vec_dot_type(rec["type"])
+    return (
+        prev["code"] == MATMUL
+        and prev["src1"] == rec["src1"]
+        and (prev["n"], prev["k"]) == (rec["n"], rec["k"])
+        and _vec_dot_type(prev["type"]) == vt
+        and vt not in (-1, int(quants.T.F32))
+    )
+
+
+def _arena_layout(cap: Capture, result: np.ndarray) -> tuple[list[int], int]:
+    """Byte offsets of every capture buffer in one arena: first fit among the buffers alive at the same
+    time (alive from the op that writes it to the last op that reads it; the result to the end)."""
+    n = len(cap.arrays)
+    first, last = [len(cap.ops)] * n, [-1] * n
+    for i, rec in enumerate(cap.ops):
+        for p in POINTERS:
+            addr = rec.get(p)
+            hit = cap.buffers.find(addr, addr + 1) if addr else None
+            if hit is not None:
+                b = hit[2]
+                first[b], last[b] = min(first[b], i), max(last[b], i)
+    hit = cap.buffers.find(address(result), address(result) + 1)
+    last[hit[2]] = len(cap.ops) + 1
+    offsets, placed, size = [0] * n, [], 0
+    for b in sorted(range(n), key=lambda b: first[b]):
+        if last[b] < 0:
+            continue  # never used
+        nbytes = (cap.arrays[b].nbytes + ALIGN - 1) // ALIGN * ALIGN
+        live = sorted((o, o + s) for o, s, f, l in placed if l >= first[b] and f <= last[b])
+        off = 0
+        for lo, hi in live:
+            if off + nbytes <= lo:
+                break
+            off = max(off, hi)
+        offsets[b] = off
+        placed.append((off, nbytes, first[b], last[b]))
+        size = max(size, off + nbytes)
+    return offsets, size

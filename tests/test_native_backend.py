@@ -1,0 +1,375 @@
+"""The native backend (C ops through cffi) against the reference backend: every op on random inputs, matmul
+and get_rows of every weight type on random and real tensors, attention over a paged cache with a shuffled
+block table; captured decode plans against the same ops run one by one (bit for bit), 1 against 2 and 3
+threads (bit for bit); greedy tokens of SmolLM2 and gemma3 against llama.cpp's fixtures; and a clear
+one-line reason when the extension is missing.
+
+Tolerance for matmul: the same products of the same quantized numbers in another float32 summation order
+(see tests/test_numba_backend.py): 1e-5 of each output's scale sum_k |w_k x_k|.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from forward_checks import check_forced_steps, check_greedy, load_fixture
+from gguf import GGMLQuantizationType as T
+from tiny_models import N_VOCAB, Spec, random_weights, write_gguf
+
+from edgellm import quants
+from edgellm.arch import load_model
+from edgellm.backends import BackendUnavailable, get_backend
+from edgellm.backends import native as native_mod
+from edgellm.backends.base import RopeSpec
+from edgellm.backends.reference import ReferenceBackend, activation_roundtrip
+from edgellm.gguf import ModelFile, QTensor
+
+pytestmark = pytest.mark.skipif(native_mod.available() is not None, reason=str(native_mod.available()))
+
+REL_TOL = 1e-5
+QUANTIZABLE = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.F32, T.F16, T.BF16]
+RANDOM_BYTES = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL]  # no reference quantizer: random blocks
+F16_SCALES = {
+    T.Q2_K: (80, 82),
+    T.Q3_K: (108,),
+    T.Q4_K: (0, 2),
+    T.Q5_K: (0, 2),
+    T.Q6_K: (208,),
+    T.IQ4_NL: (0,),
+}
+
+rng = np.random.default_rng(4321)
+
+
+@pytest.fixture(scope="module")
+def nb() -> native_mod.NativeBackend:
+    return native_mod.NativeBackend(threads=2)
+
+
+class threads:
+    """Run a backend's ops on a pool of exactly n threads (more than the cores is fine for a test)."""
+
+    def __init__(self, b: native_mod.NativeBackend, n: int):
+        self.b, self.n = b, n
+
+    def __enter__(self):
+        self.saved = self.b._pool
+        self.b._pool = native_mod.ffi.gc(native_mod.lib.ed_pool_new(self.n), native_mod.lib.ed_pool_free)
+        return self.b
+
+    def __exit__(self, *exc):
+        self.b._pool = self.saved
+
+
+def qtensor(data: np.ndarray, t: T, k: int) -> QTensor:
+    data = np.ascontiguousarray(data).reshape(-1, quants.row_nbytes(t, k))
+    return QTensor("w", t, (k, data.shape[0]), 0, data.nbytes, data)
+
+
+def random_weight(t: T, m: int, k: int) -> QTensor:
+    if t in QUANTIZABLE:
+        return qtensor(quants.quantize(rng.standard_normal((m, k)).astype(np.float32), t), t, k)
+    q = quants.quant_type(t)
+    blocks = rng.integers(0, 256, (m * k // q.block_size, q.type_size), dtype=np.uint8)
+    for o in F16_SCALES[t]:  # scales of a trained model's size, both signs, no inf/nan
+        s = (rng.uniform(0.5, 2.0, len(blocks)) * rng.choice([-1, 1], len(blocks)) * 2e-3).astype("<f2")
+        blocks[:, o : o + 2] = s.view(np.uint8).reshape(-1, 2)
+    return qtensor(blocks, t, k)
+
+
+def assert_matmul_matches_reference(nb, qt: QTensor, x: np.ndarray) -> None:
+    if qt.type == T.BF16:  # ggml rounds activations to bf16 for BF16 weights; the reference does not
+        x = quants.dequantize(quants.quantize(x, T.BF16), T.BF16, x.shape)
+    ref = ReferenceBackend()
+    want = ref.matmul(ref.bind(qt), x)
+    got = nb.matmul(nb.bind(qt), x)
+    assert got.shape == want.shape and got.dtype == np.float32
+    scale = np.abs(activation_roundtrip(x, qt.type)) @ np.abs(ref.bind(qt).f32).T
+    err = np.abs(got - want) / scale.max()
+    assert err.max() < REL_TOL, f"{qt.type.name}: error {err.max():.2e} of the output scale"
+
+
+# -- matmul and get_rows ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [1, 5, 37], ids=["decode", "prompt", "tiles"])
+@pytest.mark.parametrize("t", QUANTIZABLE + RANDOM_BYTES, ids=lambda t: t.name)
+def test_matmul_matches_reference_on_random_weights(nb, t, n):
+    qt = random_weight(t, 41, 512)  # 41 rows: a partial tile of 16
+    x = (rng.standard_normal((n, 512)) * rng.uniform(0.1, 10)).astype(np.float32)
+    x[0, :64] *= 20  # an outlier block, as real activations have
+    assert_matmul_matches_reference(nb, qt, x)
+
+
+@pytest.mark.parametrize(
+    "alias,names",
+    [
+        ("smollm2", ["blk.0.attn_q.weight", "blk.3.ffn_down.weight", "token_embd.weight"]),
+        (
+            "gemma3",
+            ["blk.0.attn_q.weight", "blk.0.attn_v.weight", "blk.0.ffn_down.weight", "token_embd.weight"],
+        ),
+    ],
+)
+def test_matmul_and_get_rows_match_reference_on_real_tensors(nb, request, alias, names):
+    mf = ModelFile(request.getfixturevalue(f"{alias}_path"))
+    ref = ReferenceBackend()
+    for name in names:
+        qt = mf.tensors[name]
+        data = qt.data[:512]  # the first rows are enough (gemma's embedding has 262k)
+        qt = QTensor(name, qt.type, (qt.ne[0], data.shape[0]), qt.offset, data.nbytes, data)
+        for n in (1, 7):
+            assert_matmul_matches_reference(
+                nb, qt, (rng.standard_normal((n, qt.ne[0])) * 3).astype(np.float32)
+            )
+        ids = np.array([0, qt.data.shape[0] - 1, 7, 7])
+        assert np.array_equal(nb.get_rows(nb.bind(qt), ids), ref.get_rows(ref.bind(qt), ids))
+
+
+@pytest.mark.parametrize("t", QUANTIZABLE + RANDOM_BYTES, ids=lambda t: t.name)
+def test_get_rows_dequantizes_bit_exactly(nb, t):
+    qt = random_weight(t, 9, 512)
+    ids = np.array([8, 0, 3, 3])
+    assert np.array_equal(nb.get_rows(nb.bind(qt), ids), quants.dequantize(qt.data[ids], t, (4, 512)))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        nb.get_rows(nb.bind(qt), np.array([9]))
+
+
+@pytest.mark.parametrize("t", [T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K, T.F16], ids=lambda t: t.name)
+def test_matmul_gives_the_same_bits_on_1_2_and_3_threads(nb, t):
+    w = nb.bind(random_weight(t, 300, 512))
+    for n in (1, 9, 40):
+        x = rng.standard_normal((n, 512)).astype(np.float32)
+        outs = []
+        for k in (1, 2, 3):
+            with threads(nb, k):
+                outs.append(nb.matmul(w, x))
+        assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+
+
+# -- the other ops -----------------------------------------------------------------------------------------
+def test_norm_rope_glu_and_elementwise_ops_match_the_reference(nb):
+    ref = ReferenceBackend()
+    x = rng.standard_normal((5, 576)).astype(np.float32)
+    w = rng.standard_normal(576).astype(np.float32)
+    assert np.array_equal(nb.rms_norm(x, w, 1e-5), ref.rms_norm(x, w, 1e-5))
+    assert np.array_equal(nb.rms_norm(x, None, 1e-6), ref.rms_norm(x, None, 1e-6))
+    heads = rng.standard_normal((5, 3, 64)).astype(np.float32)  # per-head norm (Gemma's, Qwen3's q/k norm)
+    assert np.array_equal(nb.rms_norm(heads, w[:64], 1e-6), ref.rms_norm(heads, w[:64], 1e-6))
+    q = rng.standard_normal((7, 4, 64)).astype(np.float32)
+    pos = np.array([0, 3, 100, 1000, 5, 6, 7])
+    factors = np.linspace(1, 4, 16).astype(np.float32)
+    for spec in (
+        RopeSpec(64, 10000.0),
+        RopeSpec(64, 1e6, neox=True),
+        RopeSpec(32, 10000.0, freq_scale=0.5, freq_factors=factors),
+        RopeSpec(24, 10000.0, neox=True),  # partial rotary (Phi-4-mini)
+    ):
+        assert np.array_equal(nb.rope(q, pos, spec), ref.rope(q, pos, spec))
+    g = (rng.standard_normal((3, 256)) * 4).astype(np.float32)
+    g[0, :4] = [-20, -10, 10, 12]
+    u = rng.standard_normal((3, 256)).astype(np.float32)
+    assert np.array_equal(nb.gelu_mul(g, u), ref.gelu_mul(g, u))
+    # libm's expf/tanhf here, numpy's SIMD routines there: the last bit may differ
+    np.testing.assert_allclose(nb.silu_mul(g, u), ref.silu_mul(g, u), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(nb.softcap(g * 10, 30.0), ref.softcap(g * 10, 30.0), rtol=1e-6, atol=1e-6)
+    assert np.array_equal(nb.add(g, u), g + u)
+    assert np.array_equal(nb.add(g, u[0]), g + u[0])  # a bias row
+    assert np.array_equal(nb.scale(g, 0.125), ref.scale(g, 0.125))
+    assert np.array_equal(nb.columns(g, 10, 100), g[:, 10:100])
+
+
+def _attention_pair(nb, window, softcap, block_size=None, n_blocks=None):
+    """Native and reference caches, and a function running one attention step on both."""
+    ref = ReferenceBackend()
+    if block_size is None:
+        kvs = [b.new_kv_cache(2, 2, 64, 16, 2) for b in (nb, ref)]
+    else:
+        kvs = [b.new_kv_cache(2, 2, 64, 16, 2, block_size, n_blocks) for b in (nb, ref)]
+
+    def step(seqs, pos):
+        n = len(seqs)
+        q = rng.standard_normal((n, 6, 64)).astype(np.float32)
+        k, v = rng.standard_normal((2, n, 2, 64)).astype(np.float32)
+        seqs, pos = np.asarray(seqs), np.asarray(pos)
+        return [
+            b.attention(q, k, v, kv, 1, seqs, pos, 0.125, window, softcap) for b, kv in zip((nb, ref), kvs)
+        ]
+
+    return kvs, step
+
+
+@pytest.mark.parametrize("window,softcap", [(None, None), (3, None), (None, 30.0)])
+def test_attention_and_kv_cache_match_the_reference(nb, window, softcap):
+    """A 6-token prompt of sequence 1, then a batch of sequence 1's next token and sequence 0's first."""
+    kvs, step = _attention_pair(nb, window, softcap)
+    for seqs, pos in [([1] * 6, range(6)), ([1, 0], [6, 0])]:
+        a, b = step(seqs, list(pos))
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)  # summation order only
+    assert np.array_equal(kvs[0].k, kvs[1].k) and np.array_equal(kvs[0].v, kvs[1].v)
+    with pytest.raises(ValueError, match="outside the context"):
+        step([0, 0], [15, 16])
+
+
+def test_attention_through_a_shuffled_block_table_matches_the_reference(nb):
+    kvs, step = _attention_pair(nb, 5, None, block_size=4, n_blocks=8)
+    table = rng.permutation(8).astype(np.int32).reshape(2, 4)  # each sequence's blocks scattered in the pool
+    for kv in kvs:
+        kv.block_table[:] = table
+    for seqs, pos in [([1] * 7, range(7)), ([0] * 3, range(3)), ([1, 0], [7, 3]), ([0, 1], [4, 8])]:
+        a, b = step(seqs, list(pos))
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert np.array_equal(kvs[0].k, kvs[1].k) and np.array_equal(kvs[0].v, kvs[1].v)
+    kvs[0].block_table[0, 3] = -1
+    with pytest.raises(ValueError, match="no KV block"):
+        step([0, 0], [12, 13])
+
+
+def test_attention_gives_the_same_bits_on_1_and_3_threads(nb):
+    outs = []
+    for k in (1, 3):
+        with threads(nb, k):
+            kv = nb.new_kv_cache(1, 2, 64, 32, 3)
+            r = np.random.default_rng(7)
+            for seqs, pos in [([2] * 9, range(9)), ([0, 2, 1], [0, 9, 0])]:
+                q = r.standard_normal((len(seqs), 6, 64)).astype(np.float32)
+                k_, v = r.standard_normal((2, len(seqs), 2, 64)).astype(np.float32)
+                out = nb.attention(q, k_, v, kv, 0, np.array(seqs), np.array(list(pos)), 0.125, 4, 20.0)
+            outs.append(out)
+    assert np.array_equal(outs[0], outs[1])
+
+
+# -- captured plans ----------------------------------------------------------------------------------------
+TINY = {
+    "llama": dict(arch="llama"),
+    "qwen2": dict(arch="qwen2", qkv_bias=True, output_bias=True, tied=True),
+    "qwen3": dict(arch="qwen3", key_length=32, qk_norm=True, tied=True),
+    "phi3": dict(arch="phi3", fused_qkv=True, fused_gate_up=True, n_rot=12),
+}
+
+
+def tiny_model(tmp_path, arch: str, backend):
+    spec = Spec(**TINY[arch])
+    w = random_weights(spec)
+    qtypes = {n: T.Q4_0 if ".ffn_" in n else T.Q8_0 for n in w if n.endswith(".weight") and "norm" not in n}
+    return load_model(ModelFile(write_gguf(tmp_path / f"{arch}.gguf", spec, w, qtypes)), backend)
+
+
+def eager_and_planned(model, steps) -> None:
+    """Run decode steps eagerly on one cache and through decode_step (capture, then replays) on another:
+    logits and caches must be the same bits."""
+    kv_a, kv_b = model.new_kv_cache(32, 3), model.new_kv_cache(32, 3)
+    for tokens, pos, seqs in steps:
+        args = (np.array(tokens), np.array(pos), np.array(seqs))
+        a = model.forward(*args, kv_a)
+        b = model.decode_step(*args, kv_b)
+        assert np.array_equal(a, b)
+    assert np.array_equal(kv_a.k, kv_b.k) and np.array_equal(kv_a.v, kv_b.v)
+    plans = model.backend._plans[kv_b]
+    assert all(isinstance(p, native_mod.Plan) for p in plans.values()), "a capture was refused"
+
+
+BATCH_STEPS = [  # one prompt token per sequence, then two decode rounds of B = 3, then B = 2 (a new plan)
+    ([5, 6, 7], [0, 0, 0], [0, 1, 2]),
+    ([8, 9, 10], [1, 1, 1], [0, 1, 2]),
+    ([11, 12, 13], [2, 2, 2], [0, 1, 2]),
+    ([14, 15], [3, 3], [2, 0]),
+    ([16, 17], [4, 4], [2, 0]),
+]
+
+
+@pytest.mark.parametrize("arch", TINY)
+def test_every_architecture_captures_and_its_plan_equals_eager(tmp_path, nb, arch):
+    model = tiny_model(tmp_path, arch, nb)
+    eager_and_planned(model, BATCH_STEPS)
+
+
+class _NumpyInTheMiddle:
+    """A model whose forward does numpy arithmetic between backend ops: a replay would skip it."""
+
+    def __init__(self, b, emb):
+        self.backend, self.emb = b, emb
+
+    def forward(self, tokens, positions, seq_ids, kv, logits_rows=None):
+        x = self.backend.get_rows(self.emb, tokens)
+        return self.backend.scale(x * 2, 0.5)
+
+
+def test_a_forward_with_numpy_arithmetic_is_refused_once_and_runs_eagerly(nb, caplog):
+    m = _NumpyInTheMiddle(nb, nb.bind(random_weight(T.Q8_0, 10, 64)))
+    kv = nb.new_kv_cache(1, 1, 8, 8, 1)
+    with caplog.at_level(logging.WARNING):
+        for i in range(3):
+            out = nb.decode_step(m, np.array([i]), np.array([i]), np.zeros(1, np.int64), kv)
+            assert np.array_equal(out, m.forward(np.array([i]), None, None, None))
+    refusals = [r for r in caplog.records if "op by op" in r.getMessage()]
+    assert len(refusals) == 1 and "computed outside the backend's ops" in refusals[0].getMessage()
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path):
+    import edgellm
+
+    return edgellm.LLM(smollm2_path, backend="native", n_ctx=256, threads=2)
+
+
+def test_smollm2_greedy_tokens_match_llama_cpp(smollm2):
+    for case in load_fixture("smollm2-135m")["greedy"][:2]:
+        check_greedy(smollm2, dict(case, ids=case["ids"][:32], margins=case["margins"][:32]))
+
+
+def test_smollm2_plan_equals_eager_and_1_thread_equals_2(smollm2):
+    model = smollm2.model
+    eager_and_planned(model, BATCH_STEPS[:3])
+    prompt = load_fixture("smollm2-135m")["greedy"][0]["prompt_ids"]
+    outs = []
+    for k in (1, 2):
+        with threads(model.backend, k):
+            kv = model.new_kv_cache(64, 1)
+            first = smollm2.generator.prefill(prompt, 0, kv)
+            step = model.decode_step(
+                np.array([int(first[-1].argmax())]), np.array([len(prompt)]), np.zeros(1, np.int64), kv
+            )
+            outs.append((first, step))
+    assert np.array_equal(outs[0][0], outs[1][0]) and np.array_equal(outs[0][1], outs[1][1])
+
+
+def test_gemma3_greedy_and_teacher_forced_steps_match_llama_cpp(gemma3_path):
+    import edgellm
+
+    llm = edgellm.LLM(gemma3_path, backend="native", n_ctx=256)
+    case = load_fixture("gemma3-270m")["greedy"][0]
+    check_greedy(llm, dict(case, ids=case["ids"][:16], margins=case["margins"][:16]))
+    n, notes = check_forced_steps(llm, case)
+    assert n <= len(case["ids"]) // 10, notes
+    kv = llm.model.new_kv_cache(16, 1)
+    llm.model.decode_step(np.array([2]), np.array([0]), np.zeros(1, np.int64), kv)
+    assert isinstance(
+        llm.model.backend._plans[kv][(id(llm.model), 1)], native_mod.Plan
+    )  # softcap, GeGLU, SWA
+
+
+# -- availability --------------------------------------------------------------------------------------------
+def test_a_missing_extension_is_one_clear_line_and_auto_falls_back_saying_why(monkeypatch, caplog):
+    import edgellm.backends as backends
+
+    monkeypatch.setattr(backends, "AUTO_ORDER", ["native", "reference"])
+    monkeypatch.setattr(native_mod, "lib", None)
+    monkeypatch.setattr(native_mod, "_IMPORT_ERROR", "the C extension edgellm._native is not built (test)")
+    with pytest.raises(BackendUnavailable) as e:
+        get_backend("native")
+    assert "edgellm._native is not built" in str(e.value) and "\n" not in str(e.value)
+    with caplog.at_level(logging.WARNING):
+        assert get_backend("auto").name == "reference"
+    assert any("edgellm._native is not built" in r.getMessage() for r in caplog.records)
+
+
+def test_registered_and_threads_never_exceed_the_cores():
+    from edgellm.backends.cpu import physical_cores
+
+    b = get_backend("native", threads=1000)
+    assert isinstance(b, native_mod.NativeBackend) and b.threads == physical_cores()
+    assert get_backend("native", threads=1).threads == 1
+
+
+assert N_VOCAB > 17  # the token ids BATCH_STEPS uses
