@@ -1,0 +1,216 @@
+/* The NEON dots, included twice by neon.c: ED_DOTPROD 1 (sdot, under a +dotprod target pragma) and
+ * ED_DOTPROD 0 (baseline ARMv8-A). Mirrors ggml-org/llama.cpp ggml/src/ggml-cpu/arch/arm/quants.c: the
+ * __ARM_NEON branches of ggml_vec_dot_{q4_0,q4_1,q5_0,q5_1,q8_0,iq4_nl}_q8_0/1 and q{4,5,6}_K_q8_K, where
+ * ggml_vdotq_s32 is sdot or its fallback. The fallback here is smull + smlal2 + sadalp (3 instructions per
+ * 16 bytes; ggml's takes 6): exact, since every pair of products fits int16 (|x| <= 128, |y| <= 127).
+ */
+#if ED_DOTPROD
+#define ED_SFX(f) f##_dotprod
+#else
+#define ED_SFX(f) f##_neon
+#endif
+
+/* acc + 4 lanes of 4-product sums of a * b (lane grouping differs without sdot; totals agree) */
+static inline int32x4_t ED_SFX(dot16)(int32x4_t acc, int8x16_t a, int8x16_t b) {
+#if ED_DOTPROD
+    return vdotq_s32(acc, a, b);
+#else
+    const int16x8_t p = vmlal_high_s8(vmull_s8(vget_low_s8(a), vget_low_s8(b)), a, b);
+    return vpadalq_s16(acc, p);
+#endif
+}
+
+/* Σ over one 32-quant block: xl * y[0..15] + xh * y[16..31] */
+static inline int32x4_t ED_SFX(dot32)(int8x16_t xl, int8x16_t xh, const int8_t *y) {
+    return ED_SFX(dot16)(ED_SFX(dot16)(vdupq_n_s32(0), xl, vld1q_s8(y)), xh, vld1q_s8(y + 16));
+}
+
+static inline float32x4_t ED_SFX(block_q4_0)(const block_q4_0 *x, const block_q8_0 *y, float32x4_t acc, float *ms) {
+    (void)ms;
+    const uint8x16_t v = vld1q_u8(x->qs);
+    const int8x16_t s8 = vdupq_n_s8(8);
+    const int8x16_t xl = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0F))), s8);
+    const int8x16_t xh = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), s8);
+    return vfmaq_n_f32(acc, vcvtq_f32_s32(ED_SFX(dot32)(xl, xh, y->qs)), f16n(&x->d) * f16n(&y->d));
+}
+
+static inline float32x4_t ED_SFX(block_q4_1)(const block_q4_1 *x, const block_q8_1 *y, float32x4_t acc, float *ms) {
+    *ms += f16n(&x->m) * f16n(&y->s);
+    const uint8x16_t v = vld1q_u8(x->qs);
+    const int8x16_t xl = vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0F)));
+    const int8x16_t xh = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+    return vfmaq_n_f32(acc, vcvtq_f32_s32(ED_SFX(dot32)(xl, xh, y->qs)), f16n(&x->d) * f16n(&y->d));
+}
+
+static inline float32x4_t ED_SFX(block_q5_0)(const block_q5_0 *x, const block_q8_0 *y, float32x4_t acc, float *ms) {
+    (void)ms;
+    uint8x16_t hl, hh;
+    fifth_bits(x->qh, &hl, &hh);
+    const uint8x16_t v = vld1q_u8(x->qs);
+    /* q | 0xF0 where the fifth bit is clear is q - 16 as int8 */
+    const uint8x16_t f0 = vdupq_n_u8(0xF0);
+    const int8x16_t xl = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(v, vdupq_n_u8(0x0F)), vbicq_u8(f0, hl)));
+    const int8x16_t xh = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(v, 4), vbicq_u8(f0, hh)));
+    return vfmaq_n_f32(acc, vcvtq_f32_s32(ED_SFX(dot32)(xl, xh, y->qs)), f16n(&x->d) * f16n(&y->d));
+}
+
+static inline float32x4_t ED_SFX(block_q5_1)(const block_q5_1 *x, const block_q8_1 *y, float32x4_t acc, float *ms) {
+    *ms += f16n(&x->m) * f16n(&y->s);
+    uint8x16_t hl, hh;
+    fifth_bits(x->qh, &hl, &hh);
+    const uint8x16_t v = vld1q_u8(x->qs), b4 = vdupq_n_u8(0x10);
+    const int8x16_t xl = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(v, vdupq_n_u8(0x0F)), vandq_u8(hl, b4)));
+    const int8x16_t xh = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(v, 4), vandq_u8(hh, b4)));
+    return vfmaq_n_f32(acc, vcvtq_f32_s32(ED_SFX(dot32)(xl, xh, y->qs)), f16n(&x->d) * f16n(&y->d));
+}
+
+static inline float32x4_t ED_SFX(block_q8_0)(const block_q8_0 *x, const block_q8_0 *y, float32x4_t acc, float *ms) {
+    (void)ms;
+    const int32x4_t p = ED_SFX(dot32)(vld1q_s8(x->qs), vld1q_s8(x->qs + 16), y->qs);
+    return vfmaq_n_f32(acc, vcvtq_f32_s32(p), f16n(&x->d) * f16n(&y->d));
+}
+
+static inline float32x4_t ED_SFX(block_iq4_nl)(const block_iq4_nl *x, const block_q8_0 *y, float32x4_t acc, float *ms) {
+    (void)ms;
+    const int8x16_t values = vld1q_s8(ed_kvalues_iq4nl);
+    const uint8x16_t v = vld1q_u8(x->qs);
+    const int8x16_t xl = vqtbl1q_s8(values, vandq_u8(v, vdupq_n_u8(0x0F)));
+    const int8x16_t xh = vqtbl1q_s8(values, vshrq_n_u8(v, 4));
+    return vfmaq_n_f32(acc, vcvtq_f32_s32(ED_SFX(dot32)(xl, xh, y->qs)), f16n(&y->d) * f16n(&x->d));
+}
+
+#define ED_LEGACY_DOT_NEON(name, XT, YT, BLOCK)                                         \
+    static void ED_SFX(name)(int n, float *s, const void *vx, const void *vy) {        \
+        const XT *x = vx;                                                               \
+        const YT *y = vy;                                                               \
+        const int nb = n / QK;                                                          \
+        float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = vdupq_n_f32(0.0f);                 \
+        float ms = 0.0f;                                                                \
+        int ib = 0;                                                                     \
+        for (; ib + 1 < nb; ib += 2) {                                                  \
+            acc0 = BLOCK(&x[ib], &y[ib], acc0, &ms);                                    \
+            acc1 = BLOCK(&x[ib + 1], &y[ib + 1], acc1, &ms);                            \
+        }                                                                               \
+        if (ib < nb) acc0 = BLOCK(&x[ib], &y[ib], acc0, &ms);                           \
+        *s = vaddvq_f32(vaddq_f32(acc0, acc1)) + ms;                                    \
+    }
+
+ED_LEGACY_DOT_NEON(vec_dot_q4_0, block_q4_0, block_q8_0, ED_SFX(block_q4_0))
+ED_LEGACY_DOT_NEON(vec_dot_q4_1, block_q4_1, block_q8_1, ED_SFX(block_q4_1))
+ED_LEGACY_DOT_NEON(vec_dot_q5_0, block_q5_0, block_q8_0, ED_SFX(block_q5_0))
+ED_LEGACY_DOT_NEON(vec_dot_q5_1, block_q5_1, block_q8_1, ED_SFX(block_q5_1))
+ED_LEGACY_DOT_NEON(vec_dot_q8_0, block_q8_0, block_q8_0, ED_SFX(block_q8_0))
+ED_LEGACY_DOT_NEON(vec_dot_iq4_nl, block_iq4_nl, block_q8_0, ED_SFX(block_iq4_nl))
+
+/* --------------------------------------------------------------------------- K-quants (vs Q8_K) */
+
+/* Σ over 64 quants q[0..3] (16 each) * y[0..63] */
+static inline int32_t ED_SFX(dot64)(int8x16_t q0, int8x16_t q1, const int8_t *y) {
+    return vaddvq_s32(ED_SFX(dot16)(ED_SFX(dot16)(vdupq_n_s32(0), q0, vld1q_s8(y)), q1, vld1q_s8(y + 16)));
+}
+
+static void ED_SFX(vec_dot_q4_K)(int n, float *s, const void *vx, const void *vy) {
+    const block_q4_K *x = vx;
+    const block_q8_K *y = vy;
+    const uint8x16_t m4 = vdupq_n_u8(0x0F);
+    float sumf = 0.0f;
+    for (int i = 0; i < n / QK_K; i++) {
+        uint32_t utmp[4];
+        ed_unpack_scales_k4(x[i].scales, utmp);
+        const uint8_t *sc = (const uint8_t *)utmp;
+        const int32_t mins = mins_dot_bsums(sc + 8, y[i].bsums);
+        const uint8_t *q4 = x[i].qs;
+        const int8_t *q8 = y[i].qs;
+        int32_t sumi = 0;
+        for (int j = 0; j < QK_K / 64; j++, q4 += 32, q8 += 64) {
+            const uint8x16_t b0 = vld1q_u8(q4), b1 = vld1q_u8(q4 + 16);
+            sumi += ED_SFX(dot64)(vreinterpretq_s8_u8(vandq_u8(b0, m4)), vreinterpretq_s8_u8(vandq_u8(b1, m4)), q8) * sc[2 * j];
+            sumi += ED_SFX(dot64)(vreinterpretq_s8_u8(vshrq_n_u8(b0, 4)), vreinterpretq_s8_u8(vshrq_n_u8(b1, 4)), q8 + 32) * sc[2 * j + 1];
+        }
+        const float d = y[i].d * f16n(&x[i].d), dmin = y[i].d * f16n(&x[i].dmin);
+        sumf += d * (float)sumi - dmin * (float)mins;
+    }
+    *s = sumf;
+}
+
+static void ED_SFX(vec_dot_q5_K)(int n, float *s, const void *vx, const void *vy) {
+    const block_q5_K *x = vx;
+    const block_q8_K *y = vy;
+    const uint8x16_t m4 = vdupq_n_u8(0x0F), one = vdupq_n_u8(1), two = vdupq_n_u8(2);
+    float sumf = 0.0f;
+    for (int i = 0; i < n / QK_K; i++) {
+        uint32_t utmp[4];
+        ed_unpack_scales_k4(x[i].scales, utmp);
+        const uint8_t *sc = (const uint8_t *)utmp;
+        const int32_t mins = mins_dot_bsums(sc + 8, y[i].bsums);
+        const uint8_t *q5 = x[i].qs;
+        const int8_t *q8 = y[i].qs;
+        uint8x16_t h0 = vld1q_u8(x[i].qh), h1 = vld1q_u8(x[i].qh + 16);
+        int32_t sumi = 0;
+        for (int j = 0; j < QK_K / 64; j++, q5 += 32, q8 += 64) {
+            const uint8x16_t b0 = vld1q_u8(q5), b1 = vld1q_u8(q5 + 16);
+            /* bit 0 of the shifted qh: fifth bit of the low nibbles, bit 1: of the high nibbles */
+            const int8x16_t l0 = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(b0, m4), vshlq_n_u8(vandq_u8(h0, one), 4)));
+            const int8x16_t l1 = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(b1, m4), vshlq_n_u8(vandq_u8(h1, one), 4)));
+            const int8x16_t u0 = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(b0, 4), vshlq_n_u8(vandq_u8(h0, two), 3)));
+            const int8x16_t u1 = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(b1, 4), vshlq_n_u8(vandq_u8(h1, two), 3)));
+            h0 = vshrq_n_u8(h0, 2);
+            h1 = vshrq_n_u8(h1, 2);
+            sumi += ED_SFX(dot64)(l0, l1, q8) * sc[2 * j] + ED_SFX(dot64)(u0, u1, q8 + 32) * sc[2 * j + 1];
+        }
+        const float d = y[i].d * f16n(&x[i].d), dmin = y[i].d * f16n(&x[i].dmin);
+        sumf += d * (float)sumi - dmin * (float)mins;
+    }
+    *s = sumf;
+}
+
+/* Σ over 16 quants (one Q6_K scale) */
+static inline int32_t ED_SFX(dot16s)(uint8x16_t q, const int8_t *y) {
+    return vaddvq_s32(ED_SFX(dot16)(vdupq_n_s32(0), vreinterpretq_s8_u8(q), vld1q_s8(y)));
+}
+
+static void ED_SFX(vec_dot_q6_K)(int n, float *s, const void *vx, const void *vy) {
+    const block_q6_K *x = vx;
+    const block_q8_K *y = vy;
+    const uint8x16_t m4 = vdupq_n_u8(0x0F), m3 = vdupq_n_u8(3);
+    float sumf = 0.0f;
+    for (int i = 0; i < n / QK_K; i++) {
+        const uint8_t *ql = x[i].ql, *qh = x[i].qh;
+        const int8_t *q8 = y[i].qs, *sc = x[i].scales;
+        /* quants are stored +32: subtract 32 * Σ scale * bsum */
+        int32_t mins = 0;
+        for (int j = 0; j < QK_K / 16; j++) mins += sc[j] * y[i].bsums[j];
+        int32_t sumi = 0;
+        for (int h = 0; h < QK_K / 128; h++, ql += 64, qh += 32, q8 += 128, sc += 8) {
+            const uint8x16_t h0 = vld1q_u8(qh), h1 = vld1q_u8(qh + 16);
+            const uint8x16_t b0 = vld1q_u8(ql), b1 = vld1q_u8(ql + 16), b2 = vld1q_u8(ql + 32), b3 = vld1q_u8(ql + 48);
+            /* quants 0..63: low nibbles of ql[0..63], top bits 0-1 (0..31) / 2-3 (32..63) of qh */
+            sumi += ED_SFX(dot16s)(vorrq_u8(vandq_u8(b0, m4), vshlq_n_u8(vandq_u8(h0, m3), 4)), q8) * sc[0];
+            sumi += ED_SFX(dot16s)(vorrq_u8(vandq_u8(b1, m4), vshlq_n_u8(vandq_u8(h1, m3), 4)), q8 + 16) * sc[1];
+            sumi += ED_SFX(dot16s)(vorrq_u8(vandq_u8(b2, m4), vshlq_n_u8(vandq_u8(vshrq_n_u8(h0, 2), m3), 4)), q8 + 32) * sc[2];
+            sumi += ED_SFX(dot16s)(vorrq_u8(vandq_u8(b3, m4), vshlq_n_u8(vandq_u8(vshrq_n_u8(h1, 2), m3), 4)), q8 + 48) * sc[3];
+            /* quants 64..127: high nibbles, top bits 4-5 / 6-7 */
+            sumi += ED_SFX(dot16s)(vorrq_u8(vshrq_n_u8(b0, 4), vshlq_n_u8(vandq_u8(vshrq_n_u8(h0, 4), m3), 4)), q8 + 64) * sc[4];
+            sumi += ED_SFX(dot16s)(vorrq_u8(vshrq_n_u8(b1, 4), vshlq_n_u8(vandq_u8(vshrq_n_u8(h1, 4), m3), 4)), q8 + 80) * sc[5];
+            sumi += ED_SFX(dot16s)(vorrq_u8(vshrq_n_u8(b2, 4), vshlq_n_u8(vshrq_n_u8(h0, 6), 4)), q8 + 96) * sc[6];
+            sumi += ED_SFX(dot16s)(vorrq_u8(vshrq_n_u8(b3, 4), vshlq_n_u8(vshrq_n_u8(h1, 6), 4)), q8 + 112) * sc[7];
+        }
+        sumf += (y[i].d * f16n(&x[i].d)) * (float)(sumi - 32 * mins);
+    }
+    *s = sumf;
+}
+
+static void ED_SFX(set_dots)(ed_kernel_table *t) {
+    t->types[ED_Q4_0].vec_dot = ED_SFX(vec_dot_q4_0);
+    t->types[ED_Q4_1].vec_dot = ED_SFX(vec_dot_q4_1);
+    t->types[ED_Q5_0].vec_dot = ED_SFX(vec_dot_q5_0);
+    t->types[ED_Q5_1].vec_dot = ED_SFX(vec_dot_q5_1);
+    t->types[ED_Q8_0].vec_dot = ED_SFX(vec_dot_q8_0);
+    t->types[ED_IQ4_NL].vec_dot = ED_SFX(vec_dot_iq4_nl);
+    t->types[ED_Q4_K].vec_dot = ED_SFX(vec_dot_q4_K);
+    t->types[ED_Q5_K].vec_dot = ED_SFX(vec_dot_q5_K);
+    t->types[ED_Q6_K].vec_dot = ED_SFX(vec_dot_q6_K);
+}
+
+#undef ED_LEGACY_DOT_NEON
+#undef ED_SFX
