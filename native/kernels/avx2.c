@@ -78,17 +78,24 @@ static inline __m256 dot_s8(__m256i x, __m256i y) {
 
 /* ------------------------------------------------------------------------- activation quantizers */
 
-/* 32 floats -> rint(x * id) as int8, in order (ggml's packs + permute) */
+/* rint(v * mul) as int32, ties to even */
+static inline __m256i rint_i32(__m256 v, __m256 mul) {
+    const __m256 r = _mm256_round_ps(_mm256_mul_ps(v, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm256_cvtps_epi32(r);
+}
+
+/* 8 int32 vectors' int8 saturation, in element order (the packs work per 128-bit lane; ggml's permute) */
+static inline __m256i pack_i8(__m256i i0, __m256i i1, __m256i i2, __m256i i3) {
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* 32 floats -> rint(x * id) as int8, in order; *sum (when asked) gets their int32 partial sums */
 static inline __m256i round_pack32(const __m256 v[4], __m256 mul, __m256i *sum) {
-    __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[0], mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[1], mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[2], mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[3], mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __m256i i0 = rint_i32(v[0], mul), i1 = rint_i32(v[1], mul), i2 = rint_i32(v[2], mul);
+    const __m256i i3 = rint_i32(v[3], mul);
     if (sum) *sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
-    i0 = _mm256_packs_epi32(i0, i1);
-    i2 = _mm256_packs_epi32(i2, i3);
-    i0 = _mm256_packs_epi16(i0, i2);
-    return _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    return pack_i8(i0, i1, i2, i3);
 }
 
 static inline float amax32(const float *x, __m256 v[4]) {
@@ -158,19 +165,15 @@ static void quantize_q8_K(const float *x, void *vy, int64_t n) {
         __m256i sums[4];
         for (int g = 0; g < QK_K / 64; g++) { /* 64 elements: 4 groups of 16 */
             __m256i q[8];
-            for (int k = 0; k < 8; k++) {
-                const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + 64 * g + 8 * k), mul);
-                q[k] = _mm256_min_epi32(lim, _mm256_cvtps_epi32(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
-            }
-            for (int k = 0; k < 8; k += 4) {
-                __m256i a = _mm256_packs_epi32(q[k], q[k + 1]), b = _mm256_packs_epi32(q[k + 2], q[k + 3]);
-                a = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(a, b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-                _mm256_storeu_si256((__m256i *)(y[i].qs + 64 * g + 8 * k), a);
-            }
+            const float *xg = x + 64 * g;
+            int8_t *qg = y[i].qs + 64 * g;
+            for (int k = 0; k < 8; k++) q[k] = _mm256_min_epi32(lim, rint_i32(_mm256_loadu_ps(xg + 8 * k), mul));
+            _mm256_storeu_si256((__m256i *)qg, pack_i8(q[0], q[1], q[2], q[3]));
+            _mm256_storeu_si256((__m256i *)(qg + 32), pack_i8(q[4], q[5], q[6], q[7]));
             /* group sums: hadd tree over the 4 pairs (q[0]+q[1], ...) -> [s0 s1 s2 s3] in both halves */
-            const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])),
-                                                _mm256_hadd_epi32(_mm256_add_epi32(q[4], q[5]), _mm256_add_epi32(q[6], q[7])));
-            sums[g] = h;
+            const __m256i s01 = _mm256_hadd_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            const __m256i s23 = _mm256_hadd_epi32(_mm256_add_epi32(q[4], q[5]), _mm256_add_epi32(q[6], q[7]));
+            sums[g] = _mm256_hadd_epi32(s01, s23);
         }
         for (int g = 0; g < QK_K / 64; g++) {
             const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(sums[g]), _mm256_extracti128_si256(sums[g], 1));
@@ -193,7 +196,8 @@ static void convert_f16(const float *x, void *vy, int64_t n) {
 /* ggml_compute_fp32_to_bf16 on 8 lanes: round to nearest even, NaNs made quiet */
 static inline __m256i bf16x8(__m256 v) {
     const __m256i u = _mm256_castps_si256(v);
-    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)), _mm256_set1_epi32(0x7F800000));
+    const __m256i mag = _mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i nan = _mm256_cmpgt_epi32(mag, _mm256_set1_epi32(0x7F800000));
     const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
     const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
     const __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(64));
@@ -364,7 +368,8 @@ static void vec_dot_q5_K(int n, float *s, const void *vx, const void *vy) {
             const __m256i bl = _mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j), _mm256_set1_epi8(1));
             const __m256i bh = _mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), _mm256_set1_epi8(1));
             const __m256i q5l = _mm256_or_si256(_mm256_and_si256(q5bits, m4), _mm256_slli_epi16(bl, 4));
-            const __m256i q5h = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q5bits, 4), m4), _mm256_slli_epi16(bh, 4));
+            const __m256i q5h =
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q5bits, 4), m4), _mm256_slli_epi16(bh, 4));
             const __m256i pl = _mm256_maddubs_epi16(q5l, _mm256_loadu_si256((const __m256i *)q8));
             const __m256i ph = _mm256_maddubs_epi16(q5h, _mm256_loadu_si256((const __m256i *)(q8 + 32)));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(scale_k4(scales, 2 * j), pl),
@@ -375,6 +380,12 @@ static void vec_dot_q5_K(int n, float *s, const void *vx, const void *vy) {
     acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
     acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
     *s = hsum_f32x8(acc) + _mm_cvtss_f32(acc_m);
+}
+
+/* int8 scales k, k+1 of Q6_K widened to [k x 8, k+1 x 8] int16 (ggml get_scale_shuffle) */
+static inline __m256i scale_pair_q6(__m128i scales, int k) {
+    const __m128i idx = _mm_set_epi64x(0x0101010101010101LL * (k + 1), 0x0101010101010101LL * k);
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, idx));
 }
 
 static void vec_dot_q6_K(int n, float *s, const void *vx, const void *vy) {
@@ -395,7 +406,8 @@ static void vec_dot_q6_K(int n, float *s, const void *vx, const void *vy) {
             const __m256i b1 = _mm256_loadu_si256((const __m256i *)ql);
             const __m256i b2 = _mm256_loadu_si256((const __m256i *)(ql + 32));
             const __m256i bh = _mm256_loadu_si256((const __m256i *)qh);
-            const __m256i q0 = _mm256_or_si256(_mm256_and_si256(b1, m15), _mm256_slli_epi16(_mm256_and_si256(bh, m3), 4));
+            const __m256i q0 =
+                _mm256_or_si256(_mm256_and_si256(b1, m15), _mm256_slli_epi16(_mm256_and_si256(bh, m3), 4));
             const __m256i q1 = _mm256_or_si256(_mm256_and_si256(b2, m15),
                                                _mm256_slli_epi16(_mm256_and_si256(bh, _mm256_set1_epi8(12)), 2));
             const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m15),
@@ -407,11 +419,8 @@ static void vec_dot_q6_K(int n, float *s, const void *vx, const void *vy) {
             const __m256i p2 = _mm256_maddubs_epi16(q2, _mm256_loadu_si256((const __m256i *)(q8 + 64)));
             const __m256i p3 = _mm256_maddubs_epi16(q3, _mm256_loadu_si256((const __m256i *)(q8 + 96)));
             /* scales 8j .. 8j+7: each 32-element product vector spans two 16-element scale groups */
-            const int is = 8 * j;
-            const __m256i s0 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, _mm_set_epi64x(0x0101010101010101LL * (is + 1), 0x0101010101010101LL * is)));
-            const __m256i s1 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, _mm_set_epi64x(0x0101010101010101LL * (is + 3), 0x0101010101010101LL * (is + 2))));
-            const __m256i s2 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, _mm_set_epi64x(0x0101010101010101LL * (is + 5), 0x0101010101010101LL * (is + 4))));
-            const __m256i s3 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, _mm_set_epi64x(0x0101010101010101LL * (is + 7), 0x0101010101010101LL * (is + 6))));
+            const __m256i s0 = scale_pair_q6(scales, 8 * j), s1 = scale_pair_q6(scales, 8 * j + 2);
+            const __m256i s2 = scale_pair_q6(scales, 8 * j + 4), s3 = scale_pair_q6(scales, 8 * j + 6);
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(s0, p0), _mm256_madd_epi16(s1, p1)));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(s2, p2), _mm256_madd_epi16(s3, p3)));
         }

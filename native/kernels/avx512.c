@@ -92,6 +92,11 @@ static inline __m128 heads_dm(const void *x0, const void *x1, const void *y0, co
     return _mm_movelh_ps(_mm_mul_ps(f16x2(x0), f16x2(y0)), _mm_mul_ps(f16x2(x1), f16x2(y1)));
 }
 
+/* lanes 1 + 3 of the heads' running sum: Σ m*s */
+static inline float ms_lanes13(__m128 ms) {
+    return _mm_cvtss_f32(_mm_add_ss(_mm_shuffle_ps(ms, ms, 1), _mm_shuffle_ps(ms, ms, 3)));
+}
+
 /* lanes 0 and 2 of h spread to [h0 x 8, h2 x 8] */
 static inline __m512 pair_scales(__m128 h) {
     const __m512i idx = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
@@ -153,7 +158,8 @@ static inline void q45_K(int n, float *s, const void *vx, const void *vy, int fi
             const __m256i bits = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
             __m512i q = _mm512_and_si512(join256(bits, _mm256_srli_epi16(bits, 4)), m4);
             if (five) { /* bit 2j of qh for the first 32 quants, bit 2j+1 for the next 32 */
-                const __m512i sel = join256(_mm256_set1_epi8((char)(1 << (2 * j))), _mm256_set1_epi8((char)(1 << (2 * j + 1))));
+                const __m512i sel = join256(_mm256_set1_epi8((char)(1 << (2 * j))),
+                                            _mm256_set1_epi8((char)(1 << (2 * j + 1))));
                 q = _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(hbits, sel), q, _mm512_set1_epi8(16));
             }
             const __m512i p = _mm512_maddubs_epi16(q, _mm512_loadu_si512((const void *)(q8 + 64 * j)));
@@ -178,7 +184,8 @@ static void vec_dot_q6_K(int n, float *s, const void *vx, const void *vy) {
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
         const __m512i scales = _mm512_castsi256_si512(sc16);
         /* quants are stored +32: subtract 32 * Σ scale * bsum once per block */
-        const __m256i sub = _mm256_slli_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[i].bsums), sc16), 5);
+        const __m256i bsums = _mm256_loadu_si256((const __m256i *)y[i].bsums);
+        const __m256i sub = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
         __m512i sumi = _mm512_setzero_si512();
         for (int h = 0; h < QK_K / 128; h++) {
             /* ql[0..63] low nibbles are quants 0..63 of this half, high nibbles 64..127; qh holds their
@@ -186,8 +193,9 @@ static void vec_dot_q6_K(int n, float *s, const void *vx, const void *vy) {
             const __m512i lo = _mm512_loadu_si512((const void *)(x[i].ql + 64 * h));
             const __m256i bh = _mm256_loadu_si256((const __m256i *)(x[i].qh + 32 * h));
             const __m512i hb = join256(bh, _mm256_srli_epi16(bh, 2));
-            const __m512i qa = _mm512_or_si512(_mm512_and_si512(lo, m15), _mm512_and_si512(_mm512_slli_epi16(hb, 4), m48));
-            const __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lo, 4), m15), _mm512_and_si512(hb, m48));
+            const __m512i ha = _mm512_and_si512(_mm512_slli_epi16(hb, 4), m48), hbb = _mm512_and_si512(hb, m48);
+            const __m512i qa = _mm512_or_si512(_mm512_and_si512(lo, m15), ha);
+            const __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lo, 4), m15), hbb);
             const int8_t *q8 = y[i].qs + 128 * h;
             const __m512i pa = _mm512_maddubs_epi16(qa, _mm512_loadu_si512((const void *)q8));
             const __m512i pb = _mm512_maddubs_epi16(qb, _mm512_loadu_si512((const void *)(q8 + 64)));

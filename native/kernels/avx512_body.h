@@ -76,6 +76,10 @@ static inline __m512i ED_SFX(pair_iq4_nl)(const block_iq4_nl *x0, const block_iq
     return ED_SFX(dot_s8)(v, qs64(y0->qs, y1->qs));
 }
 
+/* acc += [d0 x 8, d1 x 8] * the int sums of blocks a, b (scales from heads h) */
+#define ED_FMA_PAIR(PAIR, acc, h, a, b) \
+    acc = _mm512_fmadd_ps(pair_scales(h), _mm512_cvtepi32_ps(PAIR(&x[a], &x[b], &y[a], &y[b])), acc)
+
 /* Blocks in pairs, two pairs per iteration into two accumulators; an odd last block is paired with
  * itself at scale 0. HEADS gives [d0, m0*s0, d1, m1*s1] (the m*s lanes are 0 for types without mins). */
 #define ED_LEGACY_DOT512(name, XT, YT, PAIR, HEADS)                                                   \
@@ -90,20 +94,20 @@ static inline __m512i ED_SFX(pair_iq4_nl)(const block_iq4_nl *x0, const block_iq
             const __m128 h0 = HEADS(&x[ib], &x[ib + 1], &y[ib], &y[ib + 1]);                             \
             const __m128 h1 = HEADS(&x[ib + 2], &x[ib + 3], &y[ib + 2], &y[ib + 3]);                     \
             ms = _mm_add_ps(ms, _mm_add_ps(h0, h1));                                                     \
-            acc0 = _mm512_fmadd_ps(pair_scales(h0), _mm512_cvtepi32_ps(PAIR(&x[ib], &x[ib + 1], &y[ib], &y[ib + 1])), acc0); \
-            acc1 = _mm512_fmadd_ps(pair_scales(h1), _mm512_cvtepi32_ps(PAIR(&x[ib + 2], &x[ib + 3], &y[ib + 2], &y[ib + 3])), acc1); \
+            ED_FMA_PAIR(PAIR, acc0, h0, ib, ib + 1);                                                     \
+            ED_FMA_PAIR(PAIR, acc1, h1, ib + 2, ib + 3);                                                 \
         }                                                                                                \
         for (; ib + 1 < nb; ib += 2) {                                                                   \
             const __m128 h = HEADS(&x[ib], &x[ib + 1], &y[ib], &y[ib + 1]);                              \
             ms = _mm_add_ps(ms, h);                                                                      \
-            acc0 = _mm512_fmadd_ps(pair_scales(h), _mm512_cvtepi32_ps(PAIR(&x[ib], &x[ib + 1], &y[ib], &y[ib + 1])), acc0); \
+            ED_FMA_PAIR(PAIR, acc0, h, ib, ib + 1);                                                      \
         }                                                                                                \
         if (ib < nb) {                                                                                   \
             const __m128 h = _mm_blend_ps(HEADS(&x[ib], &x[ib], &y[ib], &y[ib]), _mm_setzero_ps(), 0xC);  \
             ms = _mm_add_ps(ms, h);                                                                      \
-            acc1 = _mm512_fmadd_ps(pair_scales(h), _mm512_cvtepi32_ps(PAIR(&x[ib], &x[ib], &y[ib], &y[ib])), acc1); \
+            ED_FMA_PAIR(PAIR, acc1, h, ib, ib);                                                          \
         }                                                                                                \
-        *s = hsum_f32x16(_mm512_add_ps(acc0, acc1)) + _mm_cvtss_f32(_mm_add_ss(_mm_shuffle_ps(ms, ms, 1), _mm_shuffle_ps(ms, ms, 3))); \
+        *s = hsum_f32x16(_mm512_add_ps(acc0, acc1)) + ms_lanes13(ms);                                 \
     }
 
 ED_LEGACY_DOT512(vec_dot_q4_0, block_q4_0, block_q8_0, ED_SFX(pair_q4_0), heads_d)
@@ -123,4 +127,5 @@ static void ED_SFX(set_legacy)(ed_kernel_table *t) {
 }
 
 #undef ED_LEGACY_DOT512
+#undef ED_FMA_PAIR
 #undef ED_SFX

@@ -29,6 +29,14 @@ static inline void fifth_bits(const uint8_t *qh, uint8x16_t *lo, uint8x16_t *hi)
     *hi = vtstq_u8(vqtbl1q_u8(b, vld1q_u8(idx + 16)), m);
 }
 
+static inline int8x16_t lo4(uint8x16_t b) { return vreinterpretq_s8_u8(vandq_u8(b, vdupq_n_u8(0x0F))); }
+static inline int8x16_t hi4(uint8x16_t b) { return vreinterpretq_s8_u8(vshrq_n_u8(b, 4)); }
+
+/* a Q6_K quant 0..63: 4 low bits (nib) | the 2 bits at the bottom of top2, shifted to bits 4-5 */
+static inline uint8x16_t q6(uint8x16_t nib, uint8x16_t top2) {
+    return vorrq_u8(nib, vshlq_n_u8(vandq_u8(top2, vdupq_n_u8(3)), 4));
+}
+
 static inline int32_t mins_dot_bsums(const uint8_t *mins, const int16_t *bsums) {
     const int16x8_t q8sums = vpaddq_s16(vld1q_s16(bsums), vld1q_s16(bsums + 8)); /* 8 sums of 32 */
     const int16x8_t m = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(mins)));
@@ -100,7 +108,8 @@ static void quantize_q8_K(const float *x, void *vy, int64_t n) {
         const int32x4_t lim = vdupq_n_s32(127);
         for (int g = 0; g < QK_K / 32; g++) {
             int32x4_t q[8];
-            for (int k = 0; k < 8; k++) q[k] = vminq_s32(lim, vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(x + 32 * g + 4 * k), iscale)));
+            for (int k = 0; k < 8; k++)
+                q[k] = vminq_s32(lim, vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(x + 32 * g + 4 * k), iscale)));
             narrow32(q, y[i].qs + 32 * g);
             y[i].bsums[2 * g] = (int16_t)vaddvq_s32(vaddq_s32(vaddq_s32(q[0], q[1]), vaddq_s32(q[2], q[3])));
             y[i].bsums[2 * g + 1] = (int16_t)vaddvq_s32(vaddq_s32(vaddq_s32(q[4], q[5]), vaddq_s32(q[6], q[7])));

@@ -70,7 +70,8 @@ static inline float32x4_t ED_SFX(block_q8_0)(const block_q8_0 *x, const block_q8
     return vfmaq_n_f32(acc, vcvtq_f32_s32(p), f16n(&x->d) * f16n(&y->d));
 }
 
-static inline float32x4_t ED_SFX(block_iq4_nl)(const block_iq4_nl *x, const block_q8_0 *y, float32x4_t acc, float *ms) {
+static inline float32x4_t ED_SFX(block_iq4_nl)(const block_iq4_nl *x, const block_q8_0 *y, float32x4_t acc,
+                                                float *ms) {
     (void)ms;
     const int8x16_t values = vld1q_s8(ed_kvalues_iq4nl);
     const uint8x16_t v = vld1q_u8(x->qs);
@@ -112,7 +113,6 @@ static inline int32_t ED_SFX(dot64)(int8x16_t q0, int8x16_t q1, const int8_t *y)
 static void ED_SFX(vec_dot_q4_K)(int n, float *s, const void *vx, const void *vy) {
     const block_q4_K *x = vx;
     const block_q8_K *y = vy;
-    const uint8x16_t m4 = vdupq_n_u8(0x0F);
     float sumf = 0.0f;
     for (int i = 0; i < n / QK_K; i++) {
         uint32_t utmp[4];
@@ -124,8 +124,8 @@ static void ED_SFX(vec_dot_q4_K)(int n, float *s, const void *vx, const void *vy
         int32_t sumi = 0;
         for (int j = 0; j < QK_K / 64; j++, q4 += 32, q8 += 64) {
             const uint8x16_t b0 = vld1q_u8(q4), b1 = vld1q_u8(q4 + 16);
-            sumi += ED_SFX(dot64)(vreinterpretq_s8_u8(vandq_u8(b0, m4)), vreinterpretq_s8_u8(vandq_u8(b1, m4)), q8) * sc[2 * j];
-            sumi += ED_SFX(dot64)(vreinterpretq_s8_u8(vshrq_n_u8(b0, 4)), vreinterpretq_s8_u8(vshrq_n_u8(b1, 4)), q8 + 32) * sc[2 * j + 1];
+            sumi += ED_SFX(dot64)(lo4(b0), lo4(b1), q8) * sc[2 * j];
+            sumi += ED_SFX(dot64)(hi4(b0), hi4(b1), q8 + 32) * sc[2 * j + 1];
         }
         const float d = y[i].d * f16n(&x[i].d), dmin = y[i].d * f16n(&x[i].dmin);
         sumf += d * (float)sumi - dmin * (float)mins;
@@ -172,7 +172,7 @@ static inline int32_t ED_SFX(dot16s)(uint8x16_t q, const int8_t *y) {
 static void ED_SFX(vec_dot_q6_K)(int n, float *s, const void *vx, const void *vy) {
     const block_q6_K *x = vx;
     const block_q8_K *y = vy;
-    const uint8x16_t m4 = vdupq_n_u8(0x0F), m3 = vdupq_n_u8(3);
+    const uint8x16_t m4 = vdupq_n_u8(0x0F);
     float sumf = 0.0f;
     for (int i = 0; i < n / QK_K; i++) {
         const uint8_t *ql = x[i].ql, *qh = x[i].qh;
@@ -183,17 +183,18 @@ static void ED_SFX(vec_dot_q6_K)(int n, float *s, const void *vx, const void *vy
         int32_t sumi = 0;
         for (int h = 0; h < QK_K / 128; h++, ql += 64, qh += 32, q8 += 128, sc += 8) {
             const uint8x16_t h0 = vld1q_u8(qh), h1 = vld1q_u8(qh + 16);
-            const uint8x16_t b0 = vld1q_u8(ql), b1 = vld1q_u8(ql + 16), b2 = vld1q_u8(ql + 32), b3 = vld1q_u8(ql + 48);
+            const uint8x16_t b0 = vld1q_u8(ql), b1 = vld1q_u8(ql + 16);
+            const uint8x16_t b2 = vld1q_u8(ql + 32), b3 = vld1q_u8(ql + 48);
             /* quants 0..63: low nibbles of ql[0..63], top bits 0-1 (0..31) / 2-3 (32..63) of qh */
-            sumi += ED_SFX(dot16s)(vorrq_u8(vandq_u8(b0, m4), vshlq_n_u8(vandq_u8(h0, m3), 4)), q8) * sc[0];
-            sumi += ED_SFX(dot16s)(vorrq_u8(vandq_u8(b1, m4), vshlq_n_u8(vandq_u8(h1, m3), 4)), q8 + 16) * sc[1];
-            sumi += ED_SFX(dot16s)(vorrq_u8(vandq_u8(b2, m4), vshlq_n_u8(vandq_u8(vshrq_n_u8(h0, 2), m3), 4)), q8 + 32) * sc[2];
-            sumi += ED_SFX(dot16s)(vorrq_u8(vandq_u8(b3, m4), vshlq_n_u8(vandq_u8(vshrq_n_u8(h1, 2), m3), 4)), q8 + 48) * sc[3];
+            sumi += ED_SFX(dot16s)(q6(vandq_u8(b0, m4), h0), q8) * sc[0];
+            sumi += ED_SFX(dot16s)(q6(vandq_u8(b1, m4), h1), q8 + 16) * sc[1];
+            sumi += ED_SFX(dot16s)(q6(vandq_u8(b2, m4), vshrq_n_u8(h0, 2)), q8 + 32) * sc[2];
+            sumi += ED_SFX(dot16s)(q6(vandq_u8(b3, m4), vshrq_n_u8(h1, 2)), q8 + 48) * sc[3];
             /* quants 64..127: high nibbles, top bits 4-5 / 6-7 */
-            sumi += ED_SFX(dot16s)(vorrq_u8(vshrq_n_u8(b0, 4), vshlq_n_u8(vandq_u8(vshrq_n_u8(h0, 4), m3), 4)), q8 + 64) * sc[4];
-            sumi += ED_SFX(dot16s)(vorrq_u8(vshrq_n_u8(b1, 4), vshlq_n_u8(vandq_u8(vshrq_n_u8(h1, 4), m3), 4)), q8 + 80) * sc[5];
-            sumi += ED_SFX(dot16s)(vorrq_u8(vshrq_n_u8(b2, 4), vshlq_n_u8(vshrq_n_u8(h0, 6), 4)), q8 + 96) * sc[6];
-            sumi += ED_SFX(dot16s)(vorrq_u8(vshrq_n_u8(b3, 4), vshlq_n_u8(vshrq_n_u8(h1, 6), 4)), q8 + 112) * sc[7];
+            sumi += ED_SFX(dot16s)(q6(vshrq_n_u8(b0, 4), vshrq_n_u8(h0, 4)), q8 + 64) * sc[4];
+            sumi += ED_SFX(dot16s)(q6(vshrq_n_u8(b1, 4), vshrq_n_u8(h1, 4)), q8 + 80) * sc[5];
+            sumi += ED_SFX(dot16s)(q6(vshrq_n_u8(b2, 4), vshrq_n_u8(h0, 6)), q8 + 96) * sc[6];
+            sumi += ED_SFX(dot16s)(q6(vshrq_n_u8(b3, 4), vshrq_n_u8(h1, 6)), q8 + 112) * sc[7];
         }
         sumf += (y[i].d * f16n(&x[i].d)) * (float)(sumi - 32 * mins);
     }
