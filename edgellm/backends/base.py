@@ -140,7 +140,8 @@ class Backend(ABC):
         self, model: Any, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, kv: Any
     ) -> np.ndarray:
         """model.forward for one decode step (B rows, logits for all). A backend may record the step's
-        ops once per batch size and replay them (native: one C call per step)."""
+        ops once per batch size and replay them (native: one C call per step); the logits it returns may
+        then live in the plan's memory, valid until the next step of that batch size: copy to keep them."""
         return model.forward(tokens, positions, seq_ids, kv)
 
 

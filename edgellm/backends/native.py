@@ -19,7 +19,7 @@ import numpy as np
 
 from edgellm.backends.base import BackendUnavailable, RopeSpec, _gelu_f16_table
 from edgellm.backends.cpu import physical_cores
-from edgellm.backends.native_plan import Capture, Plan, Regions, address, check_slots
+from edgellm.backends.native_plan import Capture, Plan, Regions, address
 from edgellm.backends.reference import KVCache, ReferenceBackend, RefWeight
 from edgellm.gguf import QTensor
 
@@ -115,6 +115,7 @@ class NativeBackend(ReferenceBackend):
         self._cap: Capture | None = None
         self._plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # kv -> {(model id, B): plan}
         self._checked: tuple = ()
+        self._last: Plan | None = None  # the plan of the last decode step
 
     # -- weights ---------------------------------------------------------------------------------------
     def bind(self, t: QTensor) -> NativeWeight:
@@ -235,12 +236,13 @@ class NativeBackend(ReferenceBackend):
         return out
 
     def _check_kv(self, kv: Any, seq_ids: np.ndarray, positions: np.ndarray) -> None:
-        """check_slots once per forward: every layer passes the same arrays."""
+        """kv.slots' checks (it raises ValueError naming the bad row) once per forward: every layer passes
+        the same arrays. The C attention relies on them: it skips a row without a slot, silently."""
         c = self._checked
         if c and c[0] is kv and c[1] is seq_ids and c[2] is positions:
             if np.array_equal(c[3], seq_ids) and np.array_equal(c[4], positions):
                 return
-        check_slots(kv, seq_ids, positions)
+        kv.slots(seq_ids, positions)
         self._checked = (kv, seq_ids, positions, seq_ids.copy(), positions.copy())
 
     def attention(self, q, k, v, kv: KVCache, layer, seq_ids, positions, scale, window=None, softcap=None):
@@ -334,6 +336,9 @@ class NativeBackend(ReferenceBackend):
     ) -> np.ndarray:
         """model.forward(tokens, positions, seq_ids, kv) for B decode rows, replayed from a plan captured
         on the first step of each batch size (the first step runs eagerly while it is recorded)."""
+        last = self._last  # the common case: the same cache, model and batch size as the step before
+        if last is not None and last.batch == len(tokens) and last.matches(model, kv):
+            return last.run(kv, tokens, positions, seq_ids)
         if self._cap is not None:  # a forward inside a capture (never expected): just run it
             return model.forward(tokens, positions, seq_ids, kv)
         plans = self._plans.get(kv)
@@ -349,6 +354,7 @@ class NativeBackend(ReferenceBackend):
             return logits
         if plan is _REFUSED:
             return model.forward(tokens, positions, seq_ids, kv)
+        self._last = plan
         return plan.run(kv, tokens, positions, seq_ids)
 
     def _capture(self, model: Any, tokens, positions, seq_ids, kv) -> tuple[Any, np.ndarray]:

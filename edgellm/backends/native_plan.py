@@ -107,12 +107,16 @@ class Plan:
         self.ffi, self.lib, self.pool = ffi, lib, pool
         self.model = weakref.ref(model)
         self.tokens, self.positions, self.seq_ids = cap.input_arrays
+        self.batch = len(self.tokens)
         self.keep = cap.keep
-        self.kv_addrs = _kv_addresses(kv)
-        self.vocab_rows = next(
-            (op["i1"] for op in cap.ops if op["code"] == GET_ROWS and op["src1"] == address(self.tokens)),
-            None,
+        self.kv_arrays = (kv.k, kv.v, kv.block_table)
+        vocab = next(
+            (op["i1"] for op in cap.ops if op["code"] == GET_ROWS and op["src1"] == address(self.tokens)), -1
         )
+        i64 = [ffi.cast("int64_t *", address(a)) for a in (self.tokens, self.seq_ids, self.positions)]
+        table = ffi.cast("int32_t *", address(kv.block_table))
+        self.check_args = (i64[0], vocab, table, *kv.block_table.shape, kv.block_size, kv.n_ctx, *i64[1:])
+        self.check_args += (len(self.tokens),)
         offsets, size = _arena_layout(cap, result)
         self.arena = np.empty(max(size, ALIGN) // 4 + ALIGN, np.float32)
         base = (address(self.arena) + ALIGN - 1) // ALIGN * ALIGN
@@ -140,29 +144,25 @@ class Plan:
 
     def matches(self, model: Any, kv: Any) -> bool:
         """Whether this plan still points at the model's weights and the cache's arrays."""
-        return self.model() is model and _kv_addresses(kv) == self.kv_addrs
+        k, v, table = self.kv_arrays
+        return self.model() is model and kv.k is k and kv.v is v and kv.block_table is table
 
     def run(self, kv: Any, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray) -> np.ndarray:
-        """One replay: copy the inputs in, check them, run every op in one C call; logits (B, V), a copy."""
+        """One replay: copy the inputs in, check them, run every op in one C call. Returns the logits
+        (B, V) in the plan's own memory: valid until this plan runs again (copy them to keep them).
+
+        Every Python line here runs with caches cold from the last step's weights (~1 us each): keep few."""
         self.tokens[:] = tokens
         self.positions[:] = positions
         self.seq_ids[:] = seq_ids
-        if self.vocab_rows is not None and (self.tokens.min() < 0 or self.tokens.max() >= self.vocab_rows):
-            raise ValueError(f"token id outside the vocabulary of {self.vocab_rows}")
-        check_slots(kv, self.seq_ids, self.positions)
+        bad = self.lib.ed_step_check(*self.check_args)
+        if bad == 1:
+            raise ValueError(f"token id outside the vocabulary of {self.check_args[1]}")
+        if bad:
+            kv.slots(self.seq_ids, self.positions)  # raises, saying which row and why
         if self.lib.ed_plan_run(self.pool, self.ops, self.n_ops) != 0:
             raise RuntimeError("native plan rejected by the runtime")
-        return self.result.copy()
-
-
-def check_slots(kv: Any, seq_ids: np.ndarray, positions: np.ndarray) -> None:
-    """Raise ValueError where a (sequence, position) has no place in the cache: the C attention relies
-    on it (it skips such rows rather than touch memory outside the cache, but gives no error)."""
-    kv.slots(seq_ids, positions)
-
-
-def _kv_addresses(kv: Any) -> tuple[int, ...]:
-    return (address(kv.k), address(kv.v), address(kv.block_table))
+        return self.result
 
 
 def _same_activations(prev: dict, rec: dict) -> bool:

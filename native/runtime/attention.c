@@ -110,3 +110,17 @@ void ed_attention(const ed_op *op, int phase, ed_ctx *ctx) {
         }
     }
 }
+
+int ed_step_check(const int64_t *tokens, int64_t n_vocab, const int32_t *block_table, int64_t n_seqs,
+                  int64_t max_blocks, int64_t block_size, int64_t n_ctx, const int64_t *seq_ids,
+                  const int64_t *positions, int64_t n) {
+    for (int64_t i = 0; i < n && n_vocab >= 0; i++)
+        if (tokens[i] < 0 || tokens[i] >= n_vocab) return 1;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t s = seq_ids[i], p = positions[i];
+        if (s < 0 || s >= n_seqs || p < 0 || p >= n_ctx || p / block_size >= max_blocks) return 2;
+        for (int64_t b = 0; b <= p / block_size; b++)
+            if (block_table[s * max_blocks + b] < 0) return 2;
+    }
+    return 0;
+}

@@ -58,6 +58,14 @@ int ed_pool_threads(const ed_pool *pool);
  * an op is malformed (unknown code, a weight type without a kernel): then nothing was run. */
 int ed_plan_run(ed_pool *pool, const ed_op *ops, int n_ops);
 
+/* Checks of a decode step's inputs before a plan runs: 1 if a token is outside 0..n_vocab-1 (n_vocab < 0:
+ * not checked), 2 if a (seq_ids[i], positions[i]) has no cache slot -- position outside 0..n_ctx-1,
+ * sequence outside the table, or an unmapped block at or before the position's (reference.KVCache.slots'
+ * rule) -- else 0. One C call, so the checks cost well under a microsecond per step. */
+int ed_step_check(const int64_t *tokens, int64_t n_vocab, const int32_t *block_table, int64_t n_seqs,
+                  int64_t max_blocks, int64_t block_size, int64_t n_ctx, const int64_t *seq_ids,
+                  const int64_t *positions, int64_t n);
+
 /* Whether matmul / get_rows support a ggml weight type with the kernels of this build. */
 int ed_matmul_supported(int type);
 int ed_get_rows_supported(int type);

@@ -220,6 +220,21 @@ void ed_pool_free(ed_pool *pool) {
 
 int ed_pool_threads(const ed_pool *pool) { return pool->n_threads; }
 
+/* Work of an op that is not worth spreading over threads (multiply-adds, or elements touched). */
+static int small(const ed_op *op) {
+    const int64_t limit = 1 << 17;
+    switch (op->code) {
+    case ED_OP_MATMUL: return op->n * op->m * op->k < limit;
+    case ED_OP_ATTENTION: {
+        int64_t keys = 0; /* positions attended over, all rows */
+        for (int64_t r = 0; r < op->n && keys < limit; r++) keys += ((const int64_t *)op->src7)[r] + 1;
+        return keys * op->m * op->k < limit;
+    }
+    case ED_OP_ROPE: return op->n * op->m * op->k < limit;
+    default: return op->n * op->k < limit;
+    }
+}
+
 int ed_plan_run(ed_pool *pool, const ed_op *ops, int n_ops) {
     const ed_kernel_table *kt = pool->kt;
     size_t shared = 0;
@@ -242,6 +257,15 @@ int ed_plan_run(ed_pool *pool, const ed_op *ops, int n_ops) {
     }
     pool->ops = ops;
     pool->n_ops = n_ops;
+    if (n_ops == 1 && small(ops)) { /* one small op (eager mode): waking the workers costs more than it saves */
+        ed_ctx ctx = {.ith = 0, .nth = 1, .pool = pool, .kt = pool->kt, .step = 0};
+        for (int p = 0; p < ed_op_phases(ops); p++, ctx.step++) {
+            atomic_store(&pool->chunk[ctx.step & 1], 0);
+            ed_op_run(ops, p, &ctx);
+        }
+        pthread_mutex_unlock(&pool->run_mu);
+        return 0;
+    }
     atomic_store(&pool->chunk[0], 0);
     atomic_store(&pool->chunk[1], 0);
     atomic_store(&pool->n_done, 0);
