@@ -225,10 +225,20 @@ def _run(cmd: list[str]) -> str:
     return res.stdout
 
 
-def test_kernels_match_numpy_on_every_host_level(case_file, tmp_path):
-    cc = shutil.which("cc") or shutil.which("gcc")
+def _compiler(name: str) -> str | None:
+    """`cc`, or clang under its plain or versioned name."""
+    if name == "cc":
+        return shutil.which("cc") or shutil.which("gcc")
+    return shutil.which("clang") or next(
+        filter(None, map(shutil.which, [f"clang-{v}" for v in range(20, 13, -1)])), None
+    )
+
+
+@pytest.mark.parametrize("compiler", ["cc", "clang"])
+def test_kernels_match_numpy_on_every_host_level(case_file, tmp_path, compiler):
+    cc = _compiler(compiler)
     if cc is None:
-        pytest.skip("no C compiler")
+        pytest.skip(f"no {compiler} compiler")
     out = _run([str(_build(cc, [], tmp_path / "kernel_check")), str(case_file)])
     assert "scalar " in out and "OK:" in out
     flags = _cpu_flags()
@@ -242,7 +252,7 @@ def test_kernels_match_numpy_on_every_host_level(case_file, tmp_path):
 def test_avx512_kernels_match_numpy_under_simde_emulation(case_file, tmp_path, vnni):
     """The AVX-512 code (VNNI and BW variants) compiled against SIMDe's portable intrinsics, so it is
     checked on machines without AVX-512 too."""
-    cc = shutil.which("cc") or shutil.which("gcc")
+    cc = _compiler("cc")
     if cc is None or platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("needs an x86-64 C compiler")
     if not Path("/usr/include/simde/x86/avx512.h").exists():

@@ -176,6 +176,9 @@ FLOAT_DOT(vec_dot_bf16, uint16_t, LOAD_BF16, ed_bf16_to_f32)
 #include "neon_body.h"
 #undef ED_DOTPROD
 
+/* clang before 16 declares vdotq_s32 only when the whole file is built with +dotprod */
+#if defined(__ARM_FEATURE_DOTPROD) || !defined(__clang__) || __clang_major__ >= 16
+#define ED_HAVE_SDOT 1
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("dotprod"))), apply_to = function)
 #elif defined(__GNUC__)
@@ -190,13 +193,16 @@ FLOAT_DOT(vec_dot_bf16, uint16_t, LOAD_BF16, ed_bf16_to_f32)
 #elif defined(__GNUC__)
 #pragma GCC pop_options
 #endif
+#endif
 
 int ed_fill_neon(ed_kernel_table *t, int dotprod) {
     ed_table_init_common(t, ED_LEVEL_NEON);
-    if (dotprod)
-        set_dots_dotprod(t);
-    else
-        set_dots_neon(t);
+    set_dots_neon(t);
+#if defined(ED_HAVE_SDOT)
+    if (dotprod) set_dots_dotprod(t);
+#else
+    (void)dotprod;
+#endif
     t->types[ED_F16].vec_dot = vec_dot_f16;
     t->types[ED_BF16].vec_dot = vec_dot_bf16;
     t->types[ED_F32].vec_dot = vec_dot_f32;

@@ -98,7 +98,7 @@ static void vec_dot_q4_0(int n, float *s, const void *vx, const void *vy) {
             sumi += ((x[ib].qs[j] & 0x0F) - 8) * y[ib].qs[j];
             sumi += ((x[ib].qs[j] >> 4) - 8) * y[ib].qs[j + QK / 2];
         }
-        sumf += (float)sumi * (ed_f16_to_f32(ed_load_u16(&x[ib].d)) * ed_f16_to_f32(y[ib].d));
+        sumf += (float)sumi * (ed_f16_table[ed_load_u16(&x[ib].d)] * ed_f16_table[y[ib].d]);
     }
     *s = sumf;
 }
@@ -113,8 +113,8 @@ static void vec_dot_q4_1(int n, float *s, const void *vx, const void *vy) {
             sumi += (x[ib].qs[j] & 0x0F) * y[ib].qs[j];
             sumi += (x[ib].qs[j] >> 4) * y[ib].qs[j + QK / 2];
         }
-        sumf += (ed_f16_to_f32(ed_load_u16(&x[ib].d)) * ed_f16_to_f32(y[ib].d)) * (float)sumi +
-                ed_f16_to_f32(ed_load_u16(&x[ib].m)) * ed_f16_to_f32(y[ib].s);
+        sumf += (ed_f16_table[ed_load_u16(&x[ib].d)] * ed_f16_table[y[ib].d]) * (float)sumi +
+                ed_f16_table[ed_load_u16(&x[ib].m)] * ed_f16_table[y[ib].s];
     }
     *s = sumf;
 }
@@ -132,7 +132,7 @@ static void vec_dot_q5_0(int n, float *s, const void *vx, const void *vy) {
             const int x1 = (int)((x[ib].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16;
             sumi += x0 * y[ib].qs[j] + x1 * y[ib].qs[j + QK / 2];
         }
-        sumf += (ed_f16_to_f32(ed_load_u16(&x[ib].d)) * ed_f16_to_f32(y[ib].d)) * (float)sumi;
+        sumf += (ed_f16_table[ed_load_u16(&x[ib].d)] * ed_f16_table[y[ib].d]) * (float)sumi;
     }
     *s = sumf;
 }
@@ -150,8 +150,8 @@ static void vec_dot_q5_1(int n, float *s, const void *vx, const void *vy) {
             const int x1 = (int)((x[ib].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
             sumi += x0 * y[ib].qs[j] + x1 * y[ib].qs[j + QK / 2];
         }
-        sumf += (ed_f16_to_f32(ed_load_u16(&x[ib].d)) * ed_f16_to_f32(y[ib].d)) * (float)sumi +
-                ed_f16_to_f32(ed_load_u16(&x[ib].m)) * ed_f16_to_f32(y[ib].s);
+        sumf += (ed_f16_table[ed_load_u16(&x[ib].d)] * ed_f16_table[y[ib].d]) * (float)sumi +
+                ed_f16_table[ed_load_u16(&x[ib].m)] * ed_f16_table[y[ib].s];
     }
     *s = sumf;
 }
@@ -163,7 +163,7 @@ static void vec_dot_q8_0(int n, float *s, const void *vx, const void *vy) {
     for (int ib = 0; ib < n / QK; ib++) {
         int sumi = 0;
         for (int j = 0; j < QK; j++) sumi += x[ib].qs[j] * y[ib].qs[j];
-        sumf += (float)sumi * (ed_f16_to_f32(ed_load_u16(&x[ib].d)) * ed_f16_to_f32(y[ib].d));
+        sumf += (float)sumi * (ed_f16_table[ed_load_u16(&x[ib].d)] * ed_f16_table[y[ib].d]);
     }
     *s = sumf;
 }
@@ -178,7 +178,7 @@ static void vec_dot_iq4_nl(int n, float *s, const void *vx, const void *vy) {
             sumi += y[ib].qs[j] * ed_kvalues_iq4nl[x[ib].qs[j] & 0x0F];
             sumi += y[ib].qs[j + QK / 2] * ed_kvalues_iq4nl[x[ib].qs[j] >> 4];
         }
-        sumf += (ed_f16_to_f32(y[ib].d) * ed_f16_to_f32(ed_load_u16(&x[ib].d))) * (float)sumi;
+        sumf += (ed_f16_table[y[ib].d] * ed_f16_table[ed_load_u16(&x[ib].d)]) * (float)sumi;
     }
     *s = sumf;
 }
@@ -211,8 +211,8 @@ static void vec_dot_q4_K(int n, float *s, const void *vx, const void *vy) {
             }
             sumi += sc[2 * j] * lo + sc[2 * j + 1] * hi;
         }
-        const float d = ed_f16_to_f32(ed_load_u16(&x[i].d)) * y[i].d;
-        const float dmin = ed_f16_to_f32(ed_load_u16(&x[i].dmin)) * y[i].d;
+        const float d = ed_f16_table[ed_load_u16(&x[i].d)] * y[i].d;
+        const float dmin = ed_f16_table[ed_load_u16(&x[i].dmin)] * y[i].d;
         sumf += d * (float)sumi - dmin * (float)mins_dot_bsums(mn, y[i].bsums);
     }
     *s = sumf;
@@ -237,8 +237,8 @@ static void vec_dot_q5_K(int n, float *s, const void *vx, const void *vy) {
             }
             sumi += sc[2 * j] * lo + sc[2 * j + 1] * hi;
         }
-        const float d = ed_f16_to_f32(ed_load_u16(&x[i].d)) * y[i].d;
-        const float dmin = ed_f16_to_f32(ed_load_u16(&x[i].dmin)) * y[i].d;
+        const float d = ed_f16_table[ed_load_u16(&x[i].d)] * y[i].d;
+        const float dmin = ed_f16_table[ed_load_u16(&x[i].dmin)] * y[i].d;
         sumf += d * (float)sumi - dmin * (float)mins_dot_bsums(mn, y[i].bsums);
     }
     *s = sumf;
@@ -265,7 +265,7 @@ static void vec_dot_q6_K(int n, float *s, const void *vx, const void *vy) {
                 sumi += sc[g] * s0 + sc[g + 2] * s1 + sc[g + 4] * s2 + sc[g + 6] * s3;
             }
         }
-        sumf += (ed_f16_to_f32(ed_load_u16(&x[i].d)) * y[i].d) * (float)sumi;
+        sumf += (ed_f16_table[ed_load_u16(&x[i].d)] * y[i].d) * (float)sumi;
     }
     *s = sumf;
 }
@@ -286,7 +286,8 @@ static void vec_dot_q6_K(int n, float *s, const void *vx, const void *vy) {
 
 #define IDENT(v) (v)
 FLOAT_DOT(vec_dot_f32, float, IDENT)
-FLOAT_DOT(vec_dot_f16, uint16_t, ed_f16_to_f32)
+#define F16(h) ed_f16_table[h]
+FLOAT_DOT(vec_dot_f16, uint16_t, F16)
 FLOAT_DOT(vec_dot_bf16, uint16_t, ed_bf16_to_f32)
 
 /* ------------------------------------------------------------------------------------- table */
