@@ -47,7 +47,6 @@ RANDOM_SHAPES = {
     T.BF16: (1, 9, 64, 577),
     T.F32: (3, 31, 576, 1030),
 }
-LEGACY_MINS = (T.Q4_1, T.Q5_1)  # Q8_1 activations: the dot adds m * s per block
 
 
 @dataclass
