@@ -23,13 +23,104 @@ static int64_t slot_of(const ed_op *op, int64_t seq, int64_t pos) {
     return slot < op->i5 ? slot : -1;
 }
 
-static float dot8(const float *a, const float *b, int64_t n) {
-    float acc[8] = {0};
-    int64_t d = 0;
-    for (; d + 8 <= n; d += 8)
-        for (int l = 0; l < 8; l++) acc[l] += a[d + l] * b[d + l];
-    for (int l = 0; d < n; d++, l++) acc[l] += a[d] * b[d];
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+/* The inner loops, in two builds with the same float operations in the same order (so the same bits):
+ * portable C, and AVX + F16C for x86 CPUs with the kernels' AVX2 level (which requires F16C).
+ *   qk: s[h] = q_h . f16(krow) for the group's heads, each dot over 8 lanes (lane l takes elements
+ *       l, l+8, ...) combined as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7));
+ *   pv: out_h += w[h * wstride] * f16(vrow), multiply then add (rounded twice, no FMA). */
+typedef struct {
+    void (*qk)(const float *q, int64_t group, int64_t dh, const uint16_t *krow, float *row, float *s);
+    void (*pv)(float *out, const float *w, int64_t wstride, int64_t group, int64_t dh, const uint16_t *vrow,
+               float *row);
+    void (*round_f16)(float *x, int64_t n); /* x = f16(x), nearest even */
+} attn_loops;
+
+static float combine(const float *l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
+
+static void qk_c(const float *q, int64_t group, int64_t dh, const uint16_t *krow, float *row, float *s) {
+    for (int64_t d = 0; d < dh; d++) row[d] = ed_rt_f16_lut[krow[d]];
+    for (int64_t h = 0; h < group; h++) {
+        const float *a = q + h * dh;
+        float acc[8] = {0};
+        int64_t d = 0;
+        for (; d + 8 <= dh; d += 8)
+            for (int l = 0; l < 8; l++) acc[l] += a[d + l] * row[d + l];
+        for (int l = 0; d < dh; d++, l++) acc[l] += a[d] * row[d];
+        s[h] = combine(acc);
+    }
+}
+
+static void pv_c(float *out, const float *w, int64_t wstride, int64_t group, int64_t dh, const uint16_t *vrow,
+                 float *row) {
+    for (int64_t d = 0; d < dh; d++) row[d] = ed_rt_f16_lut[vrow[d]];
+    for (int64_t h = 0; h < group; h++) {
+        const float wh = w[h * wstride];
+        float *y = out + h * dh;
+        for (int64_t d = 0; d < dh; d++) y[d] += wh * row[d];
+    }
+}
+
+static void round_f16_c(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = ed_f16_round(x[i]);
+}
+
+static const attn_loops loops_c = {qk_c, pv_c, round_f16_c};
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define ED_AVX __attribute__((target("avx,f16c")))
+
+ED_AVX static void qk_avx(const float *q, int64_t group, int64_t dh, const uint16_t *krow, float *row, float *s) {
+    (void)row;
+    const int64_t d8 = dh / 8 * 8;
+    for (int64_t h0 = 0; h0 < group; h0 += 4) { /* 4 heads at a time share each converted key vector */
+        const int64_t nh = group - h0 < 4 ? group - h0 : 4;
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int64_t d = 0; d < d8; d += 8) {
+            const __m256 k = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(krow + d)));
+            for (int64_t h = 0; h < nh; h++)
+                acc[h] = _mm256_add_ps(acc[h], _mm256_mul_ps(_mm256_loadu_ps(q + (h0 + h) * dh + d), k));
+        }
+        for (int64_t h = 0; h < nh; h++) {
+            float l[8];
+            _mm256_storeu_ps(l, acc[h]);
+            for (int64_t d = d8, j = 0; d < dh; d++, j++) l[j] += q[(h0 + h) * dh + d] * ed_rt_f16_lut[krow[d]];
+            s[h0 + h] = combine(l);
+        }
+    }
+}
+
+ED_AVX static void pv_avx(float *out, const float *w, int64_t wstride, int64_t group, int64_t dh,
+                          const uint16_t *vrow, float *row) {
+    (void)row;
+    const int64_t d8 = dh / 8 * 8;
+    for (int64_t d = 0; d < d8; d += 8) {
+        const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vrow + d)));
+        for (int64_t h = 0; h < group; h++) {
+            float *y = out + h * dh + d;
+            _mm256_storeu_ps(y, _mm256_add_ps(_mm256_loadu_ps(y), _mm256_mul_ps(_mm256_set1_ps(w[h * wstride]), v)));
+        }
+    }
+    for (int64_t d = d8; d < dh; d++)
+        for (int64_t h = 0; h < group; h++) out[h * dh + d] += w[h * wstride] * ed_rt_f16_lut[vrow[d]];
+}
+
+ED_AVX static void round_f16_avx(float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT)));
+    for (; i < n; i++) x[i] = ed_f16_round(x[i]);
+}
+
+static const attn_loops loops_avx = {qk_avx, pv_avx, round_f16_avx};
+#endif
+
+static const attn_loops *loops(const ed_kernel_table *kt) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (kt->level == ED_LEVEL_AVX2 || kt->level == ED_LEVEL_AVX512) return &loops_avx;
+#endif
+    (void)kt;
+    return &loops_c;
 }
 
 static void store(const ed_op *op, ed_ctx *ctx) {
@@ -54,58 +145,61 @@ void ed_attention(const ed_op *op, int phase, ed_ctx *ctx) {
         store(op, ctx);
         return;
     }
-    const int64_t n_head = op->m, hkv = op->i0, dh = op->k, group = n_head / hkv, window = op->i4;
+    const attn_loops *L = loops(ctx->kt);
+    const int64_t n_head = op->m, hkv = op->i0, dh = op->k, group = n_head / hkv, window = op->i4, bs = op->i1;
     const int64_t *seq = (const int64_t *)op->src6, *pos = (const int64_t *)op->src7;
+    const int32_t *table = (const int32_t *)op->src5;
+    const uint16_t *kc = (const uint16_t *)op->src3, *vc = (const uint16_t *)op->src4;
     const float scale = op->f0, softcap = op->f1;
     for (int64_t item = ed_next_chunk(ctx); item < op->n * hkv; item = ed_next_chunk(ctx)) {
         const int64_t r = item / hkv, g = item % hkv, s = seq[r], p = pos[r];
         float *out = (float *)op->dst + (r * n_head + g * group) * dh;
         const int64_t lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
         const int64_t t = p + 1 - lo;
-        if (t <= 0 || slot_of(op, s, p) < 0) {
-            memset(out, 0, sizeof(float) * group * dh);
-            continue;
-        }
-        /* scratch: q (group, dh), key/value row (dh), scores (group, t), acc = out */
-        float *qh = ed_thread_scratch(ctx, sizeof(float) * (group * dh + dh + group * t));
-        if (!qh) continue;
-        float *kv = qh + group * dh, *sc = kv + dh;
-        const float *q = (const float *)op->src0 + (r * n_head + g * group) * dh;
-        for (int64_t j = 0; j < group * dh; j++) qh[j] = ed_f16_round(q[j]);
-        const uint16_t *kc = (const uint16_t *)op->src3, *vc = (const uint16_t *)op->src4;
-        for (int64_t j = 0; j < t; j++) {
-            const int64_t slot = slot_of(op, s, lo + j);
-            if (slot < 0) {
-                for (int64_t h = 0; h < group; h++) sc[h * t + j] = -INFINITY;
-                continue;
-            }
-            const uint16_t *krow = kc + (slot * hkv + g) * dh;
-            for (int64_t d = 0; d < dh; d++) kv[d] = ed_rt_f16_lut[krow[d]];
-            for (int64_t h = 0; h < group; h++) {
-                float x = dot8(qh + h * dh, kv, dh) * scale;
-                if (softcap > 0) x = softcap * tanhf(x / softcap);
-                sc[h * t + j] = x;
-            }
-        }
-        for (int64_t h = 0; h < group; h++) {
-            float *e = sc + h * t, mx = -INFINITY, total = 0.0f;
-            for (int64_t j = 0; j < t; j++) mx = e[j] > mx ? e[j] : mx;
-            for (int64_t j = 0; j < t; j++) {
-                e[j] = expf(e[j] - mx);
-                total += e[j];
-            }
-            for (int64_t j = 0; j < t; j++) e[j] = ed_f16_round(e[j] / total);
-        }
         memset(out, 0, sizeof(float) * group * dh);
-        for (int64_t j = 0; j < t; j++) {
-            const int64_t slot = slot_of(op, s, lo + j);
-            if (slot < 0) continue;
-            const uint16_t *vrow = vc + (slot * hkv + g) * dh;
-            for (int64_t d = 0; d < dh; d++) kv[d] = ed_rt_f16_lut[vrow[d]];
-            for (int64_t h = 0; h < group; h++) {
-                const float w = sc[h * t + j];
-                float *o = out + h * dh;
-                for (int64_t d = 0; d < dh; d++) o[d] += w * kv[d];
+        if (t <= 0 || slot_of(op, s, p) < 0) continue; /* the caller checked: not expected */
+        /* scratch: q (group, dh), one key/value row (dh), scores (group, t), one step's scores (group);
+         * the output accumulates in out */
+        float *qh = ed_thread_scratch(ctx, sizeof(float) * (group * dh + dh + group * t + group));
+        if (!qh) continue;
+        float *row = qh + group * dh, *sc = row + dh, *s1 = sc + group * t;
+        memcpy(qh, (const float *)op->src0 + (r * n_head + g * group) * dh, sizeof(float) * group * dh);
+        L->round_f16(qh, group * dh);
+        const int32_t *blocks = table + s * op->i2;
+        for (int pass = 0; pass < 2; pass++) { /* scores, softmax, then the weighted values */
+            /* positions lo..p, a run within one block at a time: slot = blocks[b] * bs + offset */
+            for (int64_t j = 0; j < t;) {
+                const int64_t ps = lo + j, b = ps / bs, run = bs - ps % bs < t - j ? bs - ps % bs : t - j;
+                const int64_t base = blocks[b] >= 0 && ((int64_t)blocks[b] + 1) * bs <= op->i5 ? blocks[b] * bs : -1;
+                for (int64_t u = 0; u < run; u++, j++) {
+                    if (base < 0) { /* unmapped (the caller checked: not expected): weight 0 */
+                        for (int64_t h = 0; h < group && pass == 0; h++) sc[h * t + j] = -INFINITY;
+                        continue;
+                    }
+                    const int64_t slot = base + ps % bs + u;
+                    if (pass == 0) {
+                        L->qk(qh, group, dh, kc + (slot * hkv + g) * dh, row, s1);
+                        for (int64_t h = 0; h < group; h++) {
+                            float x = s1[h] * scale;
+                            if (softcap > 0) x = softcap * tanhf(x / softcap);
+                            sc[h * t + j] = x;
+                        }
+                    } else {
+                        L->pv(out, sc + j, t, group, dh, vc + (slot * hkv + g) * dh, row);
+                    }
+                }
+            }
+            if (pass == 1) break;
+            for (int64_t h = 0; h < group; h++) { /* softmax over the scores, weights rounded to f16 */
+                float *e = sc + h * t, mx = -INFINITY, total = 0.0f;
+                for (int64_t j = 0; j < t; j++) mx = e[j] > mx ? e[j] : mx;
+                for (int64_t j = 0; j < t; j++) {
+                    const float x = e[j] - mx; /* expf underflows to 0 below -104, through a slow errno path */
+                    e[j] = x < -104.0f ? 0.0f : expf(x);
+                    total += e[j];
+                }
+                for (int64_t j = 0; j < t; j++) e[j] /= total;
+                L->round_f16(e, t);
             }
         }
     }
