@@ -24,6 +24,7 @@ from edgellm import quants
 POINTERS = ("src0", "src1", "src2", "src3", "src4", "src5", "src6", "src7", "dst")
 MATMUL = 1
 GET_ROWS = 2
+NO_BARRIER = 1  # ED_FLAG_NO_BARRIER
 ALIGN = 64
 
 
@@ -134,7 +135,8 @@ class Plan:
                 if rec.get(p):
                     rec[p] = relocate(rec[p])
             if rec["code"] == MATMUL and prev is not None and _same_activations(prev, rec):
-                rec["i1"] = 1  # x is already quantized in the pool's scratch by the matmul just before
+                rec["i1"] = 1  # x is already quantized in the pool's scratch by the matmul just before,
+                rec["flags"] = NO_BARRIER  # which writes only its own output: no need to wait for it
             self.ops[i] = rec
             prev = rec
         start = relocate(address(result))

@@ -37,9 +37,15 @@ enum {
     ED_OP_SOFTCAP = 10, ED_OP_COPY = 11, ED_OP_COUNT = 12
 };
 
+/* op flags: ED_FLAG_NO_BARRIER: the op reads nothing the op before it writes, and writes nothing it
+ * touches (consecutive matmuls of one input): threads go on to it without waiting for each other. */
+enum { ED_FLAG_NO_BARRIER = 1 };
+
 typedef struct {
     int32_t code;
     int32_t type;
+    int32_t flags;
+    int32_t reserved;
     int64_t n, m, k;
     int64_t i0, i1, i2, i3, i4, i5;
     float f0, f1;

@@ -52,7 +52,8 @@ struct ed_pool {
     _Alignas(ED_LINE) atomic_int n_done;
     _Alignas(ED_LINE) atomic_int bar_count;
     _Alignas(ED_LINE) atomic_int bar_phase;
-    _Alignas(ED_LINE) atomic_llong chunk[2];
+    atomic_llong *chunks; /* one work counter per phase of the plan, zeroed before each run */
+    int n_chunks;
     _Alignas(ED_LINE) atomic_int n_sleeping;
     atomic_int stop;
     pthread_mutex_t mu;
@@ -109,7 +110,7 @@ static void barrier(ed_pool *pool) {
 }
 
 int64_t ed_next_chunk(ed_ctx *ctx) {
-    return atomic_fetch_add_explicit(&ctx->pool->chunk[ctx->step & 1], 1, memory_order_relaxed);
+    return atomic_fetch_add_explicit(&ctx->pool->chunks[ctx->step], 1, memory_order_relaxed);
 }
 
 void *ed_shared_scratch(ed_ctx *ctx) { return ctx->pool->shared; }
@@ -137,14 +138,25 @@ static void run_plan(ed_pool *pool, int ith) {
     for (int i = 0; i < pool->n_ops; i++) {
         const ed_op *op = &pool->ops[i];
         int phases = ed_op_phases(op);
-        for (int p = 0; p < phases; p++) {
-            /* the counter of the next step is free: every thread is past the barrier that ended its last use */
-            if (ith == 0) atomic_store_explicit(&pool->chunk[(ctx.step + 1) & 1], 0, memory_order_relaxed);
+        for (int p = 0; p < phases; p++, ctx.step++) {
+            if (ctx.step > 0 && !(p == 0 && (op->flags & ED_FLAG_NO_BARRIER))) barrier(pool);
             ed_op_run(op, p, &ctx);
-            if (i < pool->n_ops - 1 || p < phases - 1) barrier(pool);
-            ctx.step++;
         }
     }
+}
+
+/* phases of a plan; grows the per-phase work counters to match and zeroes them (0 on failure) */
+static int reset_chunks(ed_pool *pool, const ed_op *ops, int n_ops) {
+    int steps = 0;
+    for (int i = 0; i < n_ops; i++) steps += ed_op_phases(&ops[i]);
+    if (steps > pool->n_chunks) {
+        free(pool->chunks);
+        pool->chunks = calloc((size_t)steps, sizeof(atomic_llong));
+        pool->n_chunks = pool->chunks ? steps : 0;
+        if (!pool->chunks) return 0;
+    }
+    for (int s = 0; s < steps; s++) atomic_store_explicit(&pool->chunks[s], 0, memory_order_relaxed);
+    return 1;
 }
 
 static void *worker_main(void *arg) {
@@ -210,6 +222,7 @@ void ed_pool_free(ed_pool *pool) {
     for (int i = 1; i < pool->n_threads; i++) pthread_join(pool->threads[i], NULL);
     for (int i = 0; i < pool->n_threads; i++) free(pool->thr[i].scratch);
     free(pool->shared);
+    free(pool->chunks);
     free(pool->thr);
     free(pool->threads);
     pthread_mutex_destroy(&pool->run_mu);
@@ -257,17 +270,16 @@ int ed_plan_run(ed_pool *pool, const ed_op *ops, int n_ops) {
     }
     pool->ops = ops;
     pool->n_ops = n_ops;
+    if (!reset_chunks(pool, ops, n_ops)) {
+        pthread_mutex_unlock(&pool->run_mu);
+        return -2;
+    }
     if (n_ops == 1 && small(ops)) { /* one small op (eager mode): waking the workers costs more than it saves */
         ed_ctx ctx = {.ith = 0, .nth = 1, .pool = pool, .kt = pool->kt, .step = 0};
-        for (int p = 0; p < ed_op_phases(ops); p++, ctx.step++) {
-            atomic_store(&pool->chunk[ctx.step & 1], 0);
-            ed_op_run(ops, p, &ctx);
-        }
+        for (int p = 0; p < ed_op_phases(ops); p++, ctx.step++) ed_op_run(ops, p, &ctx);
         pthread_mutex_unlock(&pool->run_mu);
         return 0;
     }
-    atomic_store(&pool->chunk[0], 0);
-    atomic_store(&pool->chunk[1], 0);
     atomic_store(&pool->n_done, 0);
     if (pool->n_threads > 1) wake_workers(pool);
     run_plan(pool, 0);

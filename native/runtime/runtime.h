@@ -8,13 +8,13 @@
 #include "../ed_kernels.h"
 #include "ed_runtime.h"
 
-/* What an op kernel sees: its thread, the pool's shared scratch, this thread's scratch, and a shared
- * counter for handing out chunks of work (reset before each phase starts). */
+/* What an op kernel sees: its thread, the pool, the kernels, and which phase of the plan it runs (each
+ * phase has its own counter for handing out chunks of work, zeroed before the plan runs). */
 typedef struct {
     int ith, nth;
     ed_pool *pool;
     const ed_kernel_table *kt;
-    int step; /* phases run so far in this plan: picks the chunk counter */
+    int step; /* phases run before this one in the plan: picks the work counter */
 } ed_ctx;
 
 /* Phases of an op: a barrier separates consecutive phases (and consecutive ops). */
