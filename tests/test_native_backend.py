@@ -349,6 +349,18 @@ def test_gemma3_greedy_and_teacher_forced_steps_match_llama_cpp(gemma3_path):
     )  # softcap, GeGLU, SWA
 
 
+def test_a_forked_child_runs_the_ops_on_its_own_thread(nb):
+    """The pool's workers stay in the parent: a child process must not wait for them."""
+    import os
+
+    x = rng.standard_normal((64, 4096)).astype(np.float32)  # large enough to use every thread
+    want = nb.silu_mul(x, x)
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if np.array_equal(nb.silu_mul(x, x), want) else 1)
+    assert os.WEXITSTATUS(os.waitpid(pid, 0)[1]) == 0
+
+
 # -- availability --------------------------------------------------------------------------------------------
 def test_a_missing_extension_is_one_clear_line_and_auto_falls_back_saying_why(monkeypatch, caplog):
     import edgellm.backends as backends

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "f16.h"
 #include "runtime.h"
@@ -37,6 +38,7 @@ typedef struct {
 
 struct ed_pool {
     int n_threads;
+    pid_t pid; /* the process that started the workers: a forked child has none of them */
     pthread_t *threads;
     ed_thread *thr;
     pthread_mutex_t run_mu; /* one plan at a time per pool */
@@ -199,6 +201,7 @@ ed_pool *ed_pool_new(int n_threads) {
     if (!pool) return NULL;
     memset(pool, 0, sizeof *pool);
     pool->n_threads = n_threads;
+    pool->pid = getpid();
     pool->kt = kernels();
     pool->thr = calloc(n_threads, sizeof(ed_thread));
     pool->threads = calloc(n_threads, sizeof(pthread_t));
@@ -258,6 +261,10 @@ int ed_plan_run(ed_pool *pool, const ed_op *ops, int n_ops) {
     }
     if (n_ops == 0) return 0;
     pthread_mutex_lock(&pool->run_mu);
+    if (pool->pid != getpid()) { /* forked: the workers stayed in the parent; run alone from now on */
+        pool->n_threads = 1;
+        pool->pid = getpid();
+    }
     if (shared > pool->shared_bytes) {
         free(pool->shared);
         shared = (shared + 4095) & ~(size_t)4095;
