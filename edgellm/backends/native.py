@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from edgellm import quants
 from edgellm.backends.base import BackendUnavailable, RopeSpec, _gelu_f16_table
 from edgellm.backends.cpu import physical_cores
 from edgellm.backends.native_plan import Capture, Plan, Regions, address
@@ -31,6 +32,8 @@ try:
 except ImportError as e:  # no C compiler at install time, or a build for another platform
     ffi = lib = None
     _IMPORT_ERROR = f"the C extension edgellm._native is not built ({e}); reinstall with a C compiler"
+
+_KNOWN_TYPES = {int(t) for t in quants.supported_types()}
 
 # op codes of native/runtime/ed_runtime.h
 MATMUL, GET_ROWS, RMS_NORM, ROPE, ATTENTION, SILU_MUL, GELU_MUL, ADD, SCALE, SOFTCAP, COPY = range(1, 12)
@@ -121,7 +124,15 @@ class NativeBackend(ReferenceBackend):
     def bind(self, t: QTensor) -> NativeWeight:
         w = NativeWeight(t)
         raw = t.data
-        if raw.ndim == 2 and raw.flags.c_contiguous and raw.dtype == np.uint8:
+        q = quants.quant_type(t.type) if int(t.type) in _KNOWN_TYPES else None
+        whole_rows = q is not None and t.ne[0] % q.block_size == 0
+        if (
+            whole_rows
+            and raw.ndim == 2
+            and raw.flags.c_contiguous
+            and raw.dtype == np.uint8
+            and raw.shape[1] == t.ne[0] // q.block_size * q.type_size  # the C ops read exactly this
+        ):
             w.raw, w.ptr, w.rows, w.row_bytes = raw, address(raw), raw.shape[0], raw.shape[1]
             w.matmul_ok = bool(lib.ed_matmul_supported(int(t.type)))
             w.get_rows_ok = bool(lib.ed_get_rows_supported(int(t.type)))
@@ -129,8 +140,8 @@ class NativeBackend(ReferenceBackend):
 
     def vector(self, t: QTensor) -> np.ndarray:
         v = np.ascontiguousarray(super().vector(t), np.float32)
-        if v.nbytes:
-            self._vectors.add(address(v), address(v) + v.nbytes, None)
+        if v.nbytes:  # the region keeps v alive: its memory can never be a later array's
+            self._vectors.add(address(v), address(v) + v.nbytes, v)
         return v
 
     # -- plumbing --------------------------------------------------------------------------------------
@@ -239,11 +250,11 @@ class NativeBackend(ReferenceBackend):
         """kv.slots' checks (it raises ValueError naming the bad row) once per forward: every layer passes
         the same arrays. The C attention relies on them: it skips a row without a slot, silently."""
         c = self._checked
-        if c and c[0] is kv and c[1] is seq_ids and c[2] is positions:
+        if c and c[0]() is kv and c[1] is seq_ids and c[2] is positions:
             if np.array_equal(c[3], seq_ids) and np.array_equal(c[4], positions):
                 return
         kv.slots(seq_ids, positions)
-        self._checked = (kv, seq_ids, positions, seq_ids.copy(), positions.copy())
+        self._checked = (weakref.ref(kv), seq_ids, positions, seq_ids.copy(), positions.copy())
 
     def attention(self, q, k, v, kv: KVCache, layer, seq_ids, positions, scale, window=None, softcap=None):
         q, k, v = self._f32(q), self._f32(k), self._f32(v)

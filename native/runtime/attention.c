@@ -193,11 +193,9 @@ void ed_attention(const ed_op *op, int phase, ed_ctx *ctx) {
             for (int64_t h = 0; h < group; h++) { /* softmax over the scores, weights rounded to f16 */
                 float *e = sc + h * t, mx = -INFINITY, total = 0.0f;
                 for (int64_t j = 0; j < t; j++) mx = e[j] > mx ? e[j] : mx;
-                for (int64_t j = 0; j < t; j++) {
-                    const float x = e[j] - mx; /* expf underflows to 0 below -104, through a slow errno path */
-                    e[j] = x < -104.0f ? 0.0f : expf(x);
-                    total += e[j];
-                }
+                for (int64_t j = 0; j < t; j++) e[j] -= mx;
+                ed_exp_span(e, t, ctx->kt);
+                for (int64_t j = 0; j < t; j++) total += e[j];
                 for (int64_t j = 0; j < t; j++) e[j] /= total;
                 L->round_f16(e, t);
             }

@@ -124,10 +124,7 @@ void ed_elementwise(const ed_op *op, ed_ctx *ctx) {
     const float f = op->f0;
     switch (op->code) {
     case ED_OP_SILU_MUL:
-        for (int64_t i = e0; i < e1; i++) { /* expf overflows to inf above 88.73, through a slow errno path */
-            const float e = -a[i] > 88.75f ? INFINITY : expf(-a[i]);
-            y[i] = a[i] / (1.0f + e) * b[i];
-        }
+        ed_silu_mul_span(a + e0, b + e0, y + e0, e1 - e0, ctx->kt);
         break;
     case ED_OP_GELU_MUL: {
         /* ggml_vec_geglu_f32 under GGML_GELU_FP16: 0 below -10, identity above 10, else the f16 table */

@@ -40,6 +40,11 @@ void ed_rope(const ed_op *op, ed_ctx *ctx);
 void ed_elementwise(const ed_op *op, ed_ctx *ctx);
 void ed_copy(const ed_op *op, ed_ctx *ctx);
 
+/* y = silu(a) * b over n floats, with the runtime's exp (vmath.c) */
+void ed_silu_mul_span(const float *a, const float *b, float *y, int64_t n, const ed_kernel_table *kt);
+/* x = exp(x) over n floats, in place (vmath.c) */
+void ed_exp_span(float *x, int64_t n, const ed_kernel_table *kt);
+
 /* dequantize one row of n elements of a ggml type to float32; 0 if the type is unsupported */
 int ed_dequantize_row(int type, const void *src, float *dst, int64_t n);
 int ed_dequantize_supported(int type);
