@@ -265,8 +265,8 @@ def eager_and_planned(model, steps) -> None:
         b = model.decode_step(*args, kv_b)
         assert np.array_equal(a, b)
     assert np.array_equal(kv_a.k, kv_b.k) and np.array_equal(kv_a.v, kv_b.v)
-    plans = model.backend._plans[kv_b]
-    assert all(isinstance(p, native_mod.Plan) for p in plans.values()), "a capture was refused"
+    for batch in {len(t) for t, _, _ in steps}:
+        assert model.backend.captured(model, kv_b, batch) is not None, f"the capture of B={batch} was refused"
 
 
 BATCH_STEPS = [  # one prompt token per sequence, then two decode rounds of B = 3, then B = 2 (a new plan)
@@ -282,6 +282,18 @@ BATCH_STEPS = [  # one prompt token per sequence, then two decode rounds of B = 
 def test_every_architecture_captures_and_its_plan_equals_eager(tmp_path, nb, arch):
     model = tiny_model(tmp_path, arch, nb)
     eager_and_planned(model, BATCH_STEPS)
+
+
+def test_plans_are_kept_for_the_most_recent_batch_sizes_only(tmp_path):
+    b = native_mod.NativeBackend(threads=1)
+    model = tiny_model(tmp_path, "llama", b)
+    kv = model.new_kv_cache(8, native_mod.MAX_PLANS + 2)
+    for batch in range(1, native_mod.MAX_PLANS + 3):  # one capture per batch size
+        args = (np.arange(batch), np.zeros(batch, np.int64), np.arange(batch), kv)
+        model.decode_step(*args)
+    assert len(b._plans) == native_mod.MAX_PLANS
+    assert b.captured(model, kv, 1) is None and b.captured(model, kv, native_mod.MAX_PLANS + 2) is not None
+    np.testing.assert_array_equal(model.decode_step(*args), model.forward(*args))  # replay == eager
 
 
 class _NumpyInTheMiddle:
@@ -344,9 +356,7 @@ def test_gemma3_greedy_and_teacher_forced_steps_match_llama_cpp(gemma3_path):
     assert n <= len(case["ids"]) // 10, notes
     kv = llm.model.new_kv_cache(16, 1)
     llm.model.decode_step(np.array([2]), np.array([0]), np.zeros(1, np.int64), kv)
-    assert isinstance(
-        llm.model.backend._plans[kv][(id(llm.model), 1)], native_mod.Plan
-    )  # softcap, GeGLU, SWA
+    assert llm.model.backend.captured(llm.model, kv, 1) is not None  # softcap, GeGLU, sliding window
 
 
 def test_a_forked_child_runs_the_ops_on_its_own_thread(nb):

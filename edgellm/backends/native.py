@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,7 +117,7 @@ class NativeBackend(ReferenceBackend):
         self._vectors = Regions()  # bound vectors: trusted memory for captures
         self._ropes: dict[int, tuple[RopeSpec, np.ndarray, np.ndarray]] = {}
         self._cap: Capture | None = None
-        self._plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # kv -> {(model id, B): plan}
+        self._plans: OrderedDict[tuple[int, int, int], Any] = OrderedDict()  # (kv, model, B) ids -> plan
         self._checked: tuple = ()
         self._last: Plan | None = None  # the plan of the last decode step
 
@@ -352,26 +353,28 @@ class NativeBackend(ReferenceBackend):
             return last.run(kv, tokens, positions, seq_ids)
         if self._cap is not None:  # a forward inside a capture (never expected): just run it
             return model.forward(tokens, positions, seq_ids, kv)
-        plans = self._plans.get(kv)
-        if plans is None:
-            plans = self._plans[kv] = {}
-        key = (id(model), len(tokens))
-        plan = plans.get(key)
-        if plan is not None and plan is not _REFUSED and not plan.matches(model, kv):
-            plan = None
-        if plan is None:
+        key = (id(kv), id(model), len(tokens))
+        plan = self._plans.get(key)
+        if plan is None or not plan.matches(model, kv):  # (ids of dead objects are reused)
             plan, logits = self._capture(model, tokens, positions, seq_ids, kv)
-            plans[key] = plan
+            self._plans[key] = plan
+            if len(self._plans) > MAX_PLANS:
+                self._plans.popitem(last=False)
             return logits
-        if plan is _REFUSED:
+        self._plans.move_to_end(key)
+        if isinstance(plan, _Refused):
             return model.forward(tokens, positions, seq_ids, kv)
         self._last = plan
         return plan.run(kv, tokens, positions, seq_ids)
 
+    def captured(self, model: Any, kv: Any, batch: int) -> Plan | None:
+        """The plan replaying model's decode steps of `batch` rows on kv, if one was captured."""
+        plan = self._plans.get((id(kv), id(model), batch))
+        return plan if isinstance(plan, Plan) and plan.matches(model, kv) else None
+
     def _capture(self, model: Any, tokens, positions, seq_ids, kv) -> tuple[Any, np.ndarray]:
         inputs = [np.array(a, dtype=np.int64) for a in (tokens, positions, seq_ids)]
-        n_ctx = int(kv.n_ctx)
-        self._cap = cap = Capture(inputs, self._vectors, n_ctx)
+        self._cap = cap = Capture(inputs, self._vectors, int(kv.n_ctx))
         try:
             logits = model.forward(inputs[0], inputs[1], inputs[2], kv)
         finally:
@@ -384,8 +387,18 @@ class NativeBackend(ReferenceBackend):
             cap.refuse("the forward's result is not the output of a backend op")
         if cap.refused is not None:
             _log_once(f"native: {type(model).__name__} decode steps run op by op: {cap.refused}")
-            return _REFUSED, logits
+            return _Refused(model), logits
         return Plan(ffi, lib, self._pool, cap, logits, model, kv), logits
 
 
-_REFUSED = object()  # a model whose forward cannot be captured: decode steps run eagerly
+MAX_PLANS = 16  # captured plans kept per backend, most recently used first (each holds an arena)
+
+
+class _Refused:
+    """A model whose forward cannot be captured: its decode steps run op by op."""
+
+    def __init__(self, model: Any):
+        self.model = weakref.ref(model)
+
+    def matches(self, model: Any, kv: Any) -> bool:
+        return self.model() is model
