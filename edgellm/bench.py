@@ -114,7 +114,7 @@ def run_bench(
     # warm-up: one prompt and a few steps, untimed (compiles or loads kernels, captures decode plans)
     _prefill(m, kv, prompt[: min(len(prompt), 8)])
     for i in range(3):
-        m.forward(prompt[:1], np.array([8 + i]), one, kv)
+        m.decode_step(prompt[:1], np.array([8 + i]), one, kv)
 
     pp, tg, ttft = [], [], []
     for _ in range(reps):
@@ -132,7 +132,7 @@ def run_bench(
             tok_arr = np.array([tok], np.int64)
             t0 = time.perf_counter()
             for i in range(n_gen):
-                logits = m.forward(tok_arr, np.array([start + i]), one, kv)
+                logits = m.decode_step(tok_arr, np.array([start + i]), one, kv)
                 tok_arr[0] = int(np.argmax(logits[0]))
             tg.append(n_gen / (time.perf_counter() - t0))
 

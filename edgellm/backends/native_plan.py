@@ -139,10 +139,9 @@ class Plan:
                 rec["flags"] = NO_BARRIER  # which writes only its own output: no need to wait for it
             self.ops[i] = rec
             prev = rec
-        start = relocate(address(result))
-        self.result = np.frombuffer(
-            self.ffi.buffer(self.ffi.cast("char *", start), result.nbytes), np.float32
-        ).reshape(result.shape)
+        start = relocate(address(result)) - address(self.arena)  # a view of the arena keeps it alive
+        self.result = self.arena.view(np.uint8)[start : start + result.nbytes].view(np.float32)
+        self.result = self.result.reshape(result.shape)
 
     def matches(self, model: Any, kv: Any) -> bool:
         """Whether this plan still points at the model's weights and the cache's arrays."""
