@@ -37,7 +37,9 @@ def make_builder(relative: bool) -> FFI:
     ffi.set_source(
         "edgellm._native",
         '#include "ed_runtime.h"',
-        sources=[path(p) for p in sorted((HERE / "runtime").glob("*.c")) + sorted((HERE / "kernels").glob("*.c"))],
+        sources=[
+            path(p) for p in sorted((HERE / "runtime").glob("*.c")) + sorted((HERE / "kernels").glob("*.c"))
+        ],
         include_dirs=[path(HERE / "runtime"), path(HERE)],
         extra_compile_args=CFLAGS,
         extra_link_args=["-pthread"],
