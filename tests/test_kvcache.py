@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from edgellm.backends.reference import KVCache, ReferenceBackend
+from edgellm.kvcache import BlockPool, OutOfBlocks, PagedKV
 
 rng = np.random.default_rng(3)
 
@@ -61,3 +62,117 @@ def test_unmapped_block_and_overlong_position_are_clear_errors():
     with pytest.raises(ValueError, match="no KV block"):
         b.attention(q, k, v, kv, 0, np.array([1]), np.array([5]), 1.0)
     assert isinstance(kv, KVCache)
+
+
+# ---------------------------------------------------------------------------------------------- allocator
+
+
+def test_block_pool_counts_references_and_refuses_to_go_negative():
+    pool = BlockPool(3)
+    a, b = pool.take(), pool.take()
+    assert (a, b) == (0, 1) and pool.n_free == 1
+    pool.share(a)
+    assert pool.release(a) == 1 and pool.n_free == 1
+    assert pool.release(a) == 0 and pool.n_free == 2
+    with pytest.raises(ValueError, match="released more often"):
+        pool.release(a)
+    with pytest.raises(ValueError, match="is free"):
+        pool.share(a)
+    pool.take(), pool.take()
+    with pytest.raises(OutOfBlocks):
+        pool.take()
+    assert (pool.refs >= 0).all()
+
+
+def _paged(n_blocks: int, n_seqs: int = 3, n_ctx: int = 32, bs: int = 4, prefix: bool = True) -> PagedKV:
+    return PagedKV(KVCache(1, 1, 2, n_ctx, n_seqs, block_size=bs, n_blocks=n_blocks), prefix)
+
+
+def test_sequences_sharing_a_prefix_share_its_blocks_and_free_only_their_own():
+    kv = _paged(16)
+    a = list(range(1, 11))  # 10 tokens: blocks [1..4] [5..8] full, [9, 10] partial
+    s0, hit = kv.open(a)
+    assert hit == 0 and kv.cache.block_table[s0].tolist()[:1] == [-1]
+    kv.ensure(s0, 10)
+    kv.commit(s0, a, 10)
+    assert kv.prefix.n_blocks == 2
+    b = a[:8] + [99, 98, 97]
+    s1, hit = kv.open(b)
+    assert hit == 8 and kv.seq_blocks(s1) == kv.seq_blocks(s0)[:2]
+    assert kv.pool.refs[kv.seq_blocks(s0)[0]] == 3  # two sequences and the cache
+    kv.ensure(s1, 11)
+    assert kv.seq_blocks(s1)[2] != kv.seq_blocks(s0)[2]
+    # a prompt that is exactly the cached blocks still computes its last token
+    s2, hit = kv.open(a[:8])
+    assert hit == 4
+    kv.close(s0)
+    kv.close(s1)
+    kv.close(s2)
+    assert kv.n_used() == 2 and kv.prefix.n_evictable() == 2 and (kv.pool.refs >= 0).all()
+    assert (kv.cache.block_table == -1).all()
+
+
+def test_the_same_run_computed_twice_is_deduplicated_on_commit():
+    kv = _paged(16)
+    toks = list(range(1, 9))
+    s0, _ = kv.open(toks)
+    s1, _ = kv.open(toks)  # admitted together: neither finds the other's blocks yet
+    for s in (s0, s1):
+        kv.ensure(s, 8)
+    kv.commit(s0, toks, 8)
+    kv.commit(s1, toks, 8)
+    assert kv.seq_blocks(s1) == kv.seq_blocks(s0)
+    assert kv.cache.block_table[s1, :2].tolist() == kv.seq_blocks(s0)
+    assert kv.pool.n_free == 16 - 2
+    kv.close(s0)
+    kv.close(s1)
+    assert kv.pool.n_free == 14 and kv.prefix.clear() == 2 and kv.pool.n_free == 16
+
+
+def test_eviction_under_pressure_frees_least_recently_used_leaves_first():
+    kv = _paged(6, n_ctx=16)
+    old = list(range(1, 10))  # 9 tokens: 2 full blocks cached
+    new = [9, 9, 9, 9, 0]  # 1 full block cached, later
+    for toks in (old, new):
+        s, _ = kv.open(toks)
+        kv.ensure(s, len(toks))
+        kv.commit(s, toks, len(toks))
+        kv.close(s)
+    assert kv.prefix.n_blocks == 3 and kv.pool.n_free == 3
+    x, _ = kv.open([7] * 16)
+    kv.ensure(x, 16)  # 4 blocks: one is evicted, the least recently used leaf (old's second block)
+    assert kv.prefix.evicted == 1
+    assert len(kv.prefix.match(old, 2)) == 1 and len(kv.prefix.match(new, 1)) == 1
+    y, _ = kv.open([8] * 8)
+    kv.ensure(y, 8)  # 2 more: both cached blocks go (old's first is a leaf now)
+    assert kv.prefix.n_blocks == 0 and kv.pool.n_free == 0
+    z, _ = kv.open([6] * 4)
+    with pytest.raises(OutOfBlocks):
+        kv.ensure(z, 4)
+    for s in (x, y, z):
+        kv.close(s)
+    assert kv.pool.n_free == 6 and (kv.pool.refs == 0).all()
+
+
+def test_blocks_a_sequence_holds_are_never_evicted():
+    kv = _paged(8)
+    toks = list(range(1, 10))
+    s0, _ = kv.open(toks)
+    kv.ensure(s0, 9)
+    kv.commit(s0, toks, 9)
+    assert kv.prefix.evict(10) == 0 and kv.prefix.n_blocks == 2
+    s1, hit = kv.open(toks)
+    kv.close(s0)
+    assert hit == 8 and kv.prefix.evict(10) == 0  # s1 still reads them
+    kv.close(s1)
+    assert kv.prefix.evict(10) == 2 and kv.pool.n_free == 8 and (kv.pool.refs == 0).all()
+
+
+def test_prefix_caching_off_shares_nothing():
+    kv = _paged(8, prefix=False)
+    toks = list(range(1, 10))
+    s0, _ = kv.open(toks)
+    kv.ensure(s0, 9)
+    kv.commit(s0, toks, 9)
+    s1, hit = kv.open(toks)
+    assert hit == 0 and kv.n_available() == 5

@@ -13,6 +13,7 @@ or on `warmup()`; never inside a timed step. Numba caches them on disk, so a sec
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,12 +73,14 @@ def _flat(x: np.ndarray) -> np.ndarray:
 
 
 _NO_WEIGHT = np.ones(1, np.float32)
-_THREADS = [0]  # the size numba's thread pool was last set to (set_num_threads costs ~3 us: not per call)
+# numba.set_num_threads is per calling thread (a server loads the model in one thread and runs it in
+# another), so the size last set is remembered per thread; setting it costs ~3 us: not on every call
+_THREADS = threading.local()
 
 
 def _use_threads(n: int) -> None:
     numba.set_num_threads(n)
-    _THREADS[0] = n
+    _THREADS.n = n
 
 
 _GELU_F32: np.ndarray | None = None
@@ -207,7 +210,7 @@ class NumbaBackend(ReferenceBackend):
         m = raw.shape[0]
         out = np.empty((n, m), np.float32)
         chunks = min(self.threads, m) if m * k * n >= PARALLEL_MIN_MACS else 1
-        if chunks > 1 and _THREADS[0] != self.threads:  # another backend instance changed it
+        if chunks > 1 and getattr(_THREADS, "n", 0) != self.threads:  # another thread or backend
             _use_threads(self.threads)
         K.MATMULS[w.family](w.kind, raw, x2, out, chunks)
         return out.reshape(*lead, m)

@@ -1,0 +1,91 @@
+"""`edgellm serve`: the OpenAI-compatible server (needs the `serve` extra: FastAPI and uvicorn)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import typer
+
+from edgellm import store
+
+
+class ServeError(ValueError):
+    pass
+
+
+def serve(
+    model: str | None = typer.Argument(None, help="Model alias or .gguf path (default: smollm2-135m)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default)."),
+    port: int = typer.Option(8080, "--port", help="TCP port."),
+    api_key: str | None = typer.Option(
+        None, "--api-key", envvar="EDGELLM_API_KEY", help="Require 'Authorization: Bearer KEY' (env too)."
+    ),
+    parallel: int = typer.Option(4, "-np", "--parallel", help="Sequences decoded together at most."),
+    ctx_size: int | None = typer.Option(
+        None, "-c", "--ctx-size", help="Context per sequence (default: min(4096, model's))."
+    ),
+    kv_budget: str | None = typer.Option(
+        None, "--kv-budget", help="KV cache memory: a size (512MiB) or a token count (default: fits)."
+    ),
+    threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads."),
+    backend: str = typer.Option("auto", "--backend", help="auto, numba, reference, ..."),
+    batch_size: int = typer.Option(256, "-b", "--batch-size", help="Tokens per step (prompt chunks)."),
+    queue_size: int = typer.Option(64, "--queue-size", help="Requests that may wait before 429."),
+    no_prefix_cache: bool = typer.Option(False, "--no-prefix-cache", help="Do not reuse prompt prefixes."),
+    chat_template: str | None = typer.Option(None, "--chat-template", help="Built-in name or .jinja file."),
+    shutdown_grace: float = typer.Option(
+        10.0, "--shutdown-grace", help="Seconds running streams may finish after SIGTERM."
+    ),
+    alias: str | None = typer.Option(None, "--alias", help="Model id reported by /v1/models."),
+) -> None:
+    """Serve a model over an OpenAI-compatible HTTP API with continuous batching and prefix caching."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise ServeError(
+            f"edgellm serve needs the server extras ({e.name} is missing): pip install 'edgellm[serve]'"
+        ) from None
+    from edgellm.server import ServerConfig
+    from edgellm.server import serve as run_server
+
+    for name, v in (("--parallel", parallel), ("--batch-size", batch_size), ("--port", port + 1)):
+        if v <= 0:
+            raise ServeError(f"{name} must be positive")
+    if queue_size < 0 or shutdown_grace < 0:
+        raise ServeError("--queue-size and --shutdown-grace must be >= 0")
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    path = store.resolve(model, log=lambda m: print(m, file=sys.stderr, flush=True))
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        print(f"warning: serving on {host} without --api-key", file=sys.stderr)
+    config = ServerConfig(
+        model=str(path),
+        backend=backend,
+        threads=threads,
+        n_ctx=ctx_size,
+        parallel=parallel,
+        kv_budget=kv_budget,
+        batch_tokens=batch_size,
+        queue_size=queue_size,
+        prefix_cache=not no_prefix_cache,
+        chat_template=chat_template,
+        api_key=api_key or None,
+        shutdown_grace=shutdown_grace,
+        model_name=alias,
+    )
+
+    def ready(state) -> None:
+        print(f"edgellm serving {state.model_id} on http://{host}:{port}", file=sys.stderr, flush=True)
+
+    print(
+        f"loading {path.name} (listening on http://{host}:{port}; /health is 503 until ready)",
+        file=sys.stderr,
+        flush=True,
+    )
+    code = run_server(config, host, port, on_ready=ready)
+    if code:
+        raise typer.Exit(code)
+
+
+__all__ = ["serve"]

@@ -1,0 +1,577 @@
+"""The serving engine: continuous batching over a paged KV cache with prefix caching.
+
+Requests enter a queue; one engine thread runs steps. Each step builds one flat batch for the model: one
+token for every decoding sequence plus chunks of admitted prompts (at most `max_batch_tokens` in all, so a
+long prompt delays running streams by one chunk at most), runs one forward, samples every row that needs
+a token in one batched-sampler pass, and streams the text out. Finished and cancelled sequences leave at
+once and free their blocks. Promises: a sequence's tokens do not depend on what it is batched with (on a
+backend whose ops are row-wise, like numba); a failing request (sampler error, bad input found late)
+fails alone; `cancel()` stops a sequence within one step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgellm.generate import StopMatcher
+from edgellm.kvcache import OutOfBlocks, PagedKV
+from edgellm.sampler import RowSampler, Sampler, SamplingParams
+
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_BATCH_TOKENS = 256
+
+
+class RequestRejected(ValueError):
+    """A request that can never run here (too long for the context or the KV memory)."""
+
+
+class QueueFull(RuntimeError):
+    """The waiting queue is at its limit; try again later."""
+
+
+class ShuttingDown(RuntimeError):
+    """The engine no longer accepts requests."""
+
+
+@dataclass
+class GenRequest:
+    """One sequence to generate: prompt token ids, sampling parameters, limits and stop strings."""
+
+    prompt_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int | None = None  # None: until the context is full
+    stop: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int  # prompt tokens served by the prefix cache
+    ttft_s: float | None  # arrival to first token
+
+
+@dataclass(frozen=True)
+class Event:
+    """A piece of one stream: new text and the token that completed it. The last event of a stream has a
+    finish_reason ("stop", "length", "cancelled", "error") and usage; an "error" event has the message
+    and an HTTP-like status saying whose fault it was (400 the request's, 503 shutdown, 500 ours)."""
+
+    text: str
+    token: int | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    usage: Usage | None = None
+    status: int = 200
+
+
+class Stream:
+    """A request's output as an async (or plain) iterator of Events. cancel() stops the sequence."""
+
+    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop | None):
+        self._engine = engine
+        self._loop = loop
+        self._aq: asyncio.Queue[Event] | None = asyncio.Queue() if loop is not None else None
+        self._q: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self.done = False
+        self.cancelled = False
+
+    def _push(self, ev: Event) -> None:  # engine thread
+        if self._aq is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._aq.put_nowait, ev)  # type: ignore[union-attr]
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                pass
+        else:
+            self._q.put(ev)
+
+    def cancel(self) -> None:
+        """Stop generating (the client went away); takes effect at the engine's next step."""
+        if not self.done and not self.cancelled:
+            self.cancelled = True
+            self._engine._cancel(self)
+
+    async def __anext__(self) -> Event:
+        if self.done:
+            raise StopAsyncIteration
+        assert self._aq is not None, "this stream was opened without an event loop: iterate it plainly"
+        ev = await self._aq.get()
+        self.done = ev.finish_reason is not None
+        return ev
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self
+
+    def ready(self) -> list[Event]:
+        """The events already produced, without waiting (plain streams only)."""
+        out = []
+        while not self.done and not self._q.empty():
+            ev = self._q.get()
+            self.done = ev.finish_reason is not None
+            out.append(ev)
+        return out
+
+    def __iter__(self) -> Iterator[Event]:
+        assert self._aq is None, "this stream was opened in an event loop: iterate it with async for"
+        while not self.done:
+            ev = self._q.get()
+            self.done = ev.finish_reason is not None
+            yield ev
+
+
+class _Seq:
+    """Engine-side state of one sequence. tokens = prompt + generated; the K/V of tokens[:n_computed]
+    is in the cache, so tokens[n_computed:] is what the next steps feed (a prompt, or one new token)."""
+
+    _ids = itertools.count()
+
+    def __init__(self, req: GenRequest, stream: Stream, tokenizer: Any):
+        self.id = next(self._ids)
+        self.req = req
+        self.stream = stream
+        self.tokens = list(req.prompt_ids)
+        self.n_prompt = len(self.tokens)
+        self.n_computed = 0
+        self.n_cached = 0
+        self.slot = -1
+        self.sampler = RowSampler(req.params)
+        self.detok = tokenizer.stream()
+        self.stop = StopMatcher(req.stop)
+        self.n_generated = 0
+        self.t_arrival = time.perf_counter()
+        self.t_first: float | None = None
+
+    @property
+    def pending(self) -> int:
+        return len(self.tokens) - self.n_computed
+
+
+@dataclass
+class EngineStats:
+    requests: int = 0
+    finished: collections.Counter = field(default_factory=collections.Counter)  # by finish reason
+    prompt_tokens: int = 0  # prompt tokens of admitted requests
+    prompt_tokens_computed: int = 0  # positions run through the model for prompts (cache misses, recomputes)
+    generated_tokens: int = 0
+    preempted: int = 0
+    steps: int = 0
+    busy_s: float = 0.0
+
+
+class Engine:
+    """Continuous batching for one model. `submit` from any thread; `start` runs the step loop in a
+    daemon thread; `shutdown` stops it (letting running sequences finish for up to `grace` seconds)."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        n_ctx: int,
+        max_seqs: int = 4,
+        kv_tokens: int | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        max_batch_tokens: int = DEFAULT_BATCH_TOKENS,
+        max_queue: int = 64,
+        prefix_caching: bool = True,
+    ):
+        if n_ctx <= 0 or max_seqs <= 0 or block_size <= 0 or max_batch_tokens <= 0 or max_queue < 0:
+            raise ValueError("n_ctx, max_seqs, block_size and max_batch_tokens must be positive")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.n_ctx = n_ctx
+        self.max_seqs = max_seqs
+        self.max_batch_tokens = max(max_batch_tokens, max_seqs)  # room for every decoding sequence
+        self.max_queue = max_queue
+        kv_tokens = kv_tokens if kv_tokens else max_seqs * n_ctx
+        n_blocks = -(-kv_tokens // block_size)
+        self.kv = PagedKV(model.new_kv_cache(n_ctx, max_seqs, block_size, n_blocks), prefix_caching)
+        self.eog = tokenizer.eog_ids
+        self.stats = EngineStats()
+        self._rates: collections.deque[tuple[float, int, int]] = collections.deque()  # (t, prompt, gen)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._inbox: list[_Seq] = []  # submitted, not yet seen by the engine thread
+        self._cancels: list[Stream] = []
+        self._waiting: collections.deque[_Seq] = collections.deque()
+        self._running: list[_Seq] = []  # in admission order
+        self._accepting = True
+        self._stop_at: float | None = None  # shutdown: cancel what still runs at this time
+        self._thread: threading.Thread | None = None
+
+    # -- client side (any thread) ----------------------------------------------------------------------
+    def check(self, req: GenRequest) -> None:
+        """Raise RequestRejected if the request can never run (validated again at submit)."""
+        n = len(req.prompt_ids)
+        if n == 0:
+            raise RequestRejected("empty prompt: nothing to condition on")
+        if req.max_tokens is not None and req.max_tokens < 1:
+            raise RequestRejected(f"max_tokens must be at least 1, got {req.max_tokens}")
+        if n + 1 > self.n_ctx:
+            raise RequestRejected(
+                f"the prompt is {n} tokens but the context holds {self.n_ctx} (including at least one "
+                f"generated token); shorten it or raise --ctx-size"
+            )
+        if self.kv.blocks_for(n + 1) > self.kv.n_blocks:
+            raise RequestRejected(
+                f"the prompt is {n} tokens but the KV memory holds {self.kv.n_blocks * self.kv.block_size}; "
+                f"raise --kv-budget"
+            )
+        n_vocab = getattr(getattr(self.model, "config", None), "n_vocab", None)
+        bad = [t for t in req.prompt_ids if not (0 <= t < (n_vocab or 1 << 62))]
+        if bad:
+            raise RequestRejected(f"token id {bad[0]} is outside the vocabulary of {n_vocab}")
+        req.params.validate(n_vocab)
+
+    def submit(self, req: GenRequest, loop: asyncio.AbstractEventLoop | None = None) -> Stream:
+        """Queue a request; its events arrive on the returned Stream (async if `loop` is given)."""
+        self.check(req)
+        stream = Stream(self, loop)
+        seq = _Seq(req, stream, self.tokenizer)
+        with self._lock:
+            if not self._accepting:
+                raise ShuttingDown("the server is shutting down")
+            if len(self._waiting) + len(self._inbox) >= self.max_queue + self.n_free_seq_slots():
+                raise QueueFull(f"the request queue is full ({self.max_queue} waiting); retry later")
+            self._inbox.append(seq)
+            self.stats.requests += 1
+            self._wake.notify()
+        return stream
+
+    def n_free_seq_slots(self) -> int:
+        return max(0, self.max_seqs - len(self._running))
+
+    def _cancel(self, stream: Stream) -> None:
+        with self._lock:
+            self._cancels.append(stream)
+            self._wake.notify()
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="edgellm-engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self, grace: float = 5.0, wait: bool = True) -> None:
+        """Stop accepting requests; fail waiting ones; let running ones finish for up to `grace` seconds,
+        then cancel them. With `wait`, return when the engine thread has ended."""
+        with self._lock:
+            self._accepting = False
+            self._stop_at = time.perf_counter() + max(0.0, grace)
+            self._wake.notify()
+        if wait and self._thread is not None:
+            self._thread.join()
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    # -- metrics -----------------------------------------------------------------------------------------
+    def metrics(self) -> dict[str, float]:
+        """A snapshot for /metrics (read without the engine's lock: values may be one step apart)."""
+        now = time.perf_counter()
+        recent = [r for r in list(self._rates) if now - r[0] <= 10.0]
+        span = (now - recent[0][0]) if recent else 0.0
+        span = max(span, 1.0) if recent else 0.0
+        px = self.kv.prefix
+        s = self.stats
+        return {
+            "requests_total": s.requests,
+            "requests_finished_stop": s.finished["stop"],
+            "requests_finished_length": s.finished["length"],
+            "requests_cancelled": s.finished["cancelled"],
+            "requests_failed": s.finished["error"],
+            "prompt_tokens_total": s.prompt_tokens,
+            "prompt_tokens_computed_total": s.prompt_tokens_computed,
+            "generation_tokens_total": s.generated_tokens,
+            "preemptions_total": s.preempted,
+            "steps_total": s.steps,
+            "queue_length": len(self._waiting) + len(self._inbox),
+            "running": len(self._running),
+            "kv_blocks_total": self.kv.n_blocks,
+            "kv_blocks_used": self.kv.n_used(),
+            "kv_block_size": self.kv.block_size,
+            "prefix_cache_blocks": px.n_blocks if px else 0,
+            "prefix_cache_lookup_tokens_total": px.lookup_tokens if px else 0,
+            "prefix_cache_hit_tokens_total": px.hit_tokens if px else 0,
+            "prefix_cache_hit_rate": px.hit_rate if px else 0.0,
+            "prompt_tokens_per_second": sum(r[1] for r in recent) / span if span else 0.0,
+            "generation_tokens_per_second": sum(r[2] for r in recent) / span if span else 0.0,
+        }
+
+    # -- the engine thread ---------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not (self._inbox or self._cancels or self._waiting or self._running):
+                    if not self._accepting:
+                        return
+                    self._wake.wait()
+            if not self.step() and not self._accepting:
+                return
+
+    def step(self) -> bool:
+        """Take in new requests and cancellations, then run one batch: plan, forward, sample, stream.
+        The engine thread calls this in a loop; tests may call it directly instead of `start()`.
+        Returns False when the engine has nothing left to do after a shutdown."""
+        with self._lock:  # under the lock, so that submit's queue check always sees every request
+            self._waiting.extend(self._inbox)
+            self._inbox = []
+            cancels, self._cancels = self._cancels, []
+            accepting, stop_at = self._accepting, self._stop_at
+        for st in cancels:
+            self._drop(st, "cancelled")
+        if not accepting:
+            for s in list(self._waiting):
+                self._finish(s, "error", "the server is shutting down", status=503)
+            if stop_at is not None and time.perf_counter() >= stop_at:
+                for s in list(self._running):
+                    self._finish(s, "error", "the server is shutting down", status=503)
+            if not self._running:
+                return False
+        try:
+            self._step()
+        except Exception as e:  # noqa: BLE001 - a bug must not kill the engine: fail what ran
+            for s in list(self._running):
+                self._finish(s, "error", f"internal error: {type(e).__name__}: {e}")
+        return True
+
+    def _drop(self, stream: Stream, reason: str) -> None:
+        for s in itertools.chain(self._running, self._waiting):
+            if s.stream is stream:
+                self._finish(s, reason)
+                return
+
+    def _finish(
+        self, s: _Seq, reason: str, error: str | None = None, flush: bool = True, status: int = 500
+    ) -> None:
+        """End a sequence: last event (with any text held back, unless a stop string ended it), free its
+        slot and blocks."""
+        text = s.stop.flush() + s.detok.flush() if flush and reason in ("stop", "length") else ""
+        if s.slot >= 0:
+            self.kv.close(s.slot)
+            s.slot = -1
+        if s in self._running:
+            self._running.remove(s)
+        elif s in self._waiting:
+            self._waiting.remove(s)
+        self.stats.finished[reason] += 1
+        usage = Usage(s.n_prompt, s.n_generated, s.n_cached, (s.t_first - s.t_arrival) if s.t_first else None)
+        s.stream._push(Event(text, None, reason, error, usage, status if reason == "error" else 200))
+
+    def _step(self) -> None:
+        t0 = time.perf_counter()
+        batch = self._plan()
+        if not batch:
+            if self._waiting and not self._running:  # nothing can ever make room: should not happen
+                self._finish(self._waiting[0], "error", "not enough KV memory for this request")
+            return
+        logits_of = self._forward(batch)
+        sample_seqs = [s for s, _ in batch if s in logits_of]
+        self._sample(sample_seqs, logits_of)
+        for s, _ in batch:
+            if s.slot >= 0:
+                self.kv.commit(s.slot, s.tokens, s.n_computed)
+        dt = time.perf_counter() - t0
+        self.stats.steps += 1
+        self.stats.busy_s += dt
+
+    # -- planning -------------------------------------------------------------------------------------------
+    def _plan(self) -> list[tuple[_Seq, int]]:
+        """(sequence, tokens to feed) for this step: every decoding sequence one token, then prompt chunks
+        of running sequences, then newly admitted ones, within max_batch_tokens."""
+        batch: list[tuple[_Seq, int]] = []
+        budget = self.max_batch_tokens
+        for s in list(self._running):  # decoders first: their blocks are ensured, preempting if need be
+            if s.pending == 1 and s in self._running:
+                if self._reserve(s, s.n_computed + 1):
+                    batch.append((s, 1))
+                    budget -= 1
+        for s in list(self._running):
+            if s.pending > 1 and budget > 0 and s in self._running:
+                n = min(s.pending, budget)
+                if self._reserve(s, s.n_computed + n):
+                    batch.append((s, n))
+                    budget -= n
+        batch = [(s, n) for s, n in batch if s in self._running]  # a later reserve may have preempted one
+        while self._waiting and budget > 0 and self.kv.n_free_slots > 0:
+            s = self._admissible()
+            if s is None:
+                break
+            n = min(s.pending, budget)
+            if not self._reserve(s, s.n_computed + n, preempt=False):
+                self._unadmit(s)
+                break
+            batch.append((s, n))
+            budget -= n
+        return batch
+
+    def _admissible(self) -> _Seq | None:
+        """The first waiting sequence that fits in memory now, admitted (slot opened, cached prefix
+        mapped); None if the head of the queue must wait. A sequence whose prompt shares uncached full
+        blocks with a prompt being computed waits for them, to read them from the cache next step."""
+        reserve = len(self._running)  # one block of headroom per running sequence for its decoding
+        for s in list(self._waiting):
+            cached = self.kv.cached_prefix(s.tokens)
+            if self._shares_pending_prefix(s, cached):
+                continue
+            need = self.kv.blocks_for(len(s.tokens)) - cached // self.kv.block_size
+            if need > self.kv.n_available() - reserve and self._running:
+                return None  # FIFO: later requests do not overtake one that waits for memory
+            self._waiting.remove(s)
+            s.slot, s.n_cached = self.kv.open(s.tokens)
+            s.n_computed = s.n_cached
+            if s.n_generated == 0:
+                self.stats.prompt_tokens += s.n_prompt
+            self._running.append(s)
+            return s
+        return None
+
+    def _unadmit(self, s: _Seq) -> None:
+        self._running.remove(s)
+        self.kv.close(s.slot)
+        s.slot, s.n_computed = -1, 0
+        self._waiting.appendleft(s)
+
+    def _shares_pending_prefix(self, s: _Seq, cached: int) -> bool:
+        bs = self.kv.block_size
+        if self.kv.prefix is None or len(s.tokens) <= cached + bs:
+            return False
+        mine = np.asarray(s.tokens[: len(s.tokens) - 1], np.int64)
+        for r in self._running:
+            if r.pending <= 1:
+                continue
+            theirs = np.asarray(r.tokens[: len(mine)], np.int64)
+            n = min(len(mine), len(theirs))
+            diff = np.flatnonzero(mine[:n] != theirs[:n])
+            common = (int(diff[0]) if diff.size else n) // bs * bs
+            if common > cached and r.n_computed < common:
+                return True
+        return False
+
+    def _reserve(self, s: _Seq, n_positions: int, preempt: bool = True) -> bool:
+        """Map blocks for s up to n_positions, preempting the most recently admitted other sequences if
+        memory is short (they recompute later). False if s itself had to give way."""
+        while True:
+            try:
+                self.kv.ensure(s.slot, n_positions)
+                return True
+            except OutOfBlocks:
+                if not preempt:
+                    return False
+                victims = [r for r in self._running if r is not s]
+                if not victims:
+                    self._preempt(s)
+                    return False
+                self._preempt(victims[-1])
+
+    def _preempt(self, s: _Seq) -> None:
+        """Free a running sequence's memory and requeue it first; it recomputes its K/V when readmitted
+        (cached blocks of its prefix usually survive in the prefix cache)."""
+        self.stats.preempted += 1
+        self._running.remove(s)
+        self.kv.close(s.slot)
+        s.slot, s.n_computed = -1, 0
+        self._waiting.appendleft(s)
+
+    # -- running ---------------------------------------------------------------------------------------------
+    def _forward(self, batch: list[tuple[_Seq, int]]) -> dict[_Seq, np.ndarray]:
+        """One forward over the whole batch; logits for each sequence whose fed tokens reach its end.
+        If the forward raises, each sequence is retried alone so only the culprit fails."""
+        try:
+            return self._run(batch)
+        except Exception:  # noqa: BLE001 - isolate below
+            if len(batch) == 1:
+                s = batch[0][0]
+                self._finish(s, "error", "the model failed on this request")
+                return {}
+        out: dict[_Seq, np.ndarray] = {}
+        for item in batch:
+            try:
+                out.update(self._run([item]))
+            except Exception as e:  # noqa: BLE001
+                self._finish(item[0], "error", f"the model failed on this request: {e}")
+        return out
+
+    def _run(self, batch: list[tuple[_Seq, int]]) -> dict[_Seq, np.ndarray]:
+        toks, pos, ids, rows, want = [], [], [], [], []
+        n = 0
+        for s, k in batch:
+            start = s.n_computed
+            toks.extend(s.tokens[start : start + k])
+            pos.append(np.arange(start, start + k))
+            ids.append(np.full(k, s.slot))
+            n += k
+            if start + k == len(s.tokens):
+                rows.append(n - 1)
+                want.append(s)
+        logits = self.model.forward(
+            np.asarray(toks, np.int64),
+            np.concatenate(pos).astype(np.int64),
+            np.concatenate(ids).astype(np.int64),
+            self.kv.cache,
+            logits_rows=np.asarray(rows, np.int64),
+        )
+        n_prompt = 0
+        for s, k in batch:
+            prompt_part = max(0, min(s.n_computed + k, s.n_prompt) - s.n_computed)
+            n_prompt += prompt_part
+            s.n_computed += k
+        self.stats.prompt_tokens_computed += n_prompt
+        self._rates.append((time.perf_counter(), n_prompt, len(want)))
+        while len(self._rates) > 4096:
+            self._rates.popleft()
+        return {s: logits[i] for i, s in enumerate(want)}
+
+    def _sample(self, seqs: list[_Seq], logits_of: dict[_Seq, np.ndarray]) -> None:
+        """Sample one token for each sequence in one batched pass (rows that fail fail alone)."""
+        if not seqs:
+            return
+        x = np.stack([logits_of[s] for s in seqs])
+        sampler = Sampler()
+        sampler.rows = [s.sampler for s in seqs]
+        hist = [s.tokens for s in seqs]
+        try:
+            toks: list[int | None] = [int(t) for t in sampler.sample(x, hist)]
+        except ValueError:
+            toks = []
+            for i, s in enumerate(seqs):
+                try:
+                    toks.append(int(s.sampler(x[i], s.tokens)))
+                except ValueError as e:
+                    toks.append(None)
+                    self._finish(s, "error", f"sampling failed: {e}", status=400)
+        for s, tok in zip(seqs, toks):
+            if tok is not None:
+                self._accept(s, tok)
+
+    def _accept(self, s: _Seq, tok: int) -> None:
+        """Append a sampled token: stream its text, or end the sequence."""
+        if s.t_first is None:
+            s.t_first = time.perf_counter()
+        s.n_generated += 1
+        self.stats.generated_tokens += 1
+        if tok in self.eog:
+            self._finish(s, "stop")
+            return
+        s.tokens.append(tok)
+        text, hit = s.stop.push(s.detok.push(tok))
+        if hit:
+            s.stream._push(Event(text, tok))
+            self._finish(s, "stop", flush=False)  # what follows the stop string is dropped
+            return
+        limit = s.req.max_tokens is not None and s.n_generated >= s.req.max_tokens
+        if limit or len(s.tokens) >= self.n_ctx:
+            s.stream._push(Event(text, tok))
+            self._finish(s, "length")
+            return
+        s.stream._push(Event(text, tok))

@@ -1,0 +1,287 @@
+"""Paged KV-cache bookkeeping: one pool of reference-counted blocks, a block table row per sequence, and a
+prefix cache that lets sequences sharing a block-aligned token prefix share its blocks.
+
+The memory itself belongs to the backend (`Backend.new_kv_cache(..., block_size, n_blocks)`; layout in
+backends/reference.py `KVCache`); this module only decides which block holds what and writes the block
+table the attention kernels read. Promises: a block's reference count never goes negative; a block is
+free exactly when nothing holds it; the prefix cache evicts least-recently-used blocks that no sequence
+holds, leaves first, and only when an allocation needs them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+class OutOfBlocks(RuntimeError):
+    """The pool has no free block and the prefix cache none to give back."""
+
+
+def blocks_for(n_positions: int, block_size: int) -> int:
+    return -(-n_positions // block_size)
+
+
+class BlockPool:
+    """Reference-counted block ids 0..n_blocks-1. `take` hands out a free block with one reference."""
+
+    def __init__(self, n_blocks: int):
+        if n_blocks <= 0:
+            raise ValueError(f"a KV pool needs at least one block, got {n_blocks}")
+        self.n_blocks = n_blocks
+        self.refs = np.zeros(n_blocks, np.int32)
+        self._free = list(range(n_blocks - 1, -1, -1))  # a stack: low ids first, so reuse stays warm
+
+    @property
+    def n_free(self) -> int:
+        return len(self._free)
+
+    def take(self) -> int:
+        if not self._free:
+            raise OutOfBlocks("no free KV block")
+        b = self._free.pop()
+        self.refs[b] = 1
+        return b
+
+    def share(self, b: int) -> None:
+        if self.refs[b] <= 0:
+            raise ValueError(f"block {b} is free: it cannot be shared")
+        self.refs[b] += 1
+
+    def release(self, b: int) -> int:
+        """Drop one reference; the block is free again when none is left. Returns the references left."""
+        if self.refs[b] <= 0:
+            raise ValueError(f"block {b} released more often than it was taken")
+        self.refs[b] -= 1
+        if self.refs[b] == 0:
+            self._free.append(b)
+        return int(self.refs[b])
+
+
+@dataclass(eq=False)
+class _Node:
+    """One full block of a cached prefix: its tokens, the block holding their K/V, and where it hangs."""
+
+    key: tuple[int, ...]
+    block: int
+    parent: _Node | None
+    children: dict[tuple[int, ...], _Node] = field(default_factory=dict)
+    last_used: int = 0
+
+
+class PrefixCache:
+    """A trie over block-aligned token runs: the path from the root to a node spells a prefix whose last
+    block_size tokens' K/V live in the node's block (as in vLLM's automatic prefix caching and SGLang's
+    radix cache, at block granularity). The cache holds one reference on every block in it, so a block
+    that only the cache holds (reference count 1) may be evicted. A sequence holding a node's block also
+    holds all of the node's ancestors (it matched or inserted the whole path), so such blocks form whole
+    subtrees and are evicted leaves first, least recently used first."""
+
+    def __init__(self, pool: BlockPool, block_size: int):
+        self.pool = pool
+        self.block_size = block_size
+        self.root = _Node((), -1, None)
+        self.n_blocks = 0  # blocks in the trie
+        self._in_trie = np.zeros(pool.n_blocks, bool)
+        self._clock = itertools.count(1)
+        self.lookup_tokens = 0  # prompt tokens looked up
+        self.hit_tokens = 0  # of which served from the cache
+        self.evicted = 0
+
+    def _key(self, tokens: Sequence[int], i: int) -> tuple[int, ...]:
+        return tuple(tokens[i * self.block_size : (i + 1) * self.block_size])
+
+    def match(self, tokens: Sequence[int], max_blocks: int) -> list[_Node]:
+        """The longest cached path spelling tokens' first full blocks (at most max_blocks), without side
+        effects."""
+        path, node = [], self.root
+        for i in range(min(max_blocks, len(tokens) // self.block_size)):
+            node = node.children.get(self._key(tokens, i))
+            if node is None:
+                break
+            path.append(node)
+        return path
+
+    def acquire(self, path: list[_Node], n_tokens: int) -> list[int]:
+        """Take a reference on every block of a matched path for a new sequence; count the lookup."""
+        tick = next(self._clock)
+        for n in path:
+            self.pool.share(n.block)
+            n.last_used = tick
+        self.lookup_tokens += n_tokens
+        self.hit_tokens += len(path) * self.block_size
+        return [n.block for n in path]
+
+    def insert(self, parent: _Node | None, key: tuple[int, ...], block: int) -> _Node:
+        """Register a sequence's freshly computed full block under parent (None: the root). If the same
+        run is already cached (another sequence computed it at the same time), the cached node is returned
+        and the caller should hold that node's block instead of its own."""
+        parent = parent or self.root
+        node = parent.children.get(key)
+        if node is None:
+            node = _Node(key, block, parent)
+            parent.children[key] = node
+            self.pool.share(block)
+            self._in_trie[block] = True
+            self.n_blocks += 1
+        node.last_used = next(self._clock)
+        return node
+
+    def n_evictable(self) -> int:
+        """Blocks only the cache holds (all of them can be freed, leaves first)."""
+        return int(np.count_nonzero(self._in_trie & (self.pool.refs == 1)))
+
+    def _nodes(self):
+        stack = list(self.root.children.values())
+        while stack:
+            n = stack.pop()
+            yield n
+            stack.extend(n.children.values())
+
+    def evict(self, n_wanted: int) -> int:
+        """Free up to n_wanted blocks that only the cache holds, least recently used leaves first."""
+        heap = [(n.last_used, id(n), n) for n in self._nodes() if not n.children and self._idle(n)]
+        heapq.heapify(heap)
+        freed = 0
+        while heap and freed < n_wanted:
+            _, _, n = heapq.heappop(heap)
+            parent = n.parent
+            assert parent is not None
+            del parent.children[n.key]
+            self._in_trie[n.block] = False
+            self.n_blocks -= 1
+            self.evicted += 1
+            self.pool.release(n.block)
+            freed += 1
+            if parent is not self.root and not parent.children and self._idle(parent):
+                heapq.heappush(heap, (parent.last_used, id(parent), parent))
+        return freed
+
+    def _idle(self, n: _Node) -> bool:
+        return self.pool.refs[n.block] == 1
+
+    def clear(self) -> int:
+        """Evict everything that no sequence holds."""
+        return self.evict(self.n_blocks)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.lookup_tokens if self.lookup_tokens else 0.0
+
+
+@dataclass
+class _SeqBlocks:
+    blocks: list[int]  # block of each run of block_size positions, in order
+    node: _Node | None  # deepest prefix-cache node on this sequence's path (None: the root)
+    n_cached: int  # full blocks already in the prefix cache (matched or inserted)
+
+
+class PagedKV:
+    """The engine's view of a backend KV cache built with n_blocks: sequence slots (block table rows),
+    block allocation on demand, and the prefix cache. Not thread-safe: one engine thread drives it."""
+
+    def __init__(self, cache: Any, prefix_caching: bool = True):
+        self.cache = cache
+        self.block_size = int(cache.block_size)
+        self.n_ctx = int(cache.n_ctx)
+        self.pool = BlockPool(int(cache.n_blocks))
+        self.prefix = PrefixCache(self.pool, self.block_size) if prefix_caching else None
+        self.cache.block_table[:] = -1
+        self._free_slots = list(range(cache.n_seqs - 1, -1, -1))
+        self._seqs: dict[int, _SeqBlocks] = {}
+
+    # -- capacity --------------------------------------------------------------------------------------
+    @property
+    def n_blocks(self) -> int:
+        return self.pool.n_blocks
+
+    @property
+    def n_free_slots(self) -> int:
+        return len(self._free_slots)
+
+    def n_available(self) -> int:
+        """Blocks an allocation could get: free ones plus those only the prefix cache holds."""
+        return self.pool.n_free + (self.prefix.n_evictable() if self.prefix else 0)
+
+    def n_used(self) -> int:
+        """Blocks held by a sequence or the prefix cache."""
+        return self.pool.n_blocks - self.pool.n_free
+
+    def blocks_for(self, n_positions: int) -> int:
+        return blocks_for(n_positions, self.block_size)
+
+    def cached_prefix(self, tokens: Sequence[int]) -> int:
+        """How many leading tokens of `tokens` the prefix cache could serve now (whole blocks, always
+        leaving at least the last token to compute)."""
+        if self.prefix is None:
+            return 0
+        return len(self.prefix.match(tokens, (len(tokens) - 1) // self.block_size)) * self.block_size
+
+    # -- sequences -------------------------------------------------------------------------------------
+    def open(self, tokens: Sequence[int]) -> tuple[int, int]:
+        """Give a new sequence a slot and the cached blocks of its longest cached prefix (never all of
+        tokens: the last token must be computed for its logits). Returns (slot, positions served)."""
+        if not self._free_slots:
+            raise OutOfBlocks("no free sequence slot")
+        slot = self._free_slots.pop()
+        path: list[_Node] = []
+        blocks: list[int] = []
+        if self.prefix is not None:
+            path = self.prefix.match(tokens, (len(tokens) - 1) // self.block_size)
+            blocks = self.prefix.acquire(path, len(tokens))
+        self._seqs[slot] = _SeqBlocks(blocks, path[-1] if path else None, len(path))
+        row = self.cache.block_table[slot]
+        row[:] = -1
+        row[: len(blocks)] = blocks
+        return slot, len(blocks) * self.block_size
+
+    def ensure(self, slot: int, n_positions: int) -> None:
+        """Map blocks for positions 0..n_positions-1 of a sequence, evicting from the prefix cache if the
+        pool is dry. Raises OutOfBlocks (having mapped what it could) if memory is short."""
+        if n_positions > self.n_ctx:
+            raise ValueError(f"position {n_positions - 1} is outside the context of {self.n_ctx}")
+        s = self._seqs[slot]
+        need = self.blocks_for(n_positions) - len(s.blocks)
+        if need <= 0:
+            return
+        if self.pool.n_free < need and self.prefix is not None:
+            self.prefix.evict(need - self.pool.n_free)
+        row = self.cache.block_table[slot]
+        for _ in range(need):
+            b = self.pool.take()  # raises OutOfBlocks
+            row[len(s.blocks)] = b
+            s.blocks.append(b)
+
+    def commit(self, slot: int, tokens: Sequence[int], n_computed: int) -> None:
+        """Offer the sequence's full blocks among its first n_computed positions (whose K/V are now
+        written) to the prefix cache. Where another sequence cached the same run first, switch to its
+        block so that sequences sharing a prefix share its memory."""
+        if self.prefix is None:
+            return
+        s = self._seqs[slot]
+        row = self.cache.block_table[slot]
+        for i in range(s.n_cached, n_computed // self.block_size):
+            node = self.prefix.insert(s.node, self.prefix._key(tokens, i), s.blocks[i])
+            if node.block != s.blocks[i]:
+                self.pool.share(node.block)
+                self.pool.release(s.blocks[i])
+                s.blocks[i] = node.block
+                row[i] = node.block
+            s.node = node
+            s.n_cached = i + 1
+
+    def close(self, slot: int) -> None:
+        """Release a sequence's blocks (cached ones stay in the prefix cache) and free its slot."""
+        s = self._seqs.pop(slot)
+        for b in s.blocks:
+            self.pool.release(b)
+        self.cache.block_table[slot] = -1
+        self._free_slots.append(slot)
+
+    def seq_blocks(self, slot: int) -> list[int]:
+        return list(self._seqs[slot].blocks)

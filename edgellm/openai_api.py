@@ -1,0 +1,351 @@
+"""OpenAI's HTTP API as edgellm speaks it: request validation and the response and error shapes.
+
+Field names and shapes follow the OpenAI API reference for `/v1/completions` and `/v1/chat/completions`,
+plus llama.cpp server's sampling extras (`top_k`, `min_p`, `typical_p`, `repeat_penalty`,
+`repeat_last_n`). Every request is untrusted: each field is checked for type and range and a bad one is
+an APIError(400) naming it, never an exception from deeper down. Fields edgellm cannot honour
+(`logprobs`, `tools`, `echo`, ...) are refused with 400 rather than silently ignored; unknown fields are
+ignored, as llama.cpp's server does.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_CHOICES = 16  # n times the number of prompts
+MAX_STOPS = 16
+MAX_STOP_CHARS = 1024
+
+
+class APIError(Exception):
+    """An error returned to the client as OpenAI's error JSON with an HTTP status."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad(param: str, message: str, code: str | None = None) -> APIError:
+    return APIError(400, f"{param}: {message}" if param else message, param=param or None, code=code)
+
+
+# ---------------------------------------------------------------------------------------------- fields
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _number(body: dict, name: str, lo: float, hi: float, lo_open: bool = False) -> float | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if not _is_num(v):
+        raise bad(name, f"must be a number, got {type(v).__name__}")
+    if not math.isfinite(v) or v < lo or v > hi or (lo_open and v == lo):
+        interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
+        raise bad(name, f"must be a finite number in {interval}, got {v!r}")
+    return float(v)
+
+
+def _integer(body: dict, name: str, lo: int, hi: int) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, float) and v.is_integer() and lo <= v <= hi:
+        v = int(v)  # JSON has one number type: 16.0 is 16
+    if not _is_int(v):
+        raise bad(name, f"must be an integer, got {type(v).__name__}")
+    if v < lo or v > hi:
+        raise bad(name, f"must be an integer in [{lo}, {hi}], got {v}")
+    return v
+
+
+def _boolean(body: dict, name: str, default: bool = False) -> bool:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise bad(name, f"must be true or false, got {type(v).__name__}")
+    return v
+
+
+def _refuse_if_set(body: dict, name: str, ok: Callable[[Any], bool], why: str) -> None:
+    if name in body and body[name] is not None and not ok(body[name]):
+        raise bad(name, why, code="unsupported_parameter")
+
+
+# ---------------------------------------------------------------------------------------------- requests
+
+
+@dataclass
+class Limits:
+    """What the loaded model and engine allow."""
+
+    n_ctx: int
+    n_vocab: int
+
+
+@dataclass
+class GenerationParams:
+    """A validated request: prompts (text or token ids; chat: one rendered prompt), sampling overrides
+    (only fields the client set), and the rest of the knobs."""
+
+    prompts: list[Any]  # str or list[int]; chat: a list of messages (rendered later)
+    n: int = 1
+    max_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    sampling: dict[str, Any] = field(default_factory=dict)
+    model: str | None = None
+
+
+def _sampling(body: dict, lim: Limits) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in (
+        ("temperature", _number(body, "temperature", 0.0, 2.0)),
+        ("top_p", _number(body, "top_p", 0.0, 1.0, lo_open=True)),
+        ("min_p", _number(body, "min_p", 0.0, 1.0)),
+        ("typical_p", _number(body, "typical_p", 0.0, 1.0, lo_open=True)),
+        ("repeat_penalty", _number(body, "repeat_penalty", 0.0, 100.0, lo_open=True)),
+        ("presence_penalty", _number(body, "presence_penalty", -2.0, 2.0)),
+        ("frequency_penalty", _number(body, "frequency_penalty", -2.0, 2.0)),
+        ("top_k", _integer(body, "top_k", 0, 1 << 31)),
+        ("repeat_last_n", _integer(body, "repeat_last_n", -1, 1 << 31)),
+    ):
+        if value is not None:
+            out[name] = value
+    seed = _integer(body, "seed", -(1 << 63), (1 << 64) - 1)
+    if seed is not None:
+        out["seed"] = None if seed == -1 else seed % (1 << 64)  # -1: random, as llama.cpp's server
+    bias = body.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, dict):
+            raise bad(
+                "logit_bias", f"must be an object mapping token ids to numbers, got {type(bias).__name__}"
+            )
+        if len(bias) > 1024:
+            raise bad("logit_bias", "at most 1024 entries")
+        parsed: dict[int, float] = {}
+        for k, v in bias.items():
+            if not (isinstance(k, str) and k.isdigit() and len(k) < 12 and int(k) < lim.n_vocab):
+                raise bad("logit_bias", f"keys must be token ids in [0, {lim.n_vocab}), got {k!r}")
+            if not _is_num(v) or not math.isfinite(v) or not -100 <= v <= 100:
+                raise bad("logit_bias", f"values must be numbers in [-100, 100], got {v!r} for {k}")
+            parsed[int(k)] = float(v)
+        out["logit_bias"] = parsed
+    return out
+
+
+def _stop(body: dict) -> list[str]:
+    v = body.get("stop")
+    if v is None:
+        return []
+    stops = [v] if isinstance(v, str) else v
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise bad("stop", "must be a string or a list of strings")
+    if len(stops) > MAX_STOPS:
+        raise bad("stop", f"at most {MAX_STOPS} stop strings")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise bad("stop", f"stop strings are at most {MAX_STOP_CHARS} characters")
+    return [s for s in stops if s]
+
+
+def _common(body: Any, lim: Limits, max_tokens_names: tuple[str, ...]) -> GenerationParams:
+    if not isinstance(body, dict):
+        raise bad("", "the request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad("model", "must be a string")
+    max_tokens = None
+    for name in max_tokens_names:
+        v = _integer(body, name, -1 if name == "n_predict" else 1, lim.n_ctx)
+        if v is not None:
+            max_tokens = None if v == -1 else v
+    n = _integer(body, "n", 1, MAX_CHOICES) or 1
+    stream = _boolean(body, "stream")
+    opts = body.get("stream_options")
+    include_usage = False
+    if opts is not None:
+        if not isinstance(opts, dict):
+            raise bad("stream_options", "must be an object")
+        include_usage = _boolean(opts, "include_usage")
+    _refuse_if_set(body, "logprobs", lambda v: v is False or v == 0, "logprobs are not supported")
+    _refuse_if_set(body, "top_logprobs", lambda v: v == 0, "logprobs are not supported")
+    _refuse_if_set(body, "echo", lambda v: v is False, "echo is not supported")
+    _refuse_if_set(body, "suffix", lambda v: v == "", "suffix (insertion) is not supported")
+    _refuse_if_set(body, "best_of", lambda v: v == 1, "best_of is not supported")
+    _refuse_if_set(body, "tools", lambda v: v == [], "tools are not supported")
+    _refuse_if_set(body, "functions", lambda v: v == [], "functions are not supported")
+    _refuse_if_set(
+        body,
+        "response_format",
+        lambda v: isinstance(v, dict) and v.get("type") == "text",
+        "only the 'text' response format is supported",
+    )
+    return GenerationParams(
+        prompts=[],
+        n=n,
+        max_tokens=max_tokens,
+        stop=_stop(body),
+        stream=stream,
+        include_usage=include_usage,
+        sampling=_sampling(body, lim),
+        model=model,
+    )
+
+
+def parse_completion(body: Any, lim: Limits) -> GenerationParams:
+    """POST /v1/completions: prompt is a string, a list of token ids, or a list of either."""
+    p = _common(body, lim, ("max_tokens", "n_predict"))
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        prompts: list[Any] = [prompt]
+    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(x, (str, list)) for x in prompt):
+        prompts = prompt
+    else:
+        raise bad("prompt", "must be a string, a list of token ids, or a non-empty list of those")
+    for i, x in enumerate(prompts):
+        if isinstance(x, list):
+            if not x or not all(_is_int(t) and 0 <= t < lim.n_vocab for t in x):
+                raise bad("prompt", f"prompt {i}: token ids must be integers in [0, {lim.n_vocab})")
+        elif not isinstance(x, str):
+            raise bad("prompt", f"prompt {i} must be a string or a list of token ids")
+    if len(prompts) * p.n > MAX_CHOICES:
+        raise bad("n", f"at most {MAX_CHOICES} choices per request (prompts times n)")
+    p.prompts = prompts
+    return p
+
+
+def parse_chat(body: Any, lim: Limits) -> GenerationParams:
+    """POST /v1/chat/completions: messages are checked here for shape; the template checks the rest."""
+    p = _common(body, lim, ("max_tokens", "max_completion_tokens", "n_predict"))
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise bad("messages", "must be a non-empty list of messages")
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise bad("messages", f"messages[{i}] must be an object")
+        if not isinstance(m.get("role"), str) or not m["role"]:
+            raise bad("messages", f"messages[{i}].role must be a non-empty string")
+        c = m.get("content")
+        if c is not None and not isinstance(c, (str, list)):
+            raise bad("messages", f"messages[{i}].content must be a string, a list of parts or null")
+    p.prompts = [msgs]
+    return p
+
+
+def parse_tokenize(body: Any) -> tuple[str, bool, bool, bool]:
+    """POST /tokenize (llama.cpp's): content, add_special (default false), parse_special (default true),
+    with_pieces (default false)."""
+    if not isinstance(body, dict):
+        raise bad("", "the request body must be a JSON object")
+    content = body.get("content")
+    if not isinstance(content, str):
+        raise bad("content", "must be a string")
+    add = _boolean(body, "add_special", False)
+    parse = _boolean(body, "parse_special", True)
+    pieces = _boolean(body, "with_pieces", False)
+    return content, add, parse, pieces
+
+
+def parse_detokenize(body: Any, n_vocab: int) -> list[int]:
+    if not isinstance(body, dict):
+        raise bad("", "the request body must be a JSON object")
+    toks = body.get("tokens")
+    if not isinstance(toks, list) or not all(_is_int(t) and 0 <= t < n_vocab for t in toks):
+        raise bad("tokens", f"must be a list of token ids in [0, {n_vocab})")
+    return toks
+
+
+# ---------------------------------------------------------------------------------------------- responses
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage_body(prompt: int, completion: int, cached: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+@dataclass
+class Shaper:
+    """Builds one request's response objects (completion or chat), streaming chunks or whole."""
+
+    chat: bool
+    model: str
+    id: str = ""
+    created: int = 0
+
+    def __post_init__(self) -> None:
+        self.id = self.id or new_id("chatcmpl" if self.chat else "cmpl")
+        self.created = self.created or int(time.time())
+
+    def _head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def chunk(self, index: int, text: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
+        if self.chat:
+            delta: dict[str, Any] = {}
+            if first:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return {**self._head("chat.completion.chunk"), "choices": [choice]}
+        choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+        return {**self._head("text_completion"), "choices": [choice]}
+
+    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
+        head = self._head("chat.completion.chunk" if self.chat else "text_completion")
+        return {**head, "choices": [], "usage": usage}
+
+    def whole(self, texts: list[str], finishes: list[str], usage: dict[str, Any]) -> dict[str, Any]:
+        if self.chat:
+            choices = [
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": t},
+                    "logprobs": None,
+                    "finish_reason": f,
+                }
+                for i, (t, f) in enumerate(zip(texts, finishes))
+            ]
+            return {**self._head("chat.completion"), "choices": choices, "usage": usage}
+        choices = [
+            {"index": i, "text": t, "logprobs": None, "finish_reason": f}
+            for i, (t, f) in enumerate(zip(texts, finishes))
+        ]
+        return {**self._head("text_completion"), "choices": choices, "usage": usage}

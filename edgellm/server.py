@@ -1,0 +1,514 @@
+"""`edgellm serve`: an OpenAI-compatible HTTP server (FastAPI + uvicorn) over the continuous-batching
+Engine.
+
+Routes: POST /v1/chat/completions and /v1/completions (whole or streamed as server-sent events ending in
+`data: [DONE]`), GET /v1/models, GET /health (503 while the model loads, then 200), GET /metrics
+(Prometheus text), POST /tokenize and /detokenize (llama.cpp's shapes). Every error is OpenAI's error
+JSON with its status: 400 bad parameters, 401 bad key, 404, 405, 413 body too large, 429 queue full,
+503 loading or shutting down; bad input never gets a 500. With an API key set, every route but /health
+needs `Authorization: Bearer KEY`. SIGTERM stops new requests, lets running streams finish for a grace
+period, then ends them with an error event and `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from edgellm import openai_api as oa
+from edgellm.engine import Engine, Event, GenRequest, QueueFull, RequestRejected, ShuttingDown
+from edgellm.openai_api import APIError
+
+log = logging.getLogger("edgellm.server")
+
+MAX_BODY = 4 << 20  # bytes of one request body
+
+
+@dataclass
+class ServerConfig:
+    model: str | None = None  # alias or path
+    backend: str = "auto"
+    threads: int | None = None
+    n_ctx: int | None = None
+    parallel: int = 4
+    kv_budget: str | None = None  # "512MiB", "2GB" or a token count
+    batch_tokens: int = 256
+    queue_size: int = 64
+    block_size: int = 16
+    prefix_cache: bool = True
+    chat_template: str | None = None
+    api_key: str | None = None
+    shutdown_grace: float = 10.0
+    max_body: int = MAX_BODY
+    model_name: str | None = None  # the id /v1/models reports (default: the file's stem)
+
+
+@dataclass
+class State:
+    """What the routes share: the config, and once loaded, the LLM and its Engine."""
+
+    config: ServerConfig
+    llm: Any = None
+    engine: Engine | None = None
+    model_id: str = "edgellm"
+    load_error: str | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def ready(self) -> Engine:
+        if self.engine is None:
+            if self.load_error:
+                raise APIError(503, f"the model failed to load: {self.load_error}", "unavailable_error")
+            raise APIError(503, "Loading model", "unavailable_error", code="model_loading")
+        if not self.engine.accepting:
+            raise APIError(503, "the server is shutting down", "unavailable_error", code="shutting_down")
+        return self.engine
+
+
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1024, "m": 1e6, "mb": 1e6, "mib": 1 << 20}
+_UNITS.update({"g": 1e9, "gb": 1e9, "gib": 1 << 30, "t": 1e12, "tb": 1e12, "tib": 1 << 40})
+
+
+def parse_kv_budget(text: str, bytes_per_token: int) -> int:
+    """`--kv-budget`: a size with a unit ("512MiB", "1.5GB") or a plain token count ("8192"), as tokens."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text or "")
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"--kv-budget {text!r}: expected a token count (8192) or a size (512MiB, 2GB)")
+    value, unit = float(m.group(1)), m.group(2).lower()
+    tokens = int(value) if unit == "" else int(value * _UNITS[unit]) // bytes_per_token
+    if tokens <= 0:
+        raise ValueError(f"--kv-budget {text!r} holds no tokens ({bytes_per_token} bytes per token)")
+    return tokens
+
+
+def load(state: State) -> None:
+    """Load the model and start the engine (runs in a background thread while /health says 503)."""
+    from edgellm.llm import LLM
+
+    c = state.config
+    try:
+        llm = LLM(c.model, backend=c.backend, threads=c.threads, n_ctx=c.n_ctx, chat_template=c.chat_template)
+        kv_tokens = None
+        if c.kv_budget:
+            kv_tokens = parse_kv_budget(c.kv_budget, llm.model.kv_bytes_per_token())
+        else:  # every slot can fill its context, within 256 MiB unless one context alone needs more
+            cap = max(llm.n_ctx, (256 << 20) // llm.model.kv_bytes_per_token())
+            kv_tokens = min(c.parallel * llm.n_ctx, cap)
+        engine = Engine(
+            llm.model,
+            llm.tokenizer,
+            n_ctx=llm.n_ctx,
+            max_seqs=c.parallel,
+            kv_tokens=kv_tokens,
+            block_size=c.block_size,
+            max_batch_tokens=c.batch_tokens,
+            max_queue=c.queue_size,
+            prefix_caching=c.prefix_cache,
+        )
+        engine.start()
+    except Exception as e:  # noqa: BLE001 - reported on /health and the log
+        state.load_error = f"{type(e).__name__}: {e}"
+        log.error("failed to load the model: %s", state.load_error)
+        raise
+    state.llm = llm
+    state.model_id = c.model_name or llm.path.stem
+    state.engine = engine
+    log.info(
+        "ready: %s on %s, ctx %d, %d slots, %d KV blocks of %d",
+        llm.path.name,
+        llm.backend.name,
+        llm.n_ctx,
+        c.parallel,
+        engine.kv.n_blocks,
+        engine.kv.block_size,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- app
+
+
+def create_app(state: State) -> FastAPI:
+    app = FastAPI(title="edgellm", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.edgellm = state
+    key = state.config.api_key
+
+    if key:
+        app.add_middleware(_RequireKey, key=key)
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, e: APIError):
+        return _error(e)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException):
+        if e.status_code == 404:
+            return _error(APIError(404, f"Not found: {request.method} {request.url.path}", code="not_found"))
+        if e.status_code == 405:
+            return _error(APIError(405, f"Method {request.method} not allowed on {request.url.path}"))
+        return _error(APIError(e.status_code, str(e.detail)))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, e: Exception):
+        log.exception("internal error on %s", request.url.path)
+        return _error(APIError(500, f"internal error: {type(e).__name__}", "server_error"))
+
+    @app.get("/health")
+    async def health():
+        if state.engine is None:
+            e = APIError(
+                503, "Loading model" if not state.load_error else state.load_error, "unavailable_error"
+            )
+            return JSONResponse({"status": "loading", **e.body()}, status_code=503)
+        if not state.engine.accepting:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        state.ready()
+        llm = state.llm
+        meta = {"n_ctx": llm.n_ctx, "n_vocab": llm.model.config.n_vocab, "backend": llm.backend.name}
+        model = {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "edgellm"}
+        return {"object": "list", "data": [{**model, "meta": meta}]}
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(_prometheus(state), media_type="text/plain; version=0.0.4")
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        state.ready()
+        content, add, parse, pieces = oa.parse_tokenize(await _json(request, state.config.max_body))
+        tok = state.llm.tokenizer
+        ids = await run_in_threadpool(tok.encode, content, add, parse)
+        if pieces:
+            out = [
+                {"id": i, "piece": tok.token_to_piece(i, special=True).decode("utf-8", "replace")}
+                for i in ids
+            ]
+            return {"tokens": out}
+        return {"tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        state.ready()
+        toks = oa.parse_detokenize(
+            await _json(request, state.config.max_body), state.llm.model.config.n_vocab
+        )
+        return {"content": state.llm.tokenizer.decode(toks)}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _generate(state, request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _generate(state, request, chat=True)
+
+    return app
+
+
+class _RequireKey:
+    """ASGI middleware: every route but /health needs `Authorization: Bearer KEY` (constant-time check).
+    Plain ASGI rather than FastAPI's http middleware, which buffers streamed responses through a task."""
+
+    def __init__(self, app: Any, key: str):
+        self.app = app
+        self.key = key.encode()
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http" and scope.get("path") != "/health":
+            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            token = given[7:] if given[:7].lower() == b"bearer " else b""
+            if not hmac.compare_digest(token, self.key):
+                e = APIError(
+                    401, "Invalid API key: send it as 'Authorization: Bearer KEY'", code="invalid_api_key"
+                )
+                await _error(e)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _error(e: APIError) -> JSONResponse:
+    headers = {"Retry-After": "1"} if e.status in (429, 503) else None
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+
+async def _json(request: Request, limit: int) -> Any:
+    """The request body as JSON, read at most `limit` bytes (413 beyond)."""
+    size = request.headers.get("content-length")
+    if size is not None and (not size.isdigit() or int(size) > limit):
+        raise APIError(413, f"request body too large (limit {limit} bytes)", code="body_too_large")
+    chunks, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise APIError(413, f"request body too large (limit {limit} bytes)", code="body_too_large")
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks))
+    except (ValueError, RecursionError) as e:
+        raise APIError(400, f"the body is not valid JSON: {str(e)[:200]}", code="invalid_json") from None
+
+
+# ---------------------------------------------------------------------------------------------- generation
+
+
+async def _generate(state: State, request: Request, chat: bool):
+    engine = state.ready()
+    llm = state.llm
+    limits = oa.Limits(llm.n_ctx, llm.model.config.n_vocab)
+    body = await _json(request, state.config.max_body)
+    p = oa.parse_chat(body, limits) if chat else oa.parse_completion(body, limits)
+    prompts = await run_in_threadpool(_prompt_ids, llm, p, chat)
+    try:
+        params = llm.params(**p.sampling)
+    except (ValueError, TypeError) as e:
+        raise oa.bad("", str(e)) from None
+    reqs = []
+    for i, ids in enumerate(prompts):
+        for j in range(p.n):
+            q = params
+            if q.seed is not None and (len(prompts) > 1 or p.n > 1):
+                q = replace(q, seed=(q.seed + i * p.n + j) % (1 << 64))  # distinct, reproducible choices
+            reqs.append(GenRequest(ids, q, p.max_tokens, tuple(p.stop)))
+    loop = asyncio.get_running_loop()
+    streams = []
+    try:
+        for r in reqs:
+            streams.append(engine.submit(r, loop))
+    except RequestRejected as e:
+        _cancel_all(streams)
+        raise APIError(400, str(e), code="context_length_exceeded" if "context" in str(e) else None) from None
+    except QueueFull as e:
+        _cancel_all(streams)
+        raise APIError(429, str(e), "rate_limit_error", code="queue_full") from None
+    except ShuttingDown as e:
+        _cancel_all(streams)
+        raise APIError(503, str(e), "unavailable_error", code="shutting_down") from None
+    except ValueError as e:  # sampling params the engine's final check refused
+        _cancel_all(streams)
+        raise oa.bad("", str(e)) from None
+    shaper = oa.Shaper(chat=chat, model=state.model_id)
+    if p.stream:
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(
+            _sse(streams, shaper, p.include_usage), media_type="text/event-stream", headers=headers
+        )
+    return await _whole(request, streams, shaper)
+
+
+def _prompt_ids(llm: Any, p: oa.GenerationParams, chat: bool) -> list[list[int]]:
+    """Token ids of every prompt (chat: rendered with the model's template); 400 if one cannot be."""
+    try:
+        if chat:
+            return [llm.chat_prompt(p.prompts[0])]
+        return [llm.tokenize(x) if isinstance(x, str) else list(x) for x in p.prompts]
+    except (ValueError, TypeError, RecursionError) as e:  # ChatTemplateError and TokenizerError included
+        raise APIError(400, f"cannot build the prompt: {e}", param="messages" if chat else "prompt") from None
+
+
+def _cancel_all(streams: list) -> None:
+    for s in streams:
+        s.cancel()
+
+
+async def _merged(streams: list) -> AsyncIterator[tuple[int, Event]]:
+    """Events of several streams as they come, tagged with the stream's index."""
+    if len(streams) == 1:
+        async for ev in streams[0]:
+            yield 0, ev
+        return
+    q: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, s) -> None:
+        async for ev in s:
+            await q.put((i, ev))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        left = len(streams)
+        while left:
+            i, ev = await q.get()
+            if ev.finish_reason is not None:
+                left -= 1
+            yield i, ev
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+def _sse_line(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def _sse(streams: list, shaper: oa.Shaper, include_usage: bool) -> AsyncIterator[str]:
+    """Server-sent events for a streamed request; cancels the sequences if the client goes away."""
+    usage = [0, 0, 0]
+    try:
+        if shaper.chat:
+            for i in range(len(streams)):
+                yield _sse_line(shaper.chunk(i, "", None, first=True))
+        failed = None
+        async for i, ev in _merged(streams):
+            if ev.finish_reason == "error":
+                failed = failed or ev
+                continue
+            if ev.text:
+                yield _sse_line(shaper.chunk(i, ev.text, None))
+            if ev.finish_reason is not None:
+                yield _sse_line(shaper.chunk(i, None if shaper.chat else "", ev.finish_reason))
+            if ev.usage is not None:
+                usage[0] += ev.usage.prompt_tokens
+                usage[1] += ev.usage.completion_tokens
+                usage[2] += ev.usage.cached_tokens
+        if failed is not None:
+            kind = {400: "invalid_request_error", 503: "unavailable_error"}.get(failed.status, "server_error")
+            yield _sse_line(APIError(failed.status, failed.error or "error", kind).body())
+        elif include_usage:
+            yield _sse_line(shaper.usage_chunk(oa.usage_body(*usage)))
+        yield "data: [DONE]\n\n"
+    finally:  # normal end, or the client went away (the generator is closed / cancelled)
+        _cancel_all(streams)
+
+
+async def _whole(request: Request, streams: list, shaper: oa.Shaper) -> Any:
+    """Collect every choice; cancel them if the client disconnects while waiting."""
+    texts = [[] for _ in streams]
+    finishes = ["length"] * len(streams)
+    usage = [0, 0, 0]
+    failed: Event | None = None
+
+    async def collect() -> None:
+        nonlocal failed
+        async for i, ev in _merged(streams):
+            texts[i].append(ev.text)
+            if ev.finish_reason == "error":
+                failed = failed or ev
+            elif ev.finish_reason is not None:
+                finishes[i] = ev.finish_reason
+            if ev.usage is not None:
+                usage[0] += ev.usage.prompt_tokens
+                usage[1] += ev.usage.completion_tokens
+                usage[2] += ev.usage.cached_tokens
+
+    task = asyncio.create_task(collect())
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=0.5)
+            if not task.done() and await request.is_disconnected():
+                task.cancel()
+                return Response(status_code=499)
+        task.result()
+    finally:
+        _cancel_all(streams)
+    if failed is not None:
+        kind = {400: "invalid_request_error", 503: "unavailable_error"}.get(failed.status, "server_error")
+        raise APIError(failed.status, failed.error or "generation failed", kind)
+    return shaper.whole(["".join(t) for t in texts], finishes, oa.usage_body(*usage))
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+
+
+_METRICS = [  # (engine key, prometheus name, type, help)
+    ("requests_total", "requests_total", "counter", "Generation requests accepted (one per choice)."),
+    ("requests_finished_stop", "requests_finished_stop_total", "counter", "Sequences ended by EOG/stop."),
+    ("requests_finished_length", "requests_finished_length_total", "counter", "Sequences ended by length."),
+    ("requests_cancelled", "requests_cancelled_total", "counter", "Sequences cancelled (client gone)."),
+    ("requests_failed", "requests_failed_total", "counter", "Sequences that failed."),
+    ("prompt_tokens_total", "prompt_tokens_total", "counter", "Prompt tokens of admitted requests."),
+    ("prompt_tokens_computed_total", "prompt_tokens_computed_total", "counter", "Prompt tokens computed."),
+    ("generation_tokens_total", "generation_tokens_total", "counter", "Tokens generated."),
+    ("preemptions_total", "preemptions_total", "counter", "Sequences preempted for KV memory."),
+    ("steps_total", "steps_total", "counter", "Engine steps (forward passes)."),
+    ("queue_length", "queue_length", "gauge", "Requests waiting for a slot or memory."),
+    ("running", "running_sequences", "gauge", "Sequences in the running batch."),
+    ("kv_blocks_total", "kv_blocks_total", "gauge", "KV cache blocks in the pool."),
+    ("kv_blocks_used", "kv_blocks_used", "gauge", "KV cache blocks held by sequences or the prefix cache."),
+    ("prefix_cache_blocks", "prefix_cache_blocks", "gauge", "Blocks in the prefix cache."),
+    ("prefix_cache_hit_tokens_total", "prefix_cache_hit_tokens_total", "counter", "Prompt tokens served."),
+    ("prefix_cache_lookup_tokens_total", "prefix_cache_lookup_tokens_total", "counter", "Tokens looked up."),
+    ("prefix_cache_hit_rate", "prefix_cache_hit_rate", "gauge", "Hit tokens / looked-up tokens."),
+    ("prompt_tokens_per_second", "prompt_tokens_per_second", "gauge", "Prompt throughput, last 10 s."),
+    ("generation_tokens_per_second", "generation_tokens_per_second", "gauge", "Generation tok/s, last 10 s."),
+]
+
+
+def _prometheus(state: State) -> str:
+    lines = [
+        "# HELP edgellm_ready Whether the model is loaded and the server accepts requests.",
+        "# TYPE edgellm_ready gauge",
+        f"edgellm_ready {int(state.engine is not None and state.engine.accepting)}",
+    ]
+    if state.engine is not None:
+        m = state.engine.metrics()
+        for key, name, kind, text in _METRICS:
+            lines += [f"# HELP edgellm_{name} {text}", f"# TYPE edgellm_{name} {kind}"]
+            v = m[key]
+            lines.append(f"edgellm_{name} {v:.6g}" if isinstance(v, float) else f"edgellm_{name} {v}")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------- running
+
+
+def serve(
+    config: ServerConfig, host: str = "127.0.0.1", port: int = 8080, on_ready: Callable | None = None
+) -> int:
+    """Run the server until SIGTERM/SIGINT; returns the exit code (1 if the model failed to load)."""
+    import uvicorn
+
+    state = State(config)
+    app = create_app(state)
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:  # SIGTERM/SIGINT
+            if state.engine is not None and state.engine.accepting:
+                log.info("shutting down: finishing running streams (up to %.1f s)", config.shutdown_grace)
+                state.engine.shutdown(config.shutdown_grace, wait=False)
+            super().handle_exit(sig, frame)
+            if sig == signal.SIGTERM:  # a graceful stop is a success: do not re-raise it after shutdown
+                captured = getattr(self, "_captured_signals", None)
+                if isinstance(captured, list) and signal.SIGTERM in captured:
+                    captured.remove(signal.SIGTERM)
+
+    uv = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=int(config.shutdown_grace) + 5,
+        lifespan="off",
+    )
+    server = _Server(uv)
+    failed = threading.Event()
+
+    def _load() -> None:
+        try:
+            load(state)
+            if on_ready is not None:
+                on_ready(state)
+        except Exception:  # noqa: BLE001 - logged by load(); the server exits with an error
+            failed.set()
+            server.should_exit = True
+
+    threading.Thread(target=_load, name="edgellm-load", daemon=True).start()
+    server.run()
+    if state.engine is not None:
+        state.engine.shutdown(0.0, wait=True)
+    return 1 if failed.is_set() else 0

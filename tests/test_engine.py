@@ -1,0 +1,155 @@
+"""The continuous-batching engine on the real SmolLM2 (numba backend): batched and chunked results equal
+single-stream ones, cancellation, isolation of a failing request, preemption, prefix-cache reuse."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgellm.engine import Engine, GenRequest, QueueFull, RequestRejected
+from edgellm.sampler import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def llm(smollm2_path):
+    import edgellm
+
+    return edgellm.LLM(smollm2_path, backend="numba", n_ctx=256, threads=1)
+
+
+def _engine(llm, start: bool = True, **kw) -> Engine:
+    opts = dict(n_ctx=256, max_seqs=4, block_size=4, max_batch_tokens=16)
+    opts.update(kw)
+    e = Engine(llm.model, llm.tokenizer, **opts)
+    if start:
+        e.start()
+    return e
+
+
+def _tokens(stream) -> tuple[list[int], str, str]:
+    evs = list(stream)
+    return [e.token for e in evs if e.token is not None], "".join(e.text for e in evs), evs[-1].finish_reason
+
+
+def _alone(llm, prompt: str, params: SamplingParams, n: int) -> list[int]:
+    return llm.generate(
+        prompt, max_tokens=n, **{k: getattr(params, k) for k in ("temperature", "seed")}
+    ).tokens
+
+
+PROMPTS = [
+    "Once upon a time",
+    "The capital of France is",
+    "def fib(n):",
+    "In a shocking finding, scientists discovered a herd of unicorns living in a remote valley",
+    "Hello, my name is",
+]
+
+
+def test_batched_chunked_prefill_gives_each_sequence_its_single_stream_tokens(llm):
+    """Five sequences with their own params in 4 slots, prompts fed in chunks of <= 16 tokens mixed with
+    other sequences' decode tokens: each gets exactly the tokens `LLM.generate` gives it alone."""
+    params = [
+        GREEDY,
+        SamplingParams(temperature=0.9, seed=5),
+        GREEDY,
+        GREEDY,
+        SamplingParams(temperature=0.7, seed=1),
+    ]
+    want = [_alone(llm, p, q, 8) for p, q in zip(PROMPTS, params)]
+    eng = _engine(llm)
+    try:
+        streams = [eng.submit(GenRequest(llm.tokenize(p), q, 8)) for p, q in zip(PROMPTS, params)]
+        got = [_tokens(s) for s in streams]
+    finally:
+        eng.shutdown()
+    assert [g[0] for g in got] == want
+    assert all(g[2] == "length" for g in got)
+    assert eng.stats.finished["length"] == 5 and eng.kv.n_used() == eng.kv.prefix.n_blocks
+
+
+def test_shared_prefix_is_served_from_the_cache_with_the_same_tokens(llm):
+    system = "You are a helpful assistant who answers in one short sentence. " * 3
+    eng = _engine(llm)
+    try:
+        first = eng.submit(GenRequest(llm.tokenize(system + "What is 2+2?"), GREEDY, 6))
+        a = list(first)
+        second = eng.submit(GenRequest(llm.tokenize(system + "Name a color."), GREEDY, 6))
+        b = list(second)
+    finally:
+        eng.shutdown()
+    assert a[-1].usage.cached_tokens == 0
+    n_system = len(llm.tokenize(system))
+    assert b[-1].usage.cached_tokens >= n_system // 4 * 4 - 4  # whole blocks of the shared system prompt
+    assert [e.token for e in b if e.token is not None] == _alone(llm, system + "Name a color.", GREEDY, 6)
+    assert eng.kv.prefix.hit_rate > 0.3
+
+
+def test_memory_pressure_preempts_and_recomputes_without_changing_tokens(llm):
+    """A pool of 8 blocks of 4 for three ~15-token sequences: some are preempted and recompute later."""
+    want = [_alone(llm, p, GREEDY, 10) for p in PROMPTS[:3]]
+    eng = _engine(llm, kv_tokens=32, prefix_caching=False, max_seqs=3)
+    try:
+        streams = [eng.submit(GenRequest(llm.tokenize(p), GREEDY, 10)) for p in PROMPTS[:3]]
+        got = [_tokens(s)[0] for s in streams]
+    finally:
+        eng.shutdown()
+    assert got == want
+    assert eng.stats.preempted > 0 and eng.kv.pool.n_free == eng.kv.n_blocks
+
+
+def test_cancel_stops_a_sequence_at_the_next_step_and_a_failing_sampler_fails_alone(llm):
+    ban_all = {t: float("-inf") for t in range(llm.model.config.n_vocab)}
+    eng = _engine(llm, start=False)
+    long = eng.submit(GenRequest(llm.tokenize(PROMPTS[0]), GREEDY, 200))
+    bad = eng.submit(
+        GenRequest(llm.tokenize(PROMPTS[1]), SamplingParams(temperature=0, logit_bias=ban_all), 5)
+    )
+    ok = eng.submit(GenRequest(llm.tokenize(PROMPTS[2]), GREEDY, 5))
+    for _ in range(3):
+        eng.step()
+    before = [e for e in long.ready() if e.token is not None]
+    long.cancel()
+    eng.step()
+    after = long.ready()
+    assert before and [e.finish_reason for e in after] == ["cancelled"]  # no token after the cancel
+    assert after[0].usage.completion_tokens == len(before)
+    ok_events = ok.ready()
+    while not ok.done:
+        eng.step()
+        ok_events += ok.ready()
+    bad_evs = list(bad)
+    assert bad_evs[-1].finish_reason == "error" and "no token to sample" in bad_evs[-1].error
+    assert bad_evs[-1].status == 400
+    ok_toks = [e.token for e in ok_events if e.token is not None]
+    assert ok_toks == _alone(llm, PROMPTS[2], GREEDY, 5) and ok_events[-1].finish_reason == "length"
+    assert eng.kv.pool.n_free + eng.kv.prefix.n_blocks == eng.kv.n_blocks  # every sequence's blocks freed
+
+
+def test_stop_strings_and_eog_end_a_sequence(llm):
+    eng = _engine(llm)
+    try:
+        toks, text, reason = _tokens(
+            eng.submit(GenRequest(llm.tokenize("def fib(n):"), GREEDY, 30, ("return",)))
+        )
+    finally:
+        eng.shutdown()
+    assert reason == "stop" and "return" not in text and text.startswith("\n")
+
+
+def test_requests_that_can_never_run_are_rejected_and_a_full_queue_refuses(llm):
+    eng = Engine(llm.model, llm.tokenizer, n_ctx=64, max_seqs=1, block_size=4, kv_tokens=32, max_queue=1)
+    with pytest.raises(RequestRejected, match="context holds 64"):
+        eng.submit(GenRequest(list(range(1, 80)), GREEDY, 4))
+    with pytest.raises(RequestRejected, match="KV memory holds 32"):
+        eng.submit(GenRequest(list(range(1, 40)), GREEDY, 4))
+    with pytest.raises(RequestRejected, match="outside the vocabulary"):
+        eng.submit(GenRequest([1, 10**9], GREEDY, 4))
+    eng.submit(GenRequest([1, 2], GREEDY, 4))  # not started: they wait in the queue
+    eng.submit(GenRequest([1, 2], GREEDY, 4))
+    with pytest.raises(QueueFull):
+        eng.submit(GenRequest([1, 2], GREEDY, 4))
+    eng.shutdown(grace=60, wait=False)
+    assert not eng.step()  # waiting requests fail with "shutting down"; nothing is left to run
+    assert eng.stats.finished["error"] == 2

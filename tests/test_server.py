@@ -1,0 +1,357 @@
+"""`edgellm serve` as a real process on loopback with the real SmolLM2: the official openai client, 16
+concurrent streams equal to single streams, OpenAI-shaped errors, disconnects, a full queue, the API key
+and SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+N_CTX = 512
+KEY = "sk-test-edgellm"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, model, log_path, *args: str, env: dict | None = None):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "edgellm", "serve", str(model), "--port", str(self.port)]
+        # one thread: results do not depend on it, and two threads of a busy two-core machine wait on each
+        # other at every parallel op
+        cmd += ["--backend", "numba", "-t", "1", "-c", str(N_CTX), *args]
+        self.log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+        self.health: list[tuple[int, dict]] = []  # every /health answer until ready
+
+    def wait_ready(self, deadline_s: float = 180) -> None:
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            assert self.proc.poll() is None, f"server exited: {self.read_log()}"
+            try:
+                r = httpx.get(self.url + "/health", timeout=5)
+            except httpx.TransportError:
+                time.sleep(0.05)
+                continue
+            self.health.append((r.status_code, r.json()))
+            if r.status_code == 200:
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"server not ready: {self.read_log()}")
+
+    def read_log(self) -> str:
+        self.log.flush()
+        with open(self.log.name, encoding="utf-8", errors="replace") as f:
+            return f.read()[-3000:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path, tmp_path_factory):
+    s = Server(smollm2_path, tmp_path_factory.mktemp("serve") / "main.log", "--parallel", "16")
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def small_server(smollm2_path, tmp_path_factory):
+    """One slot, one queue place, an API key from the environment, a 2 s shutdown grace."""
+    s = Server(
+        smollm2_path,
+        tmp_path_factory.mktemp("serve") / "small.log",
+        *("--parallel", "1", "--queue-size", "1", "--shutdown-grace", "2"),
+        env={"EDGELLM_API_KEY": KEY},
+    )
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+
+
+def _client(server, key: str = "none") -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def _metrics(server, headers=None) -> dict[str, float]:
+    text = httpx.get(server.url + "/metrics", headers=headers, timeout=10).text
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.split()
+            out[name] = float(value)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- the API
+
+
+def test_openai_client_whole_and_streamed_answers_agree(server):
+    client = _client(server)
+    [model] = client.models.list().data
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    whole = client.chat.completions.create(model=model.id, messages=msgs, max_tokens=10, temperature=0)
+    assert whole.object == "chat.completion" and whole.choices[0].message.role == "assistant"
+    assert whole.choices[0].finish_reason in ("stop", "length") and whole.choices[0].message.content
+    assert whole.usage.completion_tokens <= 10
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+    chunks = list(
+        client.chat.completions.create(
+            model=model.id,
+            messages=msgs,
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0  # the same prompt again: cached
+
+    comp = client.completions.create(model=model.id, prompt="Once upon a time", max_tokens=8, temperature=0)
+    assert comp.object == "text_completion" and comp.usage.completion_tokens == 8
+    assert comp.choices[0].finish_reason == "length"
+    streamed = client.completions.create(
+        model=model.id, prompt="Once upon a time", max_tokens=8, temperature=0, stream=True
+    )
+    assert "".join(c.choices[0].text for c in streamed) == comp.choices[0].text
+    two = client.completions.create(model=model.id, prompt="Hi", max_tokens=4, temperature=0.9, seed=3, n=2)
+    assert sorted(c.index for c in two.choices) == [0, 1] and two.usage.completion_tokens == 8
+    stop = client.completions.create(
+        model=model.id, prompt="def fib(n):", max_tokens=30, temperature=0, stop="return"
+    )
+    assert stop.choices[0].finish_reason == "stop" and "return" not in stop.choices[0].text
+
+
+def test_sixteen_concurrent_streams_each_get_their_single_stream_tokens(server):
+    """Different prompts and parameters (greedy, seeded sampling, top_k/min_p/penalties); each stream
+    alone first, then all 16 at once: batch composition must not change a single token."""
+    subjects = ["the sea", "a robot", "Paris", "tea", "mountains", "a cat", "jazz", "winter"]
+    reqs = []
+    for i in range(16):
+        r = {
+            "messages": [{"role": "user", "content": f"Write one sentence about {subjects[i % 8]}."}],
+            "max_tokens": 6 + i % 5,
+            "temperature": 0,
+        }
+        if i % 4 == 1:
+            r.update(temperature=0.8, seed=100 + i)
+        if i % 4 == 2:
+            r.update(temperature=0.7, seed=i, top_k=20, min_p=0.1, repeat_penalty=1.2)
+        if i >= 8:
+            r["messages"].insert(0, {"role": "system", "content": "You are a poet."})
+        reqs.append(r)
+    client = _client(server)
+
+    def run(r: dict, stream: bool) -> str:
+        extra = {k: r[k] for k in ("top_k", "min_p", "repeat_penalty") if k in r}
+        base = {k: v for k, v in r.items() if k not in extra}
+        out = client.chat.completions.create(model="m", stream=stream, extra_body=extra, **base)
+        if not stream:
+            return out.choices[0].message.content
+        return "".join(c.choices[0].delta.content or "" for c in out if c.choices)
+
+    alone = [run(r, False) for r in reqs]
+    with ThreadPoolExecutor(16) as pool:
+        together = list(pool.map(lambda r: run(r, True), reqs))
+    assert together == alone
+    m = _metrics(server)
+    assert m["edgellm_prefix_cache_hit_tokens_total"] > 0 and m["edgellm_running_sequences"] == 0
+
+
+def _post(server, path: str, body, **kw) -> httpx.Response:
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(
+        server.url + path, content=data, headers={"content-type": "application/json"}, timeout=30, **kw
+    )
+
+
+BAD = [  # (path, body, status, param or message fragment)
+    ("/v1/completions", {"prompt": "x", "temperature": -1}, 400, "temperature"),
+    ("/v1/completions", '{"prompt": "x", "temperature": NaN}', 400, "temperature"),
+    ("/v1/completions", '{"prompt": "x", "top_p": 1e999}', 400, "top_p"),
+    ("/v1/completions", {"prompt": "x", "temperature": "hot"}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 10**12}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": True}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "n": "2"}, 400, "n"),
+    ("/v1/completions", {"prompt": "x", "n": 10**6}, 400, "n"),
+    ("/v1/completions", {"prompt": "x", "top_k": -5}, 400, "top_k"),
+    ("/v1/completions", {"prompt": "x", "seed": 1.5}, 400, "seed"),
+    ("/v1/completions", {"prompt": "x", "stop": 5}, 400, "stop"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"abc": 1}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"5": 1e9}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 3}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "stream": "yes"}, 400, "stream"),
+    ("/v1/completions", {"prompt": 42}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [1, -3]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [10**9]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "word " * (N_CTX + 50)}, 400, "context"),
+    ("/v1/completions", {"prompt": ""}, 400, "empty prompt"),
+    ("/v1/completions", "{not json", 400, "JSON"),
+    ("/v1/completions", "[1, 2]", 400, "JSON object"),
+    ("/v1/completions", "[" * 100000 + "]" * 100000, 400, "JSON"),
+    ("/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": {"a": 1}}]}, 400, "messages"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        400,
+        "messages",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "x"}]},
+        400,
+        "tools",
+    ),
+    ("/tokenize", {"content": 5}, 400, "content"),
+    ("/detokenize", {"tokens": [1, "a"]}, 400, "tokens"),
+]
+
+
+@pytest.mark.parametrize("path,body,status,what", BAD, ids=[f"{i}-{b[3]}" for i, b in enumerate(BAD)])
+def test_bad_requests_get_openai_errors_not_500(server, path, body, status, what):
+    r = _post(server, path, body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and set(err) == {"message", "type", "param", "code"}
+    assert what.lower() in (err["message"] + str(err["param"])).lower()
+
+
+def test_unknown_routes_methods_and_huge_bodies(server):
+    r = httpx.get(server.url + "/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = httpx.get(server.url + "/v1/completions")
+    assert r.status_code == 405 and "error" in r.json()
+    r = _post(server, "/v1/completions", b'{"prompt": "' + b"x" * (5 << 20) + b'"}')
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+    r = _post(server, "/tokenize", {"content": "Hello world", "with_pieces": True})
+    assert r.json() == {"tokens": [{"id": 19556, "piece": "Hello"}, {"id": 905, "piece": " world"}]}
+    assert _post(server, "/detokenize", {"tokens": [19556, 905]}).json() == {"content": "Hello world"}
+    text = httpx.get(server.url + "/metrics").text
+    for name in (
+        "requests_total",
+        "generation_tokens_total",
+        "queue_length",
+        "running_sequences",
+        "kv_blocks_used",
+        "prefix_cache_hit_rate",
+        "prompt_tokens_per_second",
+        "generation_tokens_per_second",
+    ):
+        assert f"# TYPE edgellm_{name} " in text and f"\nedgellm_{name} " in text
+
+
+def test_a_client_leaving_mid_stream_cancels_only_its_sequence(server):
+    before = _metrics(server)["edgellm_requests_cancelled_total"]
+    body = {"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(3)]
+    assert got[0].startswith("data: {")
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        m = _metrics(server)
+        if m["edgellm_requests_cancelled_total"] > before and m["edgellm_running_sequences"] == 0:
+            break
+        time.sleep(0.1)
+    assert m["edgellm_requests_cancelled_total"] == before + 1 and m["edgellm_running_sequences"] == 0
+    ok = _client(server).completions.create(model="m", prompt="Hello", max_tokens=3, temperature=0)
+    assert ok.usage.completion_tokens == 3
+
+
+# ---------------------------------------------------------------------------------------------- limits
+
+
+def test_health_is_503_while_loading_then_200(small_server):
+    statuses = [s for s, _ in small_server.health]
+    assert statuses[-1] == 200 and set(statuses) <= {200, 503}
+    for s, body in small_server.health:
+        if s == 503:
+            assert body["status"] == "loading" and body["error"]["type"] == "unavailable_error"
+
+
+def test_api_key_is_required_on_every_route_but_health(small_server):
+    assert httpx.get(small_server.url + "/health").status_code == 200
+    for path in ("/v1/models", "/metrics", "/nope"):
+        r = httpx.get(small_server.url + path)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        r = httpx.get(small_server.url + path, headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401
+    with pytest.raises(openai.AuthenticationError):
+        _client(small_server, "wrong").models.list()
+    assert _client(small_server, KEY).models.list().data
+
+
+def test_a_full_queue_answers_429_and_the_others_go_on(small_server):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    body = {"prompt": "Once upon a time", "max_tokens": 300, "temperature": 0, "stream": True}
+    with httpx.Client(base_url=small_server.url, headers=auth, timeout=60) as h:
+        with h.stream("POST", "/v1/completions", json=body) as running:
+            lines = running.iter_lines()  # kept: a dropped iterator closes the connection
+            assert next(lines).startswith("data: {")  # it runs in the only slot
+            with h.stream("POST", "/v1/completions", json=body) as waiting:
+                assert waiting.status_code == 200  # it waits in the only queue place
+                r = h.post("/v1/completions", json=body)
+                assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full"
+                assert r.headers["retry-after"]
+        end = time.monotonic() + 60  # the closed streams are cancelled at the engine's next step
+        while (ok := h.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2})).status_code == 429:
+            assert time.monotonic() < end
+            time.sleep(0.1)
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+
+
+def test_sigterm_lets_streams_end_cleanly_and_exits_zero(small_server):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    body = {"prompt": "Once upon a time", "max_tokens": 500, "temperature": 0, "stream": True}
+    with httpx.stream("POST", small_server.url + "/v1/completions", json=body, headers=auth, timeout=60) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: {")
+        small_server.proc.send_signal(signal.SIGTERM)
+        rest = [x for x in lines if x]
+    assert rest[-1] == "data: [DONE]"
+    last = json.loads(rest[-2][len("data: ") :])
+    assert last.get("error", {}).get("type") == "unavailable_error" or last["choices"][0]["finish_reason"]
+    assert small_server.proc.wait(30) == 0
+    with pytest.raises(httpx.TransportError):
+        httpx.get(small_server.url + "/health", timeout=2)
