@@ -1,7 +1,7 @@
 /* Attention over the paged f16 KV cache (the contract of edgellm/backends/reference.py KVCache):
  * position p of sequence s lives at slot block_table[s, p / block_size] * block_size + p % block_size.
  *
- * Phase 0 stores the k, v rows of all n tokens (f32 -> f16, nearest even). Phase 1 hands out (token,
+ * Phase 0 stores the k, v rows of all n tokens (f32 -> f16, nearest even). Phase 1's chunks are (token,
  * kv head) pairs; each attends causally over positions max(0, p - window + 1) .. p of its sequence, for
  * every query head of the group at once (a key row is converted from f16 once per group). The float
  * operations are the reference backend's: q rounded to f16, q.k * scale, optional softcap
@@ -127,7 +127,7 @@ static void store(const ed_op *op, ed_ctx *ctx) {
     const int64_t hkv = op->i0, dh = op->k, row = hkv * dh;
     const int64_t *seq = (const int64_t *)op->src6, *pos = (const int64_t *)op->src7;
     int64_t r0, r1;
-    ed_split(op->n, ctx->ith, ctx->nth, &r0, &r1);
+    ed_split(op->n, ctx->chunk, ctx->n_chunks, &r0, &r1);
     for (int64_t r = r0; r < r1; r++) {
         const int64_t slot = slot_of(op, seq[r], pos[r]);
         if (slot < 0) continue;
@@ -138,6 +138,10 @@ static void store(const ed_op *op, ed_ctx *ctx) {
             vc[j] = ed_f32_to_f16(v[j]);
         }
     }
+}
+
+int64_t ed_attention_chunks(const ed_op *op, int phase, int nth) {
+    return phase == 0 ? ed_row_chunks(op->n, nth) : op->n * op->i0; /* stores; (token, kv head) pairs */
 }
 
 void ed_attention(const ed_op *op, int phase, ed_ctx *ctx) {
@@ -151,17 +155,17 @@ void ed_attention(const ed_op *op, int phase, ed_ctx *ctx) {
     const int32_t *table = (const int32_t *)op->src5;
     const uint16_t *kc = (const uint16_t *)op->src3, *vc = (const uint16_t *)op->src4;
     const float scale = op->f0, softcap = op->f1;
-    for (int64_t item = ed_next_chunk(ctx); item < op->n * hkv; item = ed_next_chunk(ctx)) {
-        const int64_t r = item / hkv, g = item % hkv, s = seq[r], p = pos[r];
+    {
+        const int64_t item = ctx->chunk, r = item / hkv, g = item % hkv, s = seq[r], p = pos[r];
         float *out = (float *)op->dst + (r * n_head + g * group) * dh;
         const int64_t lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
         const int64_t t = p + 1 - lo;
         memset(out, 0, sizeof(float) * group * dh);
-        if (t <= 0 || slot_of(op, s, p) < 0) continue; /* the caller checked: not expected */
+        if (t <= 0 || slot_of(op, s, p) < 0) return; /* the caller checked: not expected */
         /* scratch: q (group, dh), one key/value row (dh), scores (group, t), one step's scores (group);
          * the output accumulates in out */
         float *qh = ed_thread_scratch(ctx, sizeof(float) * (group * dh + dh + group * t + group));
-        if (!qh) continue;
+        if (!qh) return;
         float *row = qh + group * dh, *sc = row + dh, *s1 = sc + group * t;
         memcpy(qh, (const float *)op->src0 + (r * n_head + g * group) * dh, sizeof(float) * group * dh);
         L->round_f16(qh, group * dh);

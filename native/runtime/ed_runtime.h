@@ -38,7 +38,7 @@ enum {
 };
 
 /* op flags: ED_FLAG_NO_BARRIER: the op reads nothing the op before it writes, and writes nothing it
- * touches (consecutive matmuls of one input): threads go on to it without waiting for each other. */
+ * touches (consecutive matmuls of one input): threads start on it before that op is complete. */
 enum { ED_FLAG_NO_BARRIER = 1 };
 
 typedef struct {
@@ -60,8 +60,9 @@ ed_pool *ed_pool_new(int n_threads);
 void ed_pool_free(ed_pool *pool);
 int ed_pool_threads(const ed_pool *pool);
 
-/* Run ops[0..n_ops) in order on every pool thread, with a barrier between ops. Returns 0, or -1 when
- * an op is malformed (unknown code, a weight type without a kernel): then nothing was run. */
+/* Run ops[0..n_ops) in order on the pool's threads, each op (phase) starting once those before it are
+ * complete. Returns 0, or -1 when an op is malformed (unknown code, a weight type without a kernel):
+ * then nothing was run; -2 when out of memory. */
 int ed_plan_run(ed_pool *pool, const ed_op *ops, int n_ops);
 
 /* Checks of a decode step's inputs before a plan runs: 1 if a token is outside 0..n_vocab-1 (n_vocab < 0:

@@ -1,7 +1,7 @@
 /* The matmul driver: y (n, m) = x (n, k) times weight (m, k)^T, the weight read as stored (ggml blocks).
  *
  * Phase 0 quantizes the activation rows once to the weight's vec_dot type (ggml-cpu ggml_compute_forward
- * _mul_mat does the same with its `wdata`), threads taking whole rows. Phase 1 hands out chunks of weight
+ * _mul_mat does the same with its `wdata`), chunks of whole rows. Phase 1 hands out chunks of weight
  * rows; inside a chunk, tiles of TILE_W weight rows meet every activation row in tiles of TILE_X, so a
  * weight block is read from memory once and stays in L1 while it meets all n rows (a GEMM loop, not n
  * matvecs). Each output is one vec_dot call, so any thread count gives the same bits.
@@ -11,6 +11,21 @@
 #define TILE_W 16
 #define TILE_X 16
 #define CHUNKS_PER_THREAD 4
+
+/* weight rows per chunk of the dot phase: whole tiles, a few chunks per thread so that a descheduled
+ * thread's share is picked up by the others */
+static int64_t chunk_rows(int64_t m, int nth) {
+    const int64_t tiles = (m + TILE_W - 1) / TILE_W;
+    const int64_t per = nth == 1 ? tiles : (tiles + CHUNKS_PER_THREAD * nth - 1) / (CHUNKS_PER_THREAD * nth);
+    return per * TILE_W;
+}
+
+int64_t ed_matmul_chunks(const ed_op *op, int phase, int nth, const ed_kernel_table *kt) {
+    if (op->i1) phase++;
+    if (phase == 0) return kt->types[op->type].vec_dot_type == ED_F32 ? 0 : ed_row_chunks(op->n, nth);
+    const int64_t rows = chunk_rows(op->m, nth);
+    return (op->m + rows - 1) / rows;
+}
 
 void ed_matmul(const ed_op *op, int phase, ed_ctx *ctx) {
     const ed_kernel_table *kt = ctx->kt;
@@ -22,9 +37,8 @@ void ed_matmul(const ed_op *op, int phase, ed_ctx *ctx) {
     if (op->i1) phase++; /* the activations are already quantized: only the dot products */
 
     if (phase == 0) {
-        if (vt == ED_F32) return;
         int64_t r0, r1;
-        ed_split(n, ctx->ith, ctx->nth, &r0, &r1);
+        ed_split(n, ctx->chunk, ctx->n_chunks, &r0, &r1);
         for (int64_t r = r0; r < r1; r++)
             kt->from_float[vt]((const float *)op->src1 + r * k, (uint8_t *)act + r * arow, k);
         return;
@@ -34,20 +48,14 @@ void ed_matmul(const ed_op *op, int phase, ed_ctx *ctx) {
     const size_t wrow = (size_t)op->i0;
     float *y = (float *)op->dst;
     const ed_vec_dot_fn dot = tk->vec_dot;
-    /* chunks of whole tiles, a few per thread so a descheduled thread's share is picked up by others */
-    int64_t tiles = (m + TILE_W - 1) / TILE_W;
-    int64_t per = (tiles + CHUNKS_PER_THREAD * ctx->nth - 1) / (CHUNKS_PER_THREAD * ctx->nth);
-    if (ctx->nth == 1) per = tiles;
-    const int64_t chunk_rows = per * TILE_W, n_chunks = (m + chunk_rows - 1) / chunk_rows;
-    for (int64_t c = ed_next_chunk(ctx); c < n_chunks; c = ed_next_chunk(ctx)) {
-        const int64_t c0 = c * chunk_rows, c1 = c0 + chunk_rows < m ? c0 + chunk_rows : m;
-        for (int64_t j0 = c0; j0 < c1; j0 += TILE_W) {
-            const int64_t j1 = j0 + TILE_W < c1 ? j0 + TILE_W : c1;
-            for (int64_t i0 = 0; i0 < n; i0 += TILE_X) {
-                const int64_t i1 = i0 + TILE_X < n ? i0 + TILE_X : n;
-                for (int64_t j = j0; j < j1; j++)
-                    for (int64_t i = i0; i < i1; i++) dot((int)k, &y[i * m + j], w + j * wrow, act + i * arow);
-            }
+    const int64_t rows = chunk_rows(m, ctx->nth);
+    const int64_t c0 = ctx->chunk * rows, c1 = c0 + rows < m ? c0 + rows : m;
+    for (int64_t j0 = c0; j0 < c1; j0 += TILE_W) {
+        const int64_t j1 = j0 + TILE_W < c1 ? j0 + TILE_W : c1;
+        for (int64_t i0 = 0; i0 < n; i0 += TILE_X) {
+            const int64_t i1 = i0 + TILE_X < n ? i0 + TILE_X : n;
+            for (int64_t j = j0; j < j1; j++)
+                for (int64_t i = i0; i < i1; i++) dot((int)k, &y[i * m + j], w + j * wrow, act + i * arow);
         }
     }
 }

@@ -9,13 +9,30 @@
 #include "runtime.h"
 
 #define P(x) ((const float *)(x))
-#define SMALL_ELEMS 16384 /* below this an elementwise op runs on thread 0 alone: spreading costs more */
+#define SMALL_ELEMS 16384 /* below this an elementwise op is one chunk: spreading it costs more than it saves */
+
+int64_t ed_matmul_chunks(const ed_op *op, int phase, int nth, const ed_kernel_table *kt);
+int64_t ed_attention_chunks(const ed_op *op, int phase, int nth);
 
 int ed_op_phases(const ed_op *op) {
     switch (op->code) {
     case ED_OP_MATMUL: return op->i1 ? 1 : 2; /* quantize x, then dot products */
     case ED_OP_ATTENTION: return 2;           /* store k, v, then attend */
     default: return 1;
+    }
+}
+
+int64_t ed_op_chunks(const ed_op *op, int phase, int nth, const ed_kernel_table *kt) {
+    switch (op->code) {
+    case ED_OP_MATMUL: return op->n ? ed_matmul_chunks(op, phase, nth, kt) : 0;
+    case ED_OP_ATTENTION: return ed_attention_chunks(op, phase, nth);
+    case ED_OP_GET_ROWS: case ED_OP_RMS_NORM: case ED_OP_ROPE: case ED_OP_COPY: return ed_row_chunks(op->n, nth);
+    case ED_OP_SILU_MUL: case ED_OP_GELU_MUL: case ED_OP_ADD: case ED_OP_SCALE: case ED_OP_SOFTCAP: {
+        const int64_t total = op->n * op->k;
+        if (total == 0) return 0;
+        return total < SMALL_ELEMS || nth == 1 ? 1 : 4 * (int64_t)nth;
+    }
+    default: return 0;
     }
 }
 
@@ -63,7 +80,7 @@ void ed_op_run(const ed_op *op, int phase, ed_ctx *ctx) {
 
 void ed_get_rows(const ed_op *op, ed_ctx *ctx) {
     int64_t r0, r1;
-    ed_split(op->n, ctx->ith, ctx->nth, &r0, &r1);
+    ed_split(op->n, ctx->chunk, ctx->n_chunks, &r0, &r1);
     const int64_t *ids = (const int64_t *)op->src1;
     for (int64_t r = r0; r < r1; r++) {
         float *y = (float *)op->dst + r * op->k;
@@ -76,7 +93,7 @@ void ed_get_rows(const ed_op *op, ed_ctx *ctx) {
 /* ggml_compute_forward_rms_norm_f32: sum of squares in double, scale = 1/sqrtf(mean + eps) */
 void ed_rms_norm(const ed_op *op, ed_ctx *ctx) {
     int64_t r0, r1, d = op->k;
-    ed_split(op->n, ctx->ith, ctx->nth, &r0, &r1);
+    ed_split(op->n, ctx->chunk, ctx->n_chunks, &r0, &r1);
     const float *w = P(op->src1);
     for (int64_t r = r0; r < r1; r++) {
         const float *x = P(op->src0) + r * d;
@@ -92,7 +109,7 @@ void ed_rms_norm(const ed_op *op, ed_ctx *ctx) {
 /* rotate pairs (2i, 2i+1) (normal) or (i, i + n_dims/2) (neox) by the cached cos/sin of the position */
 void ed_rope(const ed_op *op, ed_ctx *ctx) {
     int64_t r0, r1, heads = op->m, dh = op->k, half = op->i0 / 2;
-    ed_split(op->n, ctx->ith, ctx->nth, &r0, &r1);
+    ed_split(op->n, ctx->chunk, ctx->n_chunks, &r0, &r1);
     const int64_t *pos = (const int64_t *)op->src1;
     for (int64_t r = r0; r < r1; r++) {
         const float *x = P(op->src0) + r * heads * dh;
@@ -115,10 +132,10 @@ void ed_rope(const ed_op *op, ed_ctx *ctx) {
 }
 
 void ed_elementwise(const ed_op *op, ed_ctx *ctx) {
-    const int64_t total = op->n * op->k;
-    int64_t e0, e1;
-    if (total < SMALL_ELEMS) { e0 = 0; e1 = ctx->ith == 0 ? total : 0; }
-    else ed_split(total, ctx->ith, ctx->nth, &e0, &e1);
+    int64_t e0, e1; /* chunks of whole 64-element runs, so every chunk but the last is a multiple of 8 */
+    ed_split((op->n * op->k + 63) / 64, ctx->chunk, ctx->n_chunks, &e0, &e1);
+    e0 *= 64;
+    e1 = e1 * 64 < op->n * op->k ? e1 * 64 : op->n * op->k;
     const float *a = P(op->src0), *b = P(op->src1);
     float *y = (float *)op->dst;
     const float f = op->f0;
@@ -155,7 +172,7 @@ void ed_elementwise(const ed_op *op, ed_ctx *ctx) {
 
 void ed_copy(const ed_op *op, ed_ctx *ctx) {
     int64_t r0, r1;
-    ed_split(op->n, ctx->ith, ctx->nth, &r0, &r1);
+    ed_split(op->n, ctx->chunk, ctx->n_chunks, &r0, &r1);
     for (int64_t r = r0; r < r1; r++)
         memcpy((float *)op->dst + r * op->k, P(op->src0) + r * op->i0 + op->i1, sizeof(float) * op->k);
 }

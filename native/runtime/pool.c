@@ -1,5 +1,5 @@
 /* The persistent thread pool and the plan executor (after ggml-cpu's ggml_graph_compute: every thread
- * walks the same op list, each op split across threads, a barrier between ops).
+ * walks the same op list, each op split across threads), with completion counts instead of barriers.
  *
  * Threads are started once by ed_pool_new. Between runs a worker spins for ~1 ms watching the run
  * counter (a decode loop calls again within that time, so waking costs nothing), then sleeps on a
@@ -36,6 +36,16 @@ typedef struct {
     char pad[ED_LINE];
 } ed_thread;
 
+/* One phase of one op in the current run: its chunks, claimed and completed by any thread. */
+typedef struct {
+    _Alignas(ED_LINE) atomic_llong claimed;
+    atomic_llong done;
+    const ed_op *op; /* dereferenced only by a thread that claimed one of the n chunks */
+    int64_t n;
+    int phase;
+    int wait; /* whether the phases before it must be complete before it starts */
+} ed_step;
+
 struct ed_pool {
     int n_threads;
     pid_t pid; /* the process that started the workers: a forked child has none of them */
@@ -43,19 +53,17 @@ struct ed_pool {
     ed_thread *thr;
     pthread_mutex_t run_mu; /* one plan at a time per pool */
 
-    /* the current run */
-    const ed_op *ops;
-    int n_ops;
+    /* runs alternate between two step lists: a worker that lost its core may still be walking the last
+     * run's list (finding nothing left to do) while the next run starts on the other */
+    ed_step *steps[2];
+    int n_steps[2], cap_steps[2];
+    int nth_run[2]; /* threads sharing the run's chunks (1 for a single small op) */
     const ed_kernel_table *kt;
     void *shared;
     size_t shared_bytes;
 
-    _Alignas(ED_LINE) atomic_int generation;
-    _Alignas(ED_LINE) atomic_int n_done;
-    _Alignas(ED_LINE) atomic_int bar_count;
-    _Alignas(ED_LINE) atomic_int bar_phase;
-    atomic_llong *chunks; /* one work counter per phase of the plan, zeroed before each run */
-    int n_chunks;
+    _Alignas(ED_LINE) atomic_int generation; /* runs dispatched to the workers; run g uses list g & 1 */
+    _Alignas(ED_LINE) atomic_int inside[2];  /* workers walking each list */
     _Alignas(ED_LINE) atomic_int n_sleeping;
     atomic_int stop;
     pthread_mutex_t mu;
@@ -97,22 +105,11 @@ int ed_matmul_supported(int type) {
 int ed_get_rows_supported(int type) { return ed_dequantize_supported(type); }
 
 /* ------------------------------------------------------------------------------- sync helpers */
-static void barrier(ed_pool *pool) {
-    if (pool->n_threads == 1) return;
-    int phase = atomic_load_explicit(&pool->bar_phase, memory_order_relaxed);
-    if (atomic_fetch_add_explicit(&pool->bar_count, 1, memory_order_acq_rel) == pool->n_threads - 1) {
-        atomic_store_explicit(&pool->bar_count, 0, memory_order_relaxed);
-        atomic_fetch_add_explicit(&pool->bar_phase, 1, memory_order_acq_rel);
-        return;
-    }
-    for (unsigned spins = 0; atomic_load_explicit(&pool->bar_phase, memory_order_acquire) == phase; spins++) {
+static void spin_until_at_least(atomic_llong *v, int64_t target) {
+    for (unsigned spins = 0; atomic_load_explicit(v, memory_order_acquire) < target; spins++) {
         if (spins < 4096) ED_PAUSE();
-        else sched_yield(); /* another process has our core: let it finish its part */
+        else sched_yield(); /* the thread finishing that chunk lost its core: let it run */
     }
-}
-
-int64_t ed_next_chunk(ed_ctx *ctx) {
-    return atomic_fetch_add_explicit(&ctx->pool->chunks[ctx->step], 1, memory_order_relaxed);
 }
 
 void *ed_shared_scratch(ed_ctx *ctx) { return ctx->pool->shared; }
@@ -135,29 +132,51 @@ static long now_ns(void) {
 }
 
 /* ------------------------------------------------------------------------------- the run */
-static void run_plan(ed_pool *pool, int ith) {
-    ed_ctx ctx = {.ith = ith, .nth = pool->n_threads, .pool = pool, .kt = pool->kt, .step = 0};
-    for (int i = 0; i < pool->n_ops; i++) {
-        const ed_op *op = &pool->ops[i];
-        int phases = ed_op_phases(op);
-        for (int p = 0; p < phases; p++, ctx.step++) {
-            if (ctx.step > 0 && !(p == 0 && (op->flags & ED_FLAG_NO_BARRIER))) barrier(pool);
-            ed_op_run(op, p, &ctx);
+/* Every thread walks the steps, claiming chunks until none are left, and waits before a step only for
+ * the steps it depends on to be *complete* -- not for the other threads to arrive, as a barrier would.
+ * A thread that lost its core between chunks holds nobody up: the others take the remaining chunks (and
+ * it catches up by finding nothing left to claim). Like ggml's graph compute, minus the barriers. */
+static void run_plan(ed_pool *pool, int ith, int b) {
+    ed_ctx ctx = {.ith = ith, .nth = pool->nth_run[b], .pool = pool, .kt = pool->kt};
+    ed_step *steps = pool->steps[b];
+    int complete = 0; /* steps before this one known to be complete */
+    for (int s = 0; s < pool->n_steps[b]; s++) {
+        ed_step *st = &steps[s];
+        if (st->wait)
+            for (; complete < s; complete++) spin_until_at_least(&steps[complete].done, steps[complete].n);
+        for (int64_t c; (c = atomic_fetch_add_explicit(&st->claimed, 1, memory_order_relaxed)) < st->n;) {
+            ctx.chunk = c;
+            ctx.n_chunks = st->n;
+            ed_op_run(st->op, st->phase, &ctx);
+            atomic_fetch_add_explicit(&st->done, 1, memory_order_release);
         }
     }
 }
 
-/* phases of a plan; grows the per-phase work counters to match and zeroes them (0 on failure) */
-static int reset_chunks(ed_pool *pool, const ed_op *ops, int n_ops) {
+/* the steps (op phases) of a plan for nth threads in list b, counters zeroed (0: out of memory) */
+static int prepare_steps(ed_pool *pool, int b, const ed_op *ops, int n_ops, int nth) {
     int steps = 0;
     for (int i = 0; i < n_ops; i++) steps += ed_op_phases(&ops[i]);
-    if (steps > pool->n_chunks) {
-        free(pool->chunks);
-        pool->chunks = calloc((size_t)steps, sizeof(atomic_llong));
-        pool->n_chunks = pool->chunks ? steps : 0;
-        if (!pool->chunks) return 0;
+    if (steps > pool->cap_steps[b]) {
+        free(pool->steps[b]);
+        pool->steps[b] = aligned_alloc(ED_LINE, sizeof(ed_step) * (size_t)steps);
+        pool->cap_steps[b] = pool->steps[b] ? steps : 0;
+        if (!pool->steps[b]) return 0;
     }
-    for (int s = 0; s < steps; s++) atomic_store_explicit(&pool->chunks[s], 0, memory_order_relaxed);
+    int s = 0;
+    for (int i = 0; i < n_ops; i++) {
+        for (int p = 0; p < ed_op_phases(&ops[i]); p++, s++) {
+            ed_step *st = &pool->steps[b][s];
+            atomic_store_explicit(&st->claimed, 0, memory_order_relaxed);
+            atomic_store_explicit(&st->done, 0, memory_order_relaxed);
+            st->op = &ops[i];
+            st->phase = p;
+            st->n = ed_op_chunks(&ops[i], p, nth, pool->kt);
+            st->wait = s > 0 && !(p == 0 && (ops[i].flags & ED_FLAG_NO_BARRIER));
+        }
+    }
+    pool->n_steps[b] = steps;
+    pool->nth_run[b] = nth;
     return 1;
 }
 
@@ -178,15 +197,19 @@ static void *worker_main(void *arg) {
                 break;
             }
         }
-        seen = atomic_load_explicit(&pool->generation, memory_order_acquire);
+        const int g = seen = atomic_load(&pool->generation);
         if (atomic_load(&pool->stop)) return NULL;
-        run_plan(pool, t->ith);
-        atomic_fetch_add_explicit(&pool->n_done, 1, memory_order_release);
+        /* announce ourselves on the run's list, then make sure the run is still the latest: if not, the
+         * main thread may be rewriting that list (it waits for inside == 0 only before it starts) */
+        atomic_fetch_add(&pool->inside[g & 1], 1);
+        if (atomic_load(&pool->generation) == g) run_plan(pool, t->ith, g & 1);
+        atomic_fetch_sub(&pool->inside[g & 1], 1);
     }
 }
 
-static void wake_workers(ed_pool *pool) {
-    atomic_fetch_add(&pool->generation, 1); /* seq_cst: a worker going to sleep either sees it or is seen */
+/* start run g on the workers (seq_cst: a worker going to sleep either sees it or is seen asleep) */
+static void wake_workers(ed_pool *pool, int g) {
+    atomic_store(&pool->generation, g);
     if (atomic_load(&pool->n_sleeping) > 0) {
         pthread_mutex_lock(&pool->mu);
         pthread_cond_broadcast(&pool->cv);
@@ -221,11 +244,12 @@ ed_pool *ed_pool_new(int n_threads) {
 void ed_pool_free(ed_pool *pool) {
     if (!pool) return;
     atomic_store(&pool->stop, 1);
-    wake_workers(pool);
+    wake_workers(pool, atomic_load(&pool->generation) + 1);
     for (int i = 1; i < pool->n_threads; i++) pthread_join(pool->threads[i], NULL);
     for (int i = 0; i < pool->n_threads; i++) free(pool->thr[i].scratch);
     free(pool->shared);
-    free(pool->chunks);
+    free(pool->steps[0]);
+    free(pool->steps[1]);
     free(pool->thr);
     free(pool->threads);
     pthread_mutex_destroy(&pool->run_mu);
@@ -265,36 +289,29 @@ int ed_plan_run(ed_pool *pool, const ed_op *ops, int n_ops) {
         pool->n_threads = 1;
         pool->pid = getpid();
     }
+    int rc = 0;
     if (shared > pool->shared_bytes) {
         free(pool->shared);
         shared = (shared + 4095) & ~(size_t)4095;
         pool->shared = aligned_alloc(ED_LINE, shared);
         pool->shared_bytes = pool->shared ? shared : 0;
-        if (!pool->shared) {
-            pthread_mutex_unlock(&pool->run_mu);
-            return -2;
-        }
+        if (!pool->shared) rc = -2;
     }
-    pool->ops = ops;
-    pool->n_ops = n_ops;
-    if (!reset_chunks(pool, ops, n_ops)) {
-        pthread_mutex_unlock(&pool->run_mu);
-        return -2;
-    }
-    if (n_ops == 1 && small(ops)) { /* one small op (eager mode): waking the workers costs more than it saves */
-        ed_ctx ctx = {.ith = 0, .nth = 1, .pool = pool, .kt = pool->kt, .step = 0};
-        for (int p = 0; p < ed_op_phases(ops); p++, ctx.step++) ed_op_run(ops, p, &ctx);
-        pthread_mutex_unlock(&pool->run_mu);
-        return 0;
-    }
-    atomic_store(&pool->n_done, 0);
-    if (pool->n_threads > 1) wake_workers(pool);
-    run_plan(pool, 0);
-    for (unsigned spins = 0; atomic_load_explicit(&pool->n_done, memory_order_acquire) < pool->n_threads - 1;
-         spins++) {
+    /* one small op (eager mode) runs on the caller alone: waking the workers costs more than it saves */
+    const int nth = n_ops == 1 && small(ops) ? 1 : pool->n_threads;
+    const int g = atomic_load(&pool->generation) + 1, b = g & 1;
+    /* a worker that lost its core two runs ago may still be walking list b (finding nothing to do) */
+    for (unsigned spins = 0; atomic_load(&pool->inside[b]) > 0; spins++) {
         if (spins < 4096) ED_PAUSE();
         else sched_yield();
     }
+    if (rc == 0 && !prepare_steps(pool, b, ops, n_ops, nth)) rc = -2;
+    if (rc == 0) {
+        if (nth > 1) wake_workers(pool, g);
+        run_plan(pool, 0, b);
+        ed_step *steps = pool->steps[b];
+        for (int s = 0; s < pool->n_steps[b]; s++) spin_until_at_least(&steps[s].done, steps[s].n);
+    }
     pthread_mutex_unlock(&pool->run_mu);
-    return 0;
+    return rc;
 }

@@ -8,25 +8,27 @@
 #include "../ed_kernels.h"
 #include "ed_runtime.h"
 
-/* What an op kernel sees: its thread, the pool, the kernels, and which phase of the plan it runs (each
- * phase has its own counter for handing out chunks of work, zeroed before the plan runs). */
+/* What an op kernel sees: its thread (for its scratch), the pool, the kernels, and the chunk of the op's
+ * phase to run. A phase's work is cut into chunks (ed_op_chunks) that any thread may claim; each chunk
+ * writes outputs no other chunk writes, from inputs no chunk of that phase writes. */
 typedef struct {
     int ith, nth;
     ed_pool *pool;
     const ed_kernel_table *kt;
-    int step; /* phases run before this one in the plan: picks the work counter */
+    int64_t chunk, n_chunks;
 } ed_ctx;
 
-/* Phases of an op: a barrier separates consecutive phases (and consecutive ops). */
+/* Phases of an op: a phase starts once the phases it reads from are complete. */
 int ed_op_phases(const ed_op *op);
+/* Chunks of work in a phase of an op when nth threads share it (0: nothing to do). */
+int64_t ed_op_chunks(const ed_op *op, int phase, int nth, const ed_kernel_table *kt);
 /* Bytes of the shared scratch the op needs (quantized activations), 0 if none. */
 size_t ed_op_shared_scratch(const ed_op *op, const ed_kernel_table *kt);
 /* Whether the op's fields are usable with this kernel table (type has a kernel, sizes divide). */
 int ed_op_valid(const ed_op *op, const ed_kernel_table *kt);
+/* Run chunk ctx->chunk of ctx->n_chunks of a phase of an op. */
 void ed_op_run(const ed_op *op, int phase, ed_ctx *ctx);
 
-/* chunks of work: each call returns the next chunk index (0, 1, ...) of the current phase */
-int64_t ed_next_chunk(ed_ctx *ctx);
 void *ed_shared_scratch(ed_ctx *ctx);
 /* this thread's own scratch of at least `bytes` (grown on demand; valid until the thread's next call) */
 void *ed_thread_scratch(ed_ctx *ctx, size_t bytes);
@@ -49,11 +51,17 @@ void ed_exp_span(float *x, int64_t n, const ed_kernel_table *kt);
 int ed_dequantize_row(int type, const void *src, float *dst, int64_t n);
 int ed_dequantize_supported(int type);
 
-/* rows [*r0, *r1) of `rows` for thread ith of nth, in contiguous, nearly equal parts */
-static inline void ed_split(int64_t rows, int ith, int nth, int64_t *r0, int64_t *r1) {
-    int64_t per = (rows + nth - 1) / nth;
-    *r0 = per * ith < rows ? per * ith : rows;
+/* part `part` of `parts` of rows 0..rows-1, contiguous and nearly equal: [*r0, *r1) */
+static inline void ed_split(int64_t rows, int64_t part, int64_t parts, int64_t *r0, int64_t *r1) {
+    int64_t per = (rows + parts - 1) / parts;
+    *r0 = per * part < rows ? per * part : rows;
     *r1 = *r0 + per < rows ? *r0 + per : rows;
+}
+
+/* chunks for `rows` independent rows shared by nth threads: a few per thread, at most one per row */
+static inline int64_t ed_row_chunks(int64_t rows, int nth) {
+    const int64_t want = nth == 1 ? 1 : 4 * (int64_t)nth;
+    return rows < want ? rows : want;
 }
 
 #endif
