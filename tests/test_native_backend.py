@@ -147,6 +147,20 @@ def test_matmul_gives_the_same_bits_on_1_2_and_3_threads(nb, t):
         assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
 
 
+def test_back_to_back_runs_of_small_and_large_ops_on_more_threads_than_cores(nb):
+    """Runs alternate between ops the caller runs alone and ops spread over a 3-thread pool (workers
+    joining late, lists reused two runs later): every result stays the 1-thread result."""
+    w = nb.bind(random_weight(T.Q8_0, 256, 512))
+    xs = [rng.standard_normal((n, 512)).astype(np.float32) for n in (1, 33, 2, 17) * 25]
+    want = [nb.matmul(w, x) for x in xs]  # the backend's own 2-thread pool
+    with threads(nb, 1):
+        assert all(np.array_equal(nb.matmul(w, x), y) for x, y in zip(xs, want))
+    with threads(nb, 3):
+        got = [(nb.matmul(w, x), nb.silu_mul(x, x)) for x in xs]
+    assert all(np.array_equal(g, y) for (g, _), y in zip(got, want))
+    assert all(np.array_equal(s, nb.silu_mul(x, x)) for (_, s), x in zip(got, xs))
+
+
 # -- the other ops -----------------------------------------------------------------------------------------
 def test_norm_rope_glu_and_elementwise_ops_match_the_reference(nb):
     ref = ReferenceBackend()
