@@ -514,13 +514,16 @@ class Engine:
             if start + k == len(s.tokens):
                 rows.append(n - 1)
                 want.append(s)
-        logits = self.model.forward(
+        args = (
             np.asarray(toks, np.int64),
             np.concatenate(pos).astype(np.int64),
             np.concatenate(ids).astype(np.int64),
             self.kv.cache,
-            logits_rows=np.asarray(rows, np.int64),
         )
+        if len(want) == n and hasattr(self.model, "decode_step"):  # all decode: the backend's fast path
+            logits = self.model.decode_step(*args)  # (native: a captured plan replayed in one call)
+        else:
+            logits = self.model.forward(*args, logits_rows=np.asarray(rows, np.int64))
         n_prompt = 0
         for s, k in batch:
             prompt_part = max(0, min(s.n_computed + k, s.n_prompt) - s.n_computed)

@@ -17,8 +17,6 @@ import pytest
 
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
-pytest.importorskip("fastapi")
-pytest.importorskip("uvicorn")
 
 N_CTX = 512
 KEY = "sk-test-edgellm"
@@ -75,8 +73,30 @@ class Server:
         self.log.close()
 
 
+def test_serve_without_the_server_extras_says_what_to_install(monkeypatch, capsys):
+    from edgellm import cli
+
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # import fastapi now raises ImportError
+    assert cli.main(["serve", "smollm2-135m"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "pip install 'edgellm[serve]'" in err
+
+
+def test_kv_budget_is_a_size_or_a_token_count():
+    pytest.importorskip("fastapi")
+    from edgellm.server import parse_kv_budget
+
+    assert parse_kv_budget("512MiB", 23040) == (512 << 20) // 23040
+    assert parse_kv_budget("1.5GB", 1000) == 1_500_000 and parse_kv_budget("8192", 23040) == 8192
+    for bad in ("", "-5", "12 parsecs", "0", "1B"):
+        with pytest.raises(ValueError, match="kv-budget"):
+            parse_kv_budget(bad, 23040)
+
+
 @pytest.fixture(scope="module")
 def server(smollm2_path, tmp_path_factory):
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
     s = Server(smollm2_path, tmp_path_factory.mktemp("serve") / "main.log", "--parallel", "16")
     try:
         s.wait_ready()
@@ -88,6 +108,8 @@ def server(smollm2_path, tmp_path_factory):
 @pytest.fixture(scope="module")
 def small_server(smollm2_path, tmp_path_factory):
     """One slot, one queue place, an API key from the environment, a 2 s shutdown grace."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
     s = Server(
         smollm2_path,
         tmp_path_factory.mktemp("serve") / "small.log",
@@ -195,11 +217,10 @@ def test_sixteen_concurrent_streams_each_get_their_single_stream_tokens(server):
     assert m["edgellm_prefix_cache_hit_tokens_total"] > 0 and m["edgellm_running_sequences"] == 0
 
 
-def _post(server, path: str, body, **kw) -> httpx.Response:
+def _post(server, path: str, body, timeout=30) -> httpx.Response:
     data = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    return httpx.post(
-        server.url + path, content=data, headers={"content-type": "application/json"}, timeout=30, **kw
-    )
+    headers = {"content-type": "application/json"}
+    return httpx.post(server.url + path, content=data, headers=headers, timeout=timeout)
 
 
 BAD = [  # (path, body, status, param or message fragment)
@@ -297,6 +318,21 @@ def test_a_client_leaving_mid_stream_cancels_only_its_sequence(server):
     assert m["edgellm_requests_cancelled_total"] == before + 1 and m["edgellm_running_sequences"] == 0
     ok = _client(server).completions.create(model="m", prompt="Hello", max_tokens=3, temperature=0)
     assert ok.usage.completion_tokens == 3
+    # a client that stops waiting for a whole (non-streamed) answer
+    with pytest.raises(httpx.ReadTimeout):
+        _post(
+            server,
+            "/v1/completions",
+            {"prompt": "Once", "max_tokens": 400},
+            timeout=httpx.Timeout(30, read=1),
+        )
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        m = _metrics(server)
+        if m["edgellm_requests_cancelled_total"] == before + 2 and m["edgellm_running_sequences"] == 0:
+            break
+        time.sleep(0.1)
+    assert m["edgellm_requests_cancelled_total"] == before + 2 and m["edgellm_running_sequences"] == 0
 
 
 # ---------------------------------------------------------------------------------------------- limits

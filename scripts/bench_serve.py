@@ -1,0 +1,243 @@
+"""Serving benchmark: edgellm serve against llama-cpp-python's server, same model and threads.
+
+Concurrency 1, 4, 8, 16: each client sends `--rounds` streamed chat requests one after another, each a
+~200-token system prompt shared by every client plus the client's own question. Reported per server and
+concurrency: aggregate generation tok/s (tokens streamed / wall time of the round), time to first token
+p50/p99, and (edgellm) the prefix-cache hit rate of the round. Then TTFT with a system prompt nobody
+shares (no prefix to reuse), for the "cached vs not" ratio.
+
+    python scripts/bench_serve.py [--model smollm2-135m] [--threads 2] [--backend auto] [--no-llama-cpp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+import httpx
+
+SYSTEM = (
+    "You are Edge, a friendly and knowledgeable assistant running entirely on a small computer without "
+    "any connection to the internet. You answer questions about science, history, cooking, travel, "
+    "programming and everyday life. Keep your answers clear and concrete, use short paragraphs, and give "
+    "an example whenever an example would help the reader understand. If a question is ambiguous, state "
+    "the most likely interpretation and answer that one. Never invent facts: when you are unsure, say so "
+    "plainly and suggest how the reader could check. Be polite, be patient, and avoid jargon unless the "
+    "reader uses it first. When you list steps, number them. When you compare things, mention at least "
+    "one advantage and one drawback of each. Prefer metric units, and give temperatures in Celsius. "
+    "Remember that the reader may be a student, a parent, a retiree or an engineer, and adapt the level "
+    "of detail to the way the question is asked."
+)
+TOPICS = [
+    "how rainbows form", "the history of the bicycle", "how to bake bread at home", "why the sky is blue",
+    "how a compiler works", "the life of honey bees", "how to plan a trip to Japan", "how vaccines work",
+    "the rules of chess", "how solar panels make electricity", "the causes of the French Revolution",
+    "how to start running", "what a black hole is", "how to keep houseplants alive", "how the internet works",
+    "why leaves change colour", "how to make a good cup of tea", "what DNA does", "how airplanes fly",
+    "the history of the printing press", "how to learn a new language", "how volcanoes erupt",
+    "how batteries store energy", "how to write a good essay", "what causes the seasons",
+    "how a refrigerator works", "the story of the moon landing", "how to save money",
+    "how earthquakes happen",
+    "what photosynthesis is", "how to cook rice", "why we need sleep",
+]  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cmd: list[str], url: str, ready_path: str, log: str, timeout: float = 300) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            sys.exit(f"{cmd[:4]} exited; see {log}")
+        try:
+            if httpx.get(url + ready_path, timeout=5).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    proc.kill()
+    sys.exit(f"{cmd[:4]} not ready after {timeout} s; see {log}")
+
+
+def metrics(url: str) -> dict[str, float]:
+    try:
+        text = httpx.get(url + "/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("edgellm_"):
+            k, v = line.split()
+            out[k] = float(v)
+    return out
+
+
+async def one(client: httpx.AsyncClient, url: str, system: str, question: str, max_tokens: int, seed: int):
+    """One streamed chat request: (ttft seconds, content chunks streamed)."""
+    body = {
+        "model": "m",
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+        "max_tokens": max_tokens,
+        "temperature": 0.7,
+        "seed": seed,
+        "stream": True,
+    }
+    t0 = time.perf_counter()
+    ttft, n = None, 0
+    async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("choices") and chunk["choices"][0].get("delta", {}).get("content"):
+                n += 1
+                if ttft is None:
+                    ttft = time.perf_counter() - t0
+    return (ttft if ttft is not None else time.perf_counter() - t0), n
+
+
+async def round_(url: str, conc: int, rounds: int, max_tokens: int, shared: bool, start_at: int):
+    """conc clients, each sending `rounds` requests in sequence; returns (wall s, tokens, ttfts)."""
+    limits = httpx.Limits(max_connections=conc + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+
+        async def worker(w: int):
+            out = []
+            for r in range(rounds):
+                i = start_at + w * rounds + r
+                system = SYSTEM if shared else f"Session {uuid.uuid4().hex}. " + SYSTEM
+                q = f"Please explain {TOPICS[i % len(TOPICS)]} in detail."
+                out.append(await one(client, url, system, q, max_tokens, seed=i))
+            return out
+
+        t0 = time.perf_counter()
+        res = await asyncio.gather(*(worker(w) for w in range(conc)))
+        wall = time.perf_counter() - t0
+    flat = [x for per in res for x in per]
+    return wall, sum(n for _, n in flat), [t for t, _ in flat]
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def bench(name: str, url: str, args, edgellm: bool) -> dict:
+    out = {}
+    asyncio.run(round_(url, 1, 1, 8, True, 999))  # warm-up; caches the shared system prompt
+    for conc in args.concurrency:
+        m0 = metrics(url) if edgellm else {}
+        wall, toks, ttfts = asyncio.run(round_(url, conc, args.rounds, args.max_tokens, True, conc * 100))
+        m1 = metrics(url) if edgellm else {}
+        hit = None
+        if m1:
+            looked = (
+                m1["edgellm_prefix_cache_lookup_tokens_total"]
+                - m0["edgellm_prefix_cache_lookup_tokens_total"]
+            )
+            hits = m1["edgellm_prefix_cache_hit_tokens_total"] - m0["edgellm_prefix_cache_hit_tokens_total"]
+            hit = hits / looked if looked else 0.0
+        out[conc] = dict(
+            tps=toks / wall, p50=pct(ttfts, 50), p99=pct(ttfts, 99), hit=hit, toks=toks, wall=wall
+        )
+        print(f"  {name} c={conc}: {toks} tokens in {wall:.1f} s", file=sys.stderr, flush=True)
+    for conc in args.uncached:
+        _, _, ttfts = asyncio.run(round_(url, conc, args.rounds, args.max_tokens, False, conc * 100 + 50))
+        out[f"nocache{conc}"] = dict(p50=pct(ttfts, 50), p99=pct(ttfts, 99))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16])
+    ap.add_argument("--uncached", type=int, nargs="*", default=[1, 8], help="concurrency levels for TTFT "
+                    "without a shared prefix")  # fmt: skip
+    ap.add_argument("--rounds", type=int, default=2, help="requests per client")
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--no-llama-cpp", action="store_true")
+    args = ap.parse_args()
+
+    from edgellm import store
+
+    path = store.resolve(args.model)
+    tmp = tempfile.mkdtemp(prefix="bench_serve_")
+    results = {}
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "edgellm", "serve", str(path), "--port", str(port), "-t", str(args.threads)]
+    cmd += ["--backend", args.backend, "--parallel", str(max(args.concurrency)), "-c", "2048"]
+    proc = start(cmd, url, "/health", os.path.join(tmp, "edgellm.log"))
+    try:
+        backend = httpx.get(url + "/v1/models").json()["data"][0]["meta"]["backend"]
+        results["edgellm"] = bench(f"edgellm ({backend})", url, args, edgellm=True)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    if not args.no_llama_cpp:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        cmd = [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(path),
+            "--n_threads",
+            str(args.threads),
+        ]
+        cmd += ["--n_threads_batch", str(args.threads), "--n_ctx", "2048", "--port", str(port)]
+        cmd += ["--interrupt_requests", "False", "--verbose", "False"]
+        proc = start(cmd, url, "/v1/models", os.path.join(tmp, "llama_cpp.log"))
+        try:
+            results["llama-cpp-python"] = bench("llama-cpp-python", url, args, edgellm=False)
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    report(results, args, backend)
+
+
+def report(results: dict, args, backend: str) -> None:
+    print(f"\n{args.model}, {args.threads} threads, {args.rounds} requests per client, max_tokens "
+          f"{args.max_tokens}, ~200-token shared system prompt (edgellm backend: {backend})\n")  # fmt: skip
+    print("| server | conc | gen tok/s | TTFT p50 (s) | TTFT p99 (s) | prefix hit rate |")
+    print("|---|---|---|---|---|---|")
+    for name, res in results.items():
+        for conc in args.concurrency:
+            r = res[conc]
+            hit = f"{100 * r['hit']:.0f}%" if r["hit"] is not None else "-"
+            print(f"| {name} | {conc} | {r['tps']:.1f} | {r['p50']:.3f} | {r['p99']:.3f} | {hit} |")
+    print()
+    e = results["edgellm"]
+    if 1 in e and 8 in e:
+        print(f"edgellm 8 streams / 1 stream: {e[8]['tps'] / e[1]['tps']:.2f}x (target >= 3x)")
+    lc = results.get("llama-cpp-python")
+    if lc and 8 in e:
+        print(f"edgellm / llama-cpp-python at 8 streams: {e[8]['tps'] / lc[8]['tps']:.2f}x (target >= 3x)")
+    for conc in args.uncached:
+        for name, res in results.items():
+            if conc in res and f"nocache{conc}" in res:
+                ratio = res[conc]["p50"] / res[f"nocache{conc}"]["p50"]
+                print(f"{name} TTFT p50 at {conc} streams, shared system prompt / unshared: "
+                      f"{res[conc]['p50']:.3f} / {res[f'nocache{conc}']['p50']:.3f} s = {ratio:.2f}x "
+                      f"(target <= 0.5x)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
