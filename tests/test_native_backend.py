@@ -310,6 +310,27 @@ def test_plans_are_kept_for_the_most_recent_batch_sizes_only(tmp_path):
     np.testing.assert_array_equal(model.decode_step(*args), model.forward(*args))  # replay == eager
 
 
+def test_a_replayed_step_checks_its_tokens_and_cache_slots_first(tmp_path, nb):
+    model = tiny_model(tmp_path, "llama", nb)
+    kv = model.new_kv_cache(16, 2)
+
+    def step(tok: int, pos: int, seq: int) -> np.ndarray:
+        return model.decode_step(np.array([tok]), np.array([pos]), np.array([seq]), kv)
+
+    step(5, 0, 0)  # captured
+    step(6, 1, 0)  # replayed
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        step(N_VOCAB, 2, 0)
+    with pytest.raises(ValueError, match="outside the context"):
+        step(7, 16, 0)
+    with pytest.raises(ValueError, match="sequence id"):
+        step(7, 2, 2)
+    kv.block_table[1, 0] = -1
+    with pytest.raises(ValueError, match="no KV block"):
+        step(7, 2, 1)
+    assert nb.captured(model, kv, 1) is not None
+
+
 class _NumpyInTheMiddle:
     """A model whose forward does numpy arithmetic between backend ops: a replay would skip it."""
 
