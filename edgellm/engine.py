@@ -148,6 +148,7 @@ class _Seq:
         self.detok = tokenizer.stream()
         self.stop = StopMatcher(req.stop)
         self.n_generated = 0
+        self.admitted = False
         self.t_arrival = time.perf_counter()
         self.t_first: float | None = None
 
@@ -211,7 +212,7 @@ class Engine:
 
     # -- client side (any thread) ----------------------------------------------------------------------
     def check(self, req: GenRequest) -> None:
-        """Raise RequestRejected if the request can never run (validated again at submit)."""
+        """Raise RequestRejected if the request can never run here (submit checks this too)."""
         n = len(req.prompt_ids)
         if n == 0:
             raise RequestRejected("empty prompt: nothing to condition on")
@@ -430,7 +431,8 @@ class Engine:
             self._waiting.remove(s)
             s.slot, s.n_cached = self.kv.open(s.tokens)
             s.n_computed = s.n_cached
-            if s.n_generated == 0:
+            if not s.admitted:  # once, however often it is preempted and readmitted
+                s.admitted = True
                 self.stats.prompt_tokens += s.n_prompt
             self._running.append(s)
             return s
@@ -469,8 +471,11 @@ class Engine:
                 if not preempt:
                     return False
                 victims = [r for r in self._running if r is not s]
-                if not victims:
-                    self._preempt(s)
+                if not victims:  # s alone fills the pool: its answer ends here
+                    if s.n_generated:
+                        self._finish(s, "length")
+                    else:
+                        self._finish(s, "error", "not enough KV memory for this prompt")
                     return False
                 self._preempt(victims[-1])
 

@@ -153,3 +153,16 @@ def test_requests_that_can_never_run_are_rejected_and_a_full_queue_refuses(llm):
     eng.shutdown(grace=60, wait=False)
     assert not eng.step()  # waiting requests fail with "shutting down"; nothing is left to run
     assert eng.stats.finished["error"] == 2
+
+
+def test_a_sequence_outgrowing_the_whole_pool_ends_with_length(llm):
+    eng = _engine(llm, start=False, kv_tokens=16, max_seqs=1)
+    prompt = llm.tokenize(PROMPTS[0])
+    s = eng.submit(GenRequest(prompt, GREEDY, 40))
+    evs = []
+    while not s.done:
+        eng.step()
+        evs += s.ready()
+    # 16 positions of K/V: the prompt's, then one per generated token but the last (never fed back)
+    assert evs[-1].finish_reason == "length" and evs[-1].usage.completion_tokens == 16 - len(prompt) + 1
+    assert eng.kv.pool.n_free + eng.kv.prefix.n_blocks == 4
