@@ -33,7 +33,7 @@ def greedy(llm, prompt_ids: list[int], n: int) -> tuple[list[int], list[float]]:
         ids.append(int(top2[0]))
         margins.append(float(logits[top2[0]] - logits[top2[1]]))
         pos = np.array([len(prompt_ids) + i])
-        logits = llm.model.forward(np.array([ids[-1]]), pos, np.zeros(1, np.int64), kv)[0]
+        logits = llm.model.decode_step(np.array([ids[-1]]), pos, np.zeros(1, np.int64), kv)[0]
     return ids, margins
 
 
