@@ -196,7 +196,10 @@ class Engine:
         self.max_queue = max_queue
         kv_tokens = kv_tokens if kv_tokens else max_seqs * n_ctx
         n_blocks = -(-kv_tokens // block_size)
-        self.kv = PagedKV(model.new_kv_cache(n_ctx, max_seqs, block_size, n_blocks), prefix_caching)
+        # sliding-window rings are per sequence slot: a prefix cache (blocks shared across sequences) needs
+        # full caches on every layer
+        cache = model.new_kv_cache(n_ctx, max_seqs, block_size, n_blocks, window_rings=not prefix_caching)
+        self.kv = PagedKV(cache, prefix_caching)
         self.eog = tokenizer.eog_ids
         self.stats = EngineStats()
         self._rates: collections.deque[tuple[float, int, int]] = collections.deque()  # (t, prompt, gen)

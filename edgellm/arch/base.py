@@ -16,12 +16,27 @@ class DecoderModel:
     output: Any  # (V, D), or the tied token embedding
 
     def new_kv_cache(
-        self, n_ctx: int, n_seqs: int = 1, block_size: int | None = None, n_blocks: int | None = None
+        self,
+        n_ctx: int,
+        n_seqs: int = 1,
+        block_size: int | None = None,
+        n_blocks: int | None = None,
+        window_rings: bool = True,
     ) -> Any:
-        """The backend's paged KV cache for this model (see Backend.new_kv_cache)."""
+        """The backend's paged KV cache for this model (see Backend.new_kv_cache). With `window_rings`,
+        sliding-window layers keep only a ring of their window (plus one prefill chunk) per sequence; a
+        prefix cache, which shares blocks between sequences, needs them off."""
         c = self.config
         b = self.backend
-        return b.new_kv_cache(c.n_layer, c.n_head_kv, c.head_dim, n_ctx, n_seqs, block_size, n_blocks)
+        local = self.window_layers() if window_rings else ()
+        window = c.sliding_window if local else None
+        return b.new_kv_cache(
+            c.n_layer, c.n_head_kv, c.head_dim, n_ctx, n_seqs, block_size, n_blocks, local, window
+        )
+
+    def window_layers(self) -> list[int]:
+        """Layers that attend through a sliding window (none by default)."""
+        return []
 
     def kv_bytes_per_token(self) -> int:
         """Bytes of float16 K and V one position takes over all layers."""

@@ -128,6 +128,9 @@ class Gemma3Model(DecoderModel):
                 )
             )
 
+    def window_layers(self) -> list[int]:
+        return [il for il in range(self.config.n_layer) if self.config.is_local(il)]
+
     def forward(
         self,
         tokens: np.ndarray,

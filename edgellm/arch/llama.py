@@ -155,6 +155,9 @@ class LlamaModel(DecoderModel):
                 )
             )
 
+    def window_layers(self) -> list[int]:
+        return list(range(self.config.n_layer)) if self.config.sliding_window else []
+
     def forward(
         self,
         tokens: np.ndarray,

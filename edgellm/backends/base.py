@@ -9,6 +9,7 @@ Dh head width, V vocabulary, T cache positions.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,8 +96,13 @@ class Backend(ABC):
         n_seqs: int,
         block_size: int | None = None,
         n_blocks: int | None = None,
+        window_layers: Sequence[int] = (),
+        window: int | None = None,
     ) -> Any:
         """Allocate a paged KV cache for n_seqs sequences of up to n_ctx positions.
+
+        `window_layers` attend to at most `window` positions (sliding window): they may keep only a ring
+        of about window + one prefill chunk positions per sequence instead of n_ctx.
 
         The cache is a pool of blocks of `block_size` positions (default 16) and an int32 block table
         (n_seqs, ceil(n_ctx / block_size)); position p of sequence s lives in block

@@ -49,10 +49,11 @@ def available() -> str | None:
     return None
 
 
-def paged(kv: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """k, v (layers, slots, Hkv, Dh) float16, block_table (seqs, blocks) int32 and block_size of a
-    reference.KVCache (the layout the C attention reads)."""
-    return kv.k, kv.v, kv.block_table, kv.block_size
+def paged(kv: Any, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """k, v (slots, Hkv, Dh) float16 of one layer, its block table (seqs, blocks) int32 and block_size of
+    a reference.KVCache (the layout the C attention reads)."""
+    k, v, table = kv.layer_view(layer)
+    return k, v, table, kv.block_size
 
 
 @dataclass
@@ -254,6 +255,7 @@ class NativeBackend(ReferenceBackend):
         if c and c[0]() is kv and c[1] is seq_ids and c[2] is positions:
             if np.array_equal(c[3], seq_ids) and np.array_equal(c[4], positions):
                 return
+        kv.check_window_chunk(seq_ids)
         kv.slots(seq_ids, positions)
         self._checked = (weakref.ref(kv), seq_ids, positions, seq_ids.copy(), positions.copy())
 
@@ -266,8 +268,8 @@ class NativeBackend(ReferenceBackend):
         if k.shape != (n, n_kv, dh) or v.shape != k.shape or n_head % n_kv:
             raise ValueError(f"attention: q {q.shape}, k {k.shape}, v {v.shape}")
         self._check_kv(kv, seq_ids, positions)
-        kc, vc, table, block_size = paged(kv)
-        if kc.shape[2:] != (n_kv, dh) or kc.dtype != np.float16 or not kc.flags.c_contiguous:
+        kc, vc, table, block_size = paged(kv, layer)
+        if kc.shape[1:] != (n_kv, dh) or kc.dtype != np.float16 or not kc.flags.c_contiguous:
             raise ValueError(f"attention: cache of shape {kc.shape} for heads of {(n_kv, dh)}")
         if table.dtype != np.int32 or not table.flags.c_contiguous:
             raise ValueError("attention: the block table must be a C-contiguous int32 array")
@@ -275,10 +277,9 @@ class NativeBackend(ReferenceBackend):
         if n:
             self._exec(
                 code=ATTENTION, n=n, m=n_head, k=dh, i0=n_kv, i1=block_size, i2=table.shape[1],
-                i3=table.shape[0], i4=int(window or 0), i5=kc.shape[1], f0=float(scale),
+                i3=table.shape[0], i4=int(window or 0), i5=kc.shape[0], f0=float(scale),
                 f1=float(softcap or 0.0), src0=self._in(q, "attention"), src1=self._in(k, "attention"),
-                src2=self._in(v, "attention"), src3=address(kc) + layer * kc.strides[0],
-                src4=address(vc) + layer * vc.strides[0], src5=address(table),
+                src2=self._in(v, "attention"), src3=address(kc), src4=address(vc), src5=address(table),
                 src6=self._in(seq_ids, "attention"), src7=self._in(positions, "attention"), dst=address(out),
             )  # fmt: skip
         return out

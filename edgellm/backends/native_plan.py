@@ -110,7 +110,7 @@ class Plan:
         self.tokens, self.positions, self.seq_ids = cap.input_arrays
         self.batch = len(self.tokens)
         self.keep = cap.keep
-        self.kv_arrays = (kv.k, kv.v, kv.block_table)
+        self.kv_arrays = kv.arrays()
         vocab = next(
             (op["i1"] for op in cap.ops if op["code"] == GET_ROWS and op["src1"] == address(self.tokens)), -1
         )
@@ -145,8 +145,12 @@ class Plan:
 
     def matches(self, model: Any, kv: Any) -> bool:
         """Whether this plan still points at the model's weights and the cache's arrays."""
-        k, v, table = self.kv_arrays
-        return self.model() is model and kv.k is k and kv.v is v and kv.block_table is table
+        now = kv.arrays()
+        return (
+            self.model() is model
+            and len(now) == len(self.kv_arrays)
+            and all(a is b for a, b in zip(now, self.kv_arrays))
+        )
 
     def run(self, kv: Any, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray) -> np.ndarray:
         """One replay: copy the inputs in, check them, run every op in one C call. Returns the logits

@@ -171,15 +171,17 @@ class NumbaBackend(ReferenceBackend):
 
     def attention(self, q, k, v, kv: KVCache, layer, seq_ids, positions, scale, window=None, softcap=None):
         positions = np.asarray(positions, np.int64)
+        kv.check_window_chunk(seq_ids)
         kv.slots(seq_ids, positions)  # checks every block the kernel will touch is mapped
+        kc, vc, table = kv.layer_view(layer)
         out = np.empty((q.shape[0], q.shape[1], v.shape[-1]), np.float32)
         O.attention(
             np.ascontiguousarray(q, np.float32),
             np.ascontiguousarray(k, np.float32),
             np.ascontiguousarray(v, np.float32),
-            kv.k[layer].view(np.uint16),
-            kv.v[layer].view(np.uint16),
-            kv.block_table,
+            kc.view(np.uint16),
+            vc.view(np.uint16),
+            table,
             kv.block_size,
             np.asarray(seq_ids, np.int64),
             positions,

@@ -8,6 +8,7 @@ converts the f32 operand to f16). Slow, simple and the oracle for every fast bac
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,6 +45,7 @@ class RefWeight:
 
 
 DEFAULT_BLOCK_SIZE = 16  # positions per KV block (vLLM's default; llama.cpp's unified cache is one block)
+WINDOW_CHUNK = 512  # most tokens of one sequence per forward on a sliding-window ring (PREFILL_CHUNK)
 
 
 class KVCache:
@@ -54,6 +56,13 @@ class KVCache:
     block_table[s, p // block_size] * block_size + p % block_size. Without n_blocks, every sequence owns
     its own consecutive blocks (the layout `generate.py` uses); with n_blocks the table starts unmapped
     and `edgellm.kvcache` fills it from one shared pool.
+
+    Sliding-window layers (`window_layers`, attending to at most `window` positions) can keep a ring
+    instead: each sequence owns R blocks, R * block_size >= window + window_chunk - 1, and logical block j
+    of sequence s is ring block s * R + j % R (`ring_table`). A forward may then carry at most
+    window_chunk tokens of one sequence (so none of them overwrites a position another still reads); the
+    ring rows live in k_ring, v_ring. llama.cpp sizes its SWA cache the same way (n_swa + n_ubatch).
+    Use `layer_view(layer)` for a layer's (k, v, block table).
     """
 
     def __init__(
@@ -65,6 +74,9 @@ class KVCache:
         n_seqs: int,
         block_size: int | None = None,
         n_blocks: int | None = None,
+        window_layers: Sequence[int] = (),
+        window: int | None = None,
+        window_chunk: int = WINDOW_CHUNK,
     ):
         bs = int(block_size or DEFAULT_BLOCK_SIZE)
         if bs <= 0 or n_ctx <= 0 or n_seqs <= 0:
@@ -75,19 +87,64 @@ class KVCache:
             table = np.arange(n_blocks, dtype=np.int32).reshape(n_seqs, per_seq)
         else:
             table = np.full((n_seqs, per_seq), -1, np.int32)
-        shape = (n_layers, int(n_blocks) * bs, n_kv_heads, head_dim)
-        self.k = np.zeros(shape, np.float16)
-        self.v = np.zeros(shape, np.float16)
+        ring_blocks = -(-(int(window or 0) + window_chunk - 1) // bs)
+        self.window_chunk = int(window_chunk)
+        ring = sorted({int(i) for i in window_layers}) if window and ring_blocks < per_seq else []
+        full = [i for i in range(n_layers) if i not in set(ring)]
+        self._where = [(i in ring, (ring if i in ring else full).index(i)) for i in range(n_layers)]
+        self.k = np.zeros((len(full), int(n_blocks) * bs, n_kv_heads, head_dim), np.float16)
+        self.v = np.zeros_like(self.k)
+        self.ring_layers = ring
+        self.ring_blocks = ring_blocks if ring else 0
+        self.ring_table = (
+            (
+                np.arange(n_seqs, dtype=np.int32)[:, None] * ring_blocks + np.arange(per_seq) % ring_blocks
+            ).astype(np.int32)
+            if ring
+            else None
+        )
+        ring_shape = (len(ring), n_seqs * ring_blocks * bs if ring else 0, n_kv_heads, head_dim)
+        self.k_ring = np.zeros(ring_shape, np.float16)
+        self.v_ring = np.zeros_like(self.k_ring)
         self.block_table = table
         self.block_size = bs
         self.n_blocks = int(n_blocks)
         self.n_ctx = n_ctx  # positions per sequence
         self.n_seqs = n_seqs
 
-    def slots(self, seq_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """Cache slots (int64) of (seq, position) pairs. Raises ValueError if a position is outside the
-        context, or if a block holding it or any earlier position of its sequence is unmapped: attention
-        reads positions 0..p, and native kernels rely on this check having been made."""
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes + self.k_ring.nbytes + self.v_ring.nbytes
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """Every array the attention kernels read (a captured plan checks they are still these)."""
+        return (self.k, self.v, self.block_table, self.k_ring, self.v_ring)
+
+    def layer_view(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """k, v (slots, Hkv, Dh) float16 and the int32 block table of one layer."""
+        ring, i = self._where[layer]
+        if ring:
+            return self.k_ring[i], self.v_ring[i], self.ring_table
+        return self.k[i], self.v[i], self.block_table
+
+    def check_window_chunk(self, seq_ids: np.ndarray) -> None:
+        """Ring layers hold window + WINDOW_CHUNK - 1 positions: refuse a forward with more tokens of one
+        sequence than that allows."""
+        if self.ring_layers and len(seq_ids) > self.window_chunk:
+            most = int(np.bincount(np.asarray(seq_ids, np.int64)).max())
+            if most > self.window_chunk:
+                raise ValueError(
+                    f"{most} tokens of one sequence in one forward; a sliding-window cache takes at most "
+                    f"{self.window_chunk}"
+                )
+
+    def slots(
+        self, seq_ids: np.ndarray, positions: np.ndarray, table: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Cache slots (int64) of (seq, position) pairs, through `table` (default: the block table; a
+        ring layer passes ring_table). Raises ValueError if a position is outside the context, or if a
+        block holding it or any earlier position of its sequence is unmapped: attention reads positions
+        0..p, and native kernels rely on this check having been made."""
         seq_ids = np.asarray(seq_ids, np.int64)
         positions = np.asarray(positions, np.int64)
         if positions.size == 0:
@@ -104,7 +161,8 @@ class KVCache:
         if (blk >= first_hole).any():
             i = int(np.argmax(blk >= first_hole))
             raise ValueError(f"sequence {int(seq_ids[i])} has no KV block for position {int(positions[i])}")
-        return self.block_table[seq_ids, blk].astype(np.int64) * self.block_size + positions % self.block_size
+        table = self.block_table if table is None else table
+        return table[seq_ids, blk].astype(np.int64) * self.block_size + positions % self.block_size
 
     def clear(self, seq: int | None = None) -> None:
         """Nothing to free: positions are overwritten before they are read."""
@@ -222,25 +280,40 @@ class ReferenceBackend(Backend):
         return out
 
     def new_kv_cache(
-        self, n_layers, n_kv_heads, head_dim, n_ctx, n_seqs, block_size=None, n_blocks=None
+        self,
+        n_layers,
+        n_kv_heads,
+        head_dim,
+        n_ctx,
+        n_seqs,
+        block_size=None,
+        n_blocks=None,
+        window_layers=(),
+        window=None,
     ) -> KVCache:
-        return KVCache(n_layers, n_kv_heads, head_dim, n_ctx, n_seqs, block_size, n_blocks)
+        return KVCache(
+            n_layers, n_kv_heads, head_dim, n_ctx, n_seqs, block_size, n_blocks, window_layers, window
+        )
 
     def attention(self, q, k, v, kv: KVCache, layer, seq_ids, positions, scale, window=None, softcap=None):
         n, n_head, dh = q.shape
         n_kv_head = k.shape[1]
         group = n_head // n_kv_head
-        slots = kv.slots(seq_ids, positions)
-        kv.k[layer, slots] = k  # every row's k, v first, then attention
-        kv.v[layer, slots] = v
+        kv.check_window_chunk(seq_ids)
+        kc, vc, table = kv.layer_view(layer)
+        slots = kv.slots(seq_ids, positions, table)
+        kc[slots] = k  # every row's k, v first, then attention
+        vc[slots] = v
         out = np.empty((n, n_head, v.shape[-1]), np.float32)
         for s in np.unique(seq_ids):
             rows = np.nonzero(seq_ids == s)[0]
             pos = positions[rows]
             t = int(pos.max()) + 1
-            slots = kv.slots(np.full(t, s), np.arange(t))  # positions 0..t-1 of s through its block table
-            keys = kv.k[layer, slots].astype(np.float32)  # (T, Hkv, Dh)
-            vals = kv.v[layer, slots].astype(np.float32)
+            # positions 0..t-1 of s through its block table (on a ring, those before the window now
+            # hold later positions: the window masks them)
+            slots = kv.slots(np.full(t, s), np.arange(t), table)
+            keys = kc[slots].astype(np.float32)  # (T, Hkv, Dh)
+            vals = vc[slots].astype(np.float32)
             qs = _f16_round(q[rows]).reshape(len(rows), n_kv_head, group, dh)
             # scores (Hkv, group, n, T)
             scores = np.einsum("nhgd,thd->hgnt", qs, keys, optimize=True) * np.float32(scale)
