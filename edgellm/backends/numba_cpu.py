@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,6 +116,7 @@ class NumbaBackend(ReferenceBackend):
         self.threads = max(1, min(int(threads) if threads else cores, limit))
         _use_threads(self.threads)
         self._rope_tables: dict[int, tuple] = {}
+        self._checked: tuple = ()
         K.compile_family("ops")
 
     def bind(self, t: QTensor) -> NumbaWeight:
@@ -169,10 +171,20 @@ class NumbaBackend(ReferenceBackend):
             self._rope_tables[id(spec)] = entry
         return entry[1], entry[2]
 
+    def _check_kv(self, kv: KVCache, seq_ids, positions: np.ndarray) -> None:
+        """kv.slots' checks (every block the kernel touches is mapped; it raises ValueError naming the bad
+        row) once per forward: every layer of a forward passes the same arrays."""
+        c = self._checked
+        if c and c[0]() is kv and c[1] is seq_ids and c[2] is positions:
+            if np.array_equal(c[3], seq_ids) and np.array_equal(c[4], positions):
+                return
+        kv.check_window_chunk(seq_ids)
+        kv.slots(seq_ids, positions)
+        self._checked = (weakref.ref(kv), seq_ids, positions, np.copy(seq_ids), positions.copy())
+
     def attention(self, q, k, v, kv: KVCache, layer, seq_ids, positions, scale, window=None, softcap=None):
         positions = np.asarray(positions, np.int64)
-        kv.check_window_chunk(seq_ids)
-        kv.slots(seq_ids, positions)  # checks every block the kernel will touch is mapped
+        self._check_kv(kv, seq_ids, positions)
         kc, vc, table = kv.layer_view(layer)
         out = np.empty((q.shape[0], q.shape[1], v.shape[-1]), np.float32)
         O.attention(
