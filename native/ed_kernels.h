@@ -29,11 +29,17 @@ enum { ED_LEVEL_SCALAR = 0, ED_LEVEL_AVX2 = 1, ED_LEVEL_AVX512 = 2, ED_LEVEL_NEO
 
 /* s[0] = dot(weight row vx, activation row vy) over n elements (n a multiple of the block size). */
 typedef void (*ed_vec_dot_fn)(int n, float *s, const void *vx, const void *vy);
+/* s[c * bs] = dot(vx, vy + c * by) for c < nc (1 <= nc <= ED_NX_MAX): one weight row against nc activation
+ * rows, each weight block unpacked once for all of them. Every s[c * bs] is bit-identical to vec_dot's
+ * (the same float operations in the same order per output), so callers may mix the two freely. */
+typedef void (*ed_vec_dot_nx_fn)(int n, float *s, size_t bs, const void *vx, const void *vy, size_t by, int nc);
+#define ED_NX_MAX 4
 /* y = x (n floats) converted to an activation type (Q8_0, Q8_1, Q8_K, F16, BF16; F32 is a copy). */
 typedef void (*ed_from_float_fn)(const float *x, void *y, int64_t n);
 
 typedef struct {
     ed_vec_dot_fn vec_dot;      /* NULL: this weight type has no kernel */
+    ed_vec_dot_nx_fn vec_dot_nx; /* NULL: callers loop over vec_dot (ed_vec_dot_nx does) */
     int vec_dot_type;           /* ED_Q8_0, ED_Q8_1, ED_Q8_K, ED_F16, ED_BF16 or ED_F32 */
     int block_elems;            /* elements per block of the weight type (32, 256, 1) */
     int block_bytes;            /* bytes per block of the weight type */
@@ -57,6 +63,10 @@ int ed_cpu_has_avx512vnni(void);
  * cannot run it. Each level's functions live in their own translation unit or carry
  * __attribute__((target(...))) so one x86 build carries scalar, AVX2 and AVX-512 without -march flags. */
 const ed_kernel_table *ed_kernels(int level);
+
+/* vec_dot_nx of type t in table k, or the loop over vec_dot where the table has none. */
+void ed_vec_dot_nx(const ed_type_kernels *t, int n, float *s, size_t bs, const void *vx, const void *vy, size_t by,
+                   int nc);
 
 /* Bytes of an activation row of n elements in type t (for scratch sizing); 0 if t is unknown. */
 size_t ed_act_row_bytes(int t, int64_t n);

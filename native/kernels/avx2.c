@@ -295,6 +295,144 @@ LEGACY_DOT(vec_dot_q5_1, block_q5_1, block_q8_1, block_q5_1_q8_1)
 LEGACY_DOT(vec_dot_q8_0, block_q8_0, block_q8_0, block_q8_0_q8_0)
 LEGACY_DOT(vec_dot_iq4_nl, block_iq4_nl, block_q8_0, block_iq4_nl_q8_0)
 
+/* ---------------------------------------------- legacy blocks, one weight row x nc activation rows */
+
+/* A weight block unpacked once for nc rows. Per row the float operations are those of the single-row
+ * block functions above (dot_s8(x, y) is dot_us8(|x|, y with x's sign)), so every output matches
+ * vec_dot bit for bit: even blocks into acc0, odd into acc1, the same final sums. */
+typedef struct {
+    __m256i q, a; /* signed quants and their magnitudes */
+    float d;
+    __m128 dm; /* (d, m) for Q4_1/Q5_1 */
+} wblock;
+
+static inline wblock prep_q4_0(const block_q4_0 *x) {
+    wblock w;
+    w.q = _mm256_sub_epi8(nibbles32(x->qs), _mm256_set1_epi8(8));
+    w.a = _mm256_sign_epi8(w.q, w.q);
+    w.d = ed_f16_table[ed_load_u16(&x->d)];
+    return w;
+}
+
+static inline wblock prep_q5_0(const block_q5_0 *x) {
+    wblock w;
+    const __m256i hi = _mm256_andnot_si256(bits32(x->qh), _mm256_set1_epi8((char)0xF0));
+    w.q = _mm256_or_si256(nibbles32(x->qs), hi);
+    w.a = _mm256_sign_epi8(w.q, w.q);
+    w.d = ed_f16_table[ed_load_u16(&x->d)];
+    return w;
+}
+
+static inline wblock prep_q8_0(const block_q8_0 *x) {
+    wblock w;
+    w.q = _mm256_loadu_si256((const __m256i *)x->qs);
+    w.a = _mm256_sign_epi8(w.q, w.q);
+    w.d = ed_f16_table[ed_load_u16(&x->d)];
+    return w;
+}
+
+static inline wblock prep_q4_1(const block_q4_1 *x) {
+    wblock w;
+    w.q = nibbles32(x->qs);
+    w.dm = f16x2(x);
+    return w;
+}
+
+static inline wblock prep_q5_1(const block_q5_1 *x) {
+    wblock w;
+    const __m256i hi = _mm256_and_si256(bits32(x->qh), _mm256_set1_epi8(0x10));
+    w.q = _mm256_or_si256(nibbles32(x->qs), hi);
+    w.dm = f16x2(x);
+    return w;
+}
+
+#define ED_ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* Q8_0 activations, nc rows: acc[c] += (dx * dy_c) * dot_s8(x, y_c) */
+ED_ALWAYS_INLINE void rows_s8(const wblock *w, const uint8_t *vy, size_t by, int ib, __m256 *acc, const int nc) {
+    for (int c = 0; c < nc; c++) {
+        const block_q8_0 *y = (const block_q8_0 *)(vy + c * by) + ib;
+        const __m256i qy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y->qs), w->q);
+        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(w->d * ed_f16_table[ed_load_u16(&y->d)]), dot_us8(w->a, qy), acc[c]);
+    }
+}
+
+/* the f16 heads of two blocks as floats (d_a, m_a or s_a, d_b, m_b or s_b) */
+static inline __m128 f16x2x2(const void *a, const void *b) {
+    int32_t u, v;
+    memcpy(&u, a, 4);
+    memcpy(&v, b, 4);
+    return _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128(u), v, 1));
+}
+
+/* Q8_1 activations, rows in pairs (a, b): p = (dx*dy_a, mx*sy_a, dx*dy_b, mx*sy_b), the lanes of the
+ * single-row p side by side; ms[pair] += p; acc_a += p0 * dot_us8, acc_b += p2 * dot_us8 */
+ED_ALWAYS_INLINE void rows_u8(const wblock *w, const uint8_t *vy, size_t by, int ib, __m256 *acc, __m128 *ms,
+                              const int nc) {
+    const __m128 dm2 = _mm_movelh_ps(w->dm, w->dm);
+    for (int c = 0; c < nc; c += 2) {
+        const block_q8_1 *ya = (const block_q8_1 *)(vy + c * by) + ib;
+        const block_q8_1 *yb = (const block_q8_1 *)(vy + (c + 1) * by) + ib;
+        const __m128 p = _mm_mul_ps(dm2, f16x2x2(ya, yb));
+        ms[c / 2] = _mm_add_ps(ms[c / 2], p);
+        const __m256 pb = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(p), _mm256_set1_epi32(2));
+        acc[c] = _mm256_fmadd_ps(_mm256_broadcastss_ps(p),
+                                 dot_us8(w->q, _mm256_loadu_si256((const __m256i *)ya->qs)), acc[c]);
+        acc[c + 1] = _mm256_fmadd_ps(pb, dot_us8(w->q, _mm256_loadu_si256((const __m256i *)yb->qs)), acc[c + 1]);
+    }
+}
+
+/* nc rows (even for the Q8_1 kind): even blocks into acc0, odd into acc1, then vec_dot's final sums */
+#define LEGACY_DOT_NX(name, single, XT, PREP, U8)                                                          \
+    ED_ALWAYS_INLINE void name##_n(int n, float *s, size_t bs, const XT *x, const uint8_t *vy, size_t by,  \
+                                   const int nc) {                                                          \
+        const int nb = n / QK;                                                                              \
+        __m256 acc0[ED_NX_MAX], acc1[ED_NX_MAX];                                                            \
+        __m128 ms0[ED_NX_MAX / 2], ms1[ED_NX_MAX / 2];                                                      \
+        for (int c = 0; c < nc; c++) acc0[c] = acc1[c] = _mm256_setzero_ps();                               \
+        for (int c = 0; c < nc / 2; c++) ms0[c] = ms1[c] = _mm_setzero_ps();                                \
+        int ib = 0;                                                                                         \
+        for (; ib + 1 < nb; ib += 2) {                                                                      \
+            const wblock w0 = PREP(&x[ib]);                                                                 \
+            if (U8) rows_u8(&w0, vy, by, ib, acc0, ms0, nc);                                                \
+            else rows_s8(&w0, vy, by, ib, acc0, nc);                                                        \
+            const wblock w1 = PREP(&x[ib + 1]);                                                             \
+            if (U8) rows_u8(&w1, vy, by, ib + 1, acc1, ms1, nc);                                            \
+            else rows_s8(&w1, vy, by, ib + 1, acc1, nc);                                                    \
+        }                                                                                                   \
+        if (ib < nb) {                                                                                      \
+            const wblock w0 = PREP(&x[ib]);                                                                 \
+            if (U8) rows_u8(&w0, vy, by, ib, acc0, ms0, nc);                                                \
+            else rows_s8(&w0, vy, by, ib, acc0, nc);                                                        \
+        }                                                                                                   \
+        for (int c = 0; c < nc; c++) {                                                                      \
+            float m = 0.0f;                                                                                 \
+            if (U8) {                                                                                       \
+                const __m128 ms = _mm_add_ps(ms0[c / 2], ms1[c / 2]);                                       \
+                m = c % 2 ? _mm_cvtss_f32(_mm_shuffle_ps(ms, ms, 3)) : _mm_cvtss_f32(_mm_shuffle_ps(ms, ms, 1)); \
+            }                                                                                               \
+            s[c * bs] = hsum_f32x8(_mm256_add_ps(acc0[c], acc1[c])) + m;                                    \
+        }                                                                                                   \
+    }                                                                                                       \
+    static void name(int n, float *s, size_t bs, const void *vx, const void *vy, size_t by, int nc) {      \
+        const uint8_t *y = vy;                                                                              \
+        for (; nc >= 4; nc -= 4, s += 4 * bs, y += 4 * by) name##_n(n, s, bs, vx, y, by, 4);                \
+        if (nc >= 2 && (U8 || nc == 2)) {                                                                   \
+            name##_n(n, s, bs, vx, y, by, 2);                                                               \
+            nc -= 2, s += 2 * bs, y += 2 * by;                                                              \
+        } else if (nc == 3) {                                                                               \
+            name##_n(n, s, bs, vx, y, by, 3);                                                               \
+            nc = 0;                                                                                         \
+        }                                                                                                   \
+        if (nc == 1) single(n, s, vx, y);                                                                   \
+    }
+
+LEGACY_DOT_NX(vec_dot_nx_q4_0, vec_dot_q4_0, block_q4_0, prep_q4_0, 0)
+LEGACY_DOT_NX(vec_dot_nx_q5_0, vec_dot_q5_0, block_q5_0, prep_q5_0, 0)
+LEGACY_DOT_NX(vec_dot_nx_q8_0, vec_dot_q8_0, block_q8_0, prep_q8_0, 0)
+LEGACY_DOT_NX(vec_dot_nx_q4_1, vec_dot_q4_1, block_q4_1, prep_q4_1, 1)
+LEGACY_DOT_NX(vec_dot_nx_q5_1, vec_dot_q5_1, block_q5_1, prep_q5_1, 1)
+
 /* --------------------------------------------------------------------------- K-quants (vs Q8_K) */
 
 /* ggml get_scale_shuffle_k4: broadcast the 16-bit scale pair k (of 8) to all lanes */
@@ -430,6 +568,128 @@ static void vec_dot_q6_K(int n, float *s, const void *vx, const void *vy) {
     *s = hsum_f32x8(acc);
 }
 
+/* ------------------------------------------------- K-quants, one weight row x nc activation rows */
+
+/* Per row, the float operations of vec_dot_q{4,5}_K / q6_K in their order (d, dmin products, acc_m's
+ * fmadd, acc's fmadd, the final sums); the integer block sums are exact, so they may be formed in any
+ * order. The weight quants and scales are unpacked once per 64 (128 for Q6_K) elements for all rows. */
+#define K45_DOT_NX(name, single, XT, Q5)                                                                   \
+    ED_ALWAYS_INLINE void name##_n(int n, float *s, size_t bs, const XT *x, const uint8_t *vy, size_t by,  \
+                                   const int nc) {                                                          \
+        const __m256i m4 = _mm256_set1_epi8(0xF);                                                           \
+        __m256 acc[ED_NX_MAX];                                                                              \
+        __m128 acc_m[ED_NX_MAX];                                                                            \
+        for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps(), acc_m[c] = _mm_setzero_ps();             \
+        for (int i = 0; i < n / QK_K; i++) {                                                                \
+            const float xd = f16(ed_load_u16(&x[i].d)), xdmin = f16(ed_load_u16(&x[i].dmin));               \
+            uint32_t utmp[4];                                                                               \
+            ed_unpack_scales_k4(x[i].scales, utmp);                                                         \
+            const __m256i mins_and_scales = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)utmp));   \
+            const __m128i sc128 = _mm256_castsi256_si128(mins_and_scales);                                  \
+            const __m256i scales = _mm256_set_m128i(sc128, sc128);                                          \
+            __m256i sumi[ED_NX_MAX];                                                                        \
+            for (int c = 0; c < nc; c++) {                                                                  \
+                const block_q8_K *y = (const block_q8_K *)(vy + c * by) + i;                                \
+                const float dmin = -y->d * xdmin;                                                           \
+                acc_m[c] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot(mins_and_scales, y->bsums)), \
+                                        acc_m[c]);                                                          \
+                sumi[c] = _mm256_setzero_si256();                                                           \
+            }                                                                                               \
+            const uint8_t *q4 = x[i].qs;                                                                    \
+            for (int j = 0; j < QK_K / 64; j++, q4 += 32) {                                                 \
+                const __m256i bits = _mm256_loadu_si256((const __m256i *)q4);                               \
+                __m256i ql = _mm256_and_si256(bits, m4);                                                    \
+                __m256i qh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);                              \
+                if (Q5) {                                                                                   \
+                    const __m256i hb = _mm256_loadu_si256((const __m256i *)((const block_q5_K *)(const void *)&x[i])->qh); \
+                    const __m256i bl = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * j), _mm256_set1_epi8(1)); \
+                    const __m256i bh = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * j + 1), _mm256_set1_epi8(1)); \
+                    ql = _mm256_or_si256(ql, _mm256_slli_epi16(bl, 4));                                     \
+                    qh = _mm256_or_si256(qh, _mm256_slli_epi16(bh, 4));                                     \
+                }                                                                                           \
+                const __m256i sl = scale_k4(scales, 2 * j), sh = scale_k4(scales, 2 * j + 1);               \
+                for (int c = 0; c < nc; c++) {                                                              \
+                    const int8_t *q8 = ((const block_q8_K *)(vy + c * by) + i)->qs + 64 * j;                \
+                    const __m256i pl = _mm256_maddubs_epi16(ql, _mm256_loadu_si256((const __m256i *)q8));   \
+                    const __m256i ph = _mm256_maddubs_epi16(qh, _mm256_loadu_si256((const __m256i *)(q8 + 32))); \
+                    sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(_mm256_madd_epi16(sl, pl),         \
+                                                                         _mm256_madd_epi16(sh, ph)));       \
+                }                                                                                           \
+            }                                                                                               \
+            for (int c = 0; c < nc; c++) {                                                                  \
+                const float d = ((const block_q8_K *)(vy + c * by) + i)->d * xd;                            \
+                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);           \
+            }                                                                                               \
+        }                                                                                                   \
+        for (int c = 0; c < nc; c++) {                                                                      \
+            __m128 am = _mm_add_ps(acc_m[c], _mm_movehl_ps(acc_m[c], acc_m[c]));                            \
+            am = _mm_add_ss(am, _mm_movehdup_ps(am));                                                       \
+            s[c * bs] = hsum_f32x8(acc[c]) + _mm_cvtss_f32(am);                                             \
+        }                                                                                                   \
+    }                                                                                                       \
+    NX_ENTRY(name, single)
+
+/* the table entry: groups of 4, then 3 or 2, a last single row through vec_dot itself */
+#define NX_ENTRY(name, single)                                                                              \
+    static void name(int n, float *s, size_t bs, const void *vx, const void *vy, size_t by, int nc) {      \
+        const uint8_t *y = vy;                                                                              \
+        for (; nc >= 4; nc -= 4, s += 4 * bs, y += 4 * by) name##_n(n, s, bs, vx, y, by, 4);                \
+        if (nc == 3) name##_n(n, s, bs, vx, y, by, 3);                                                      \
+        else if (nc == 2) name##_n(n, s, bs, vx, y, by, 2);                                                 \
+        else if (nc == 1) single(n, s, vx, y);                                                              \
+    }
+
+K45_DOT_NX(vec_dot_nx_q4_K, vec_dot_q4_K, block_q4_K, 0)
+K45_DOT_NX(vec_dot_nx_q5_K, vec_dot_q5_K, block_q5_K, 1)
+
+ED_ALWAYS_INLINE void vec_dot_nx_q6_K_n(int n, float *s, size_t bs, const block_q6_K *x, const uint8_t *vy,
+                                        size_t by, const int nc) {
+    const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(15);
+    __m256 acc[ED_NX_MAX];
+    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+    for (int i = 0; i < n / QK_K; i++) {
+        const float xd = f16(ed_load_u16(&x[i].d));
+        const uint8_t *ql = x[i].ql, *qh = x[i].qh;
+        const __m128i scales = _mm_loadu_si128((const __m128i *)x[i].scales);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(scales);
+        __m256i sumi[ED_NX_MAX];
+        for (int c = 0; c < nc; c++) { /* quants are stored +32: start from -32 * Σ scale * bsum */
+            const __m256i q8sums = _mm256_loadu_si256((const __m256i *)((const block_q8_K *)(vy + c * by) + i)->bsums);
+            sumi[c] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(q8sums, sc16), 5));
+        }
+        for (int j = 0; j < QK_K / 128; j++, ql += 64, qh += 32) {
+            const __m256i b1 = _mm256_loadu_si256((const __m256i *)ql);
+            const __m256i b2 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            const __m256i bh = _mm256_loadu_si256((const __m256i *)qh);
+            const __m256i q0 =
+                _mm256_or_si256(_mm256_and_si256(b1, m15), _mm256_slli_epi16(_mm256_and_si256(bh, m3), 4));
+            const __m256i q1 = _mm256_or_si256(_mm256_and_si256(b2, m15),
+                                               _mm256_slli_epi16(_mm256_and_si256(bh, _mm256_set1_epi8(12)), 2));
+            const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m15),
+                                               _mm256_and_si256(bh, _mm256_set1_epi8(48)));
+            const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m15),
+                                               _mm256_srli_epi16(_mm256_and_si256(bh, _mm256_set1_epi8(-64)), 2));
+            const __m256i s0 = scale_pair_q6(scales, 8 * j), s1 = scale_pair_q6(scales, 8 * j + 2);
+            const __m256i s2 = scale_pair_q6(scales, 8 * j + 4), s3 = scale_pair_q6(scales, 8 * j + 6);
+            for (int c = 0; c < nc; c++) {
+                const int8_t *q8 = ((const block_q8_K *)(vy + c * by) + i)->qs + 128 * j;
+                const __m256i p0 = _mm256_maddubs_epi16(q0, _mm256_loadu_si256((const __m256i *)q8));
+                const __m256i p1 = _mm256_maddubs_epi16(q1, _mm256_loadu_si256((const __m256i *)(q8 + 32)));
+                const __m256i p2 = _mm256_maddubs_epi16(q2, _mm256_loadu_si256((const __m256i *)(q8 + 64)));
+                const __m256i p3 = _mm256_maddubs_epi16(q3, _mm256_loadu_si256((const __m256i *)(q8 + 96)));
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(_mm256_madd_epi16(s0, p0), _mm256_madd_epi16(s1, p1)));
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(_mm256_madd_epi16(s2, p2), _mm256_madd_epi16(s3, p3)));
+            }
+        }
+        for (int c = 0; c < nc; c++) {
+            const float d = ((const block_q8_K *)(vy + c * by) + i)->d * xd;
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+        }
+    }
+    for (int c = 0; c < nc; c++) s[c * bs] = hsum_f32x8(acc[c]);
+}
+NX_ENTRY(vec_dot_nx_q6_K, vec_dot_q6_K)
+
 /* ---------------------------------------------------------- float types: 4 x 8 f32 lanes, FMA */
 
 #define FLOAT_DOT(name, T, LOAD, CONV)                                                    \
@@ -477,6 +737,14 @@ int ed_fill_avx2(ed_kernel_table *t) {
     t->types[ED_Q5_K].vec_dot = vec_dot_q5_K;
     t->types[ED_Q6_K].vec_dot = vec_dot_q6_K;
     t->types[ED_F16].vec_dot = vec_dot_f16;
+    t->types[ED_Q4_0].vec_dot_nx = vec_dot_nx_q4_0;
+    t->types[ED_Q4_1].vec_dot_nx = vec_dot_nx_q4_1;
+    t->types[ED_Q5_0].vec_dot_nx = vec_dot_nx_q5_0;
+    t->types[ED_Q5_1].vec_dot_nx = vec_dot_nx_q5_1;
+    t->types[ED_Q8_0].vec_dot_nx = vec_dot_nx_q8_0;
+    t->types[ED_Q4_K].vec_dot_nx = vec_dot_nx_q4_K;
+    t->types[ED_Q5_K].vec_dot_nx = vec_dot_nx_q5_K;
+    t->types[ED_Q6_K].vec_dot_nx = vec_dot_nx_q6_K;
     t->types[ED_BF16].vec_dot = vec_dot_bf16;
     t->types[ED_F32].vec_dot = vec_dot_f32;
     t->from_float[ED_Q8_0] = quantize_q8_0;

@@ -250,6 +250,8 @@ ED_TARGET_POP
 
 int ed_fill_avx512(ed_kernel_table *t) {
     if (!ed_fill_avx2(t)) return 0; /* quantizers and anything not overridden below */
+    /* AVX2's multi-row kernels match AVX2's vec_dot bits, not these: callers loop over vec_dot instead */
+    for (int i = 0; i < ED_TYPE_COUNT; i++) t->types[i].vec_dot_nx = NULL;
     t->level = ED_LEVEL_AVX512;
     if (ed_cpu_has_avx512vnni())
         set_legacy_vnni(t);

@@ -146,6 +146,15 @@ int ed_cpu_level(void) {
     return ED_LEVEL_SCALAR;
 }
 
+void ed_vec_dot_nx(const ed_type_kernels *t, int n, float *s, size_t bs, const void *vx, const void *vy, size_t by,
+                   int nc) {
+    if (t->vec_dot_nx) {
+        t->vec_dot_nx(n, s, bs, vx, vy, by, nc);
+        return;
+    }
+    for (int c = 0; c < nc; c++) t->vec_dot(n, s + c * bs, vx, (const uint8_t *)vy + c * by);
+}
+
 size_t ed_act_row_bytes(int t, int64_t n) {
     const ed_kernel_table *k = ed_kernels(ED_LEVEL_SCALAR);
     if (t < 0 || t >= ED_TYPE_COUNT || n < 0 || !k->act_block_elems[t]) return 0;

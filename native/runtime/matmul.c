@@ -4,7 +4,8 @@
  * _mul_mat does the same with its `wdata`), chunks of whole rows. Phase 1 hands out chunks of weight
  * rows; inside a chunk, tiles of TILE_W weight rows meet every activation row in tiles of TILE_X, so a
  * weight block is read from memory once and stays in L1 while it meets all n rows (a GEMM loop, not n
- * matvecs). Each output is one vec_dot call, so any thread count gives the same bits.
+ * matvecs). Each weight row meets up to ED_NX_MAX activation rows per vec_dot_nx call, which unpacks its
+ * blocks once for them all; every output has vec_dot's bits, so any thread count gives the same bits.
  */
 #include "runtime.h"
 
@@ -54,8 +55,15 @@ void ed_matmul(const ed_op *op, int phase, ed_ctx *ctx) {
         const int64_t j1 = j0 + TILE_W < c1 ? j0 + TILE_W : c1;
         for (int64_t i0 = 0; i0 < n; i0 += TILE_X) {
             const int64_t i1 = i0 + TILE_X < n ? i0 + TILE_X : n;
+            if (i1 - i0 == 1) { /* a matvec (decode): the single-row kernel */
+                for (int64_t j = j0; j < j1; j++) dot((int)k, &y[i0 * m + j], w + j * wrow, act + i0 * arow);
+                continue;
+            }
             for (int64_t j = j0; j < j1; j++)
-                for (int64_t i = i0; i < i1; i++) dot((int)k, &y[i * m + j], w + j * wrow, act + i * arow);
+                for (int64_t i = i0; i < i1; i += ED_NX_MAX) {
+                    const int nc = (int)(i1 - i < ED_NX_MAX ? i1 - i : ED_NX_MAX);
+                    ed_vec_dot_nx(tk, (int)k, &y[i * m + j], (size_t)m, w + j * wrow, act + i * arow, arow, nc);
+                }
         }
     }
 }

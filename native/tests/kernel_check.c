@@ -5,7 +5,9 @@
  * relative tolerance of the float64 reference dot (sum of dequant(w) * roundtrip(x), with Q8_1's s-term).
  * Tolerances are relative to sum |w_i * x_i|: all levels quantize identically, so what is left is float
  * summation order (ggml's tests/test-quantize-fns.cpp bounds the error against the *unquantized* dot,
- * a much looser check). Exit status 0 iff every check passes. `--bench` also times each case.
+ * a much looser check). vec_dot_nx (one weight row x nc activation rows, through ed_vec_dot_nx, so the
+ * vec_dot fallback too) must give every row vec_dot's bits exactly. Exit status 0 iff every check passes.
+ * `--bench` also times each case.
  *
  * Case file (little-endian): "EDKC", u32 version (1), u32 count, then per case:
  *   u32 name_len, name, u32 wtype, u32 n, u32 wbytes, u32 atype, u32 abytes, f64 expected, f64 magnitude,
@@ -119,6 +121,33 @@ static int check(const ed_kernel_table *k, const test_case *c, uint8_t *act, dou
     return 0;
 }
 
+/* ed_vec_dot_nx over NX_ROWS distinct activation rows (x rotated), each nc in 1..ED_NX_MAX and strides
+ * bs = 3 floats: every output must be bit-identical to vec_dot on that row. */
+#define NX_ROWS 7
+static int check_nx(const ed_kernel_table *k, const test_case *c, uint8_t *acts, float *xr) {
+    const ed_type_kernels *t = &k->types[c->wtype];
+    const size_t ab = c->abytes;
+    for (int r = 0; r < NX_ROWS; r++) {
+        for (uint32_t i = 0; i < c->n; i++) xr[i] = c->x[(i + 37u * (uint32_t)r) % c->n] * (1.0f + 0.25f * r);
+        k->from_float[c->atype](xr, acts + r * ab, c->n);
+    }
+    float want[NX_ROWS], got[3 * NX_ROWS];
+    for (int r = 0; r < NX_ROWS; r++) t->vec_dot((int)c->n, &want[r], c->w, acts + r * ab);
+    for (int nc = 1; nc <= ED_NX_MAX; nc++) {
+        for (int r0 = 0; r0 + nc <= NX_ROWS; r0 += nc) {
+            for (int i = 0; i < 3 * NX_ROWS; i++) got[i] = NAN;
+            ed_vec_dot_nx(t, (int)c->n, got, 3, c->w, acts + r0 * ab, ab, nc);
+            for (int r = 0; r < nc; r++)
+                if (memcmp(&got[3 * r], &want[r0 + r], sizeof(float))) {
+                    printf("FAIL %-7s %s: vec_dot_nx (nc %d) row %d gives %.9g, vec_dot %.9g\n",
+                           level_name(k->level), c->name, nc, r0 + r, got[3 * r], want[r0 + r]);
+                    return 1;
+                }
+        }
+    }
+    return 0;
+}
+
 /* Single-thread time per call with the row in L1: the best of many short batches, so that a shared,
  * busy machine's preemptions drop out. */
 static void bench(const ed_kernel_table *k, const test_case *c, uint8_t *act) {
@@ -139,8 +168,19 @@ static void bench(const ed_kernel_table *k, const test_case *c, uint8_t *act) {
         dot_ns = (t1 - t0) / reps < dot_ns ? (t1 - t0) / reps : dot_ns;
         q_ns = (t2 - t1) / reps < q_ns ? (t2 - t1) / reps : q_ns;
     }
-    printf("bench %-7s %-40s %8.1f ns/dot (%5.1f GB/s of weights) %8.1f ns/from_float%s\n",
-           level_name(k->level), c->name, dot_ns, c->wbytes / dot_ns, q_ns, sink == 12345.f ? " " : "");
+    double nx_ns = 1e30; /* per row, ED_NX_MAX rows (the same activation row) per call */
+    float sx[ED_NX_MAX];
+    for (int b = 0; b < batches; b++) {
+        double t0 = now_ns();
+        for (int r = 0; r < reps; r++) {
+            ed_vec_dot_nx(t, (int)c->n, sx, 1, c->w, act, 0, ED_NX_MAX);
+            sink += sx[0];
+        }
+        double t1 = now_ns();
+        nx_ns = (t1 - t0) / reps / ED_NX_MAX < nx_ns ? (t1 - t0) / reps / ED_NX_MAX : nx_ns;
+    }
+    printf("bench %-7s %-40s %8.1f ns/dot (%5.1f GB/s of weights) %8.1f ns/dot in nx %8.1f ns/from_float%s\n",
+           level_name(k->level), c->name, dot_ns, c->wbytes / dot_ns, nx_ns, q_ns, sink == 12345.f ? " " : "");
 }
 
 int main(int argc, char **argv) {
@@ -165,6 +205,10 @@ int main(int argc, char **argv) {
     size_t max_a = 0;
     for (uint32_t i = 0; i < count; i++) max_a = cs[i].abytes > max_a ? cs[i].abytes : max_a;
     uint8_t *act = (uint8_t *)aligned_alloc(64, (max_a + 127) / 64 * 64) + 4;
+    uint8_t *acts = aligned_alloc(64, (NX_ROWS * max_a + 127) / 64 * 64);
+    uint32_t max_n = 1;
+    for (uint32_t i = 0; i < count; i++) max_n = cs[i].n > max_n ? cs[i].n : max_n;
+    float *xr = malloc(max_n * sizeof(float));
 
     printf("cpu level %s, dotprod %d, avx512vnni %d; %u cases\n", level_name(ed_cpu_level()),
            ed_cpu_has_dotprod(), ed_cpu_has_avx512vnni(), count);
@@ -175,7 +219,10 @@ int main(int argc, char **argv) {
         levels++;
         double worst = 0;
         int fails = 0;
-        for (uint32_t i = 0; i < count; i++) fails += check(k, &cs[i], act, &worst);
+        for (uint32_t i = 0; i < count; i++) {
+            const int f = check(k, &cs[i], act, &worst);
+            fails += f ? f : check_nx(k, &cs[i], acts, xr);
+        }
         printf("%-7s %u cases, %d failed, worst relative dot error %.2g\n", level_name(level), count, fails, worst);
         failures += fails;
         if (do_bench)
