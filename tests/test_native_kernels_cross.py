@@ -3,7 +3,8 @@
 Cases (random rows and rows sliced from the real models) are written to a binary file; the standalone
 harness native/tests/kernel_check.c checks, for each level the CPU runs, that the quantized activations
 are byte-identical to numpy's and that vec_dot is within a per-type relative tolerance of the float64 dot
-of dequant(weight) * activation_roundtrip(x). The harness is built with the host compiler (scalar, AVX2,
+of dequant(weight) * activation_roundtrip(x), and that vec_dot_nx (one weight row against 1..4 activation
+rows) gives every row vec_dot's bits exactly. The harness is built with the host compiler (scalar, AVX2,
 AVX-512 where the CPU has it) and cross-built for aarch64 and run under qemu (NEON with and without the
 dot-product extension).
 """
