@@ -78,46 +78,60 @@ def attention(q, k, v, kc, vc, table, block_size, seq_ids, positions, scale, win
             for d in range(dh):
                 kc[slot, hh, d] = f32_to_f16_bits(k[r, hh, d])
                 vc[slot, hh, d] = f32_to_f16_bits(v[r, hh, d])
-    qh = np.empty(dh, F32)
-    acc = np.empty(dh, F32)
+    # per key/value head: each cached row is decoded from f16 once and meets the `group` query heads that
+    # share it; every score and output keeps the per-head summation order (over d, then over positions)
+    qg = np.empty((group, dh), F32)
+    kf = np.empty(dh, F32)
+    acc = np.empty((group, dh), F32)
     for r in range(n):
         s_id, pos = seq_ids[r], positions[r]
         lo = max(0, pos - window + 1) if window > 0 else 0
         t = pos + 1 - lo
-        scores = np.empty(t, F32)
+        scores = np.empty((group, t), F32)
         slots = np.empty(t, np.int64)
         for j in range(t):
             slots[j] = _slot(table, block_size, s_id, lo + j)
-        for h in range(n_head):
-            g = h // group
-            for d in range(dh):
-                qh[d] = f16_to_f32(f32_to_f16_bits(q[r, h, d]))
-            mx = F32(-np.inf)
+        for g in range(n_kv):
+            for i in range(group):
+                for d in range(dh):
+                    qg[i, d] = f16_to_f32(f32_to_f16_bits(q[r, g * group + i, d]))
             for j in range(t):
                 krow = kc[slots[j], g]
-                s = F32(0)
                 for d in range(dh):
-                    s += qh[d] * _f16_bits_to_f32(krow[d])
-                s = s * scale
-                if softcap > 0:
-                    s = softcap * np.tanh(s / softcap)
-                scores[j] = s
-                if s > mx:
-                    mx = s
-            total = F32(0)
+                    kf[d] = _f16_bits_to_f32(krow[d])
+                for i in range(group):
+                    s = F32(0)
+                    for d in range(dh):
+                        s += qg[i, d] * kf[d]
+                    s = s * scale
+                    if softcap > 0:
+                        s = softcap * np.tanh(s / softcap)
+                    scores[i, j] = s
+            for i in range(group):
+                mx = F32(-np.inf)
+                for j in range(t):
+                    if scores[i, j] > mx:
+                        mx = scores[i, j]
+                total = F32(0)
+                for j in range(t):
+                    e = np.exp(scores[i, j] - mx)
+                    scores[i, j] = e
+                    total += e
+                for j in range(t):
+                    scores[i, j] = f16_to_f32(f32_to_f16_bits(scores[i, j] / total))
+                for d in range(dh):
+                    acc[i, d] = F32(0)
             for j in range(t):
-                e = np.exp(scores[j] - mx)
-                scores[j] = e
-                total += e
-            for d in range(dh):
-                acc[d] = F32(0)
-            for j in range(t):
-                p = f16_to_f32(f32_to_f16_bits(scores[j] / total))
                 vrow = vc[slots[j], g]
                 for d in range(dh):
-                    acc[d] += p * _f16_bits_to_f32(vrow[d])
-            for d in range(dh):
-                out[r, h, d] = acc[d]
+                    kf[d] = _f16_bits_to_f32(vrow[d])
+                for i in range(group):
+                    p = scores[i, j]
+                    for d in range(dh):
+                        acc[i, d] += p * kf[d]
+            for i in range(group):
+                for d in range(dh):
+                    out[r, g * group + i, d] = acc[i, d]
 
 
 @njit(cache=True)
