@@ -37,6 +37,19 @@ class Completion:
     timings: Timings = field(default_factory=Timings)
 
 
+def _will_use_numba(backend: str) -> bool:
+    """Whether `backend` resolves to numba here (auto does when the native backend cannot run)."""
+    if backend == "numba":
+        return True
+    if backend != "auto":
+        return False
+    try:
+        from edgellm.backends.native import available
+    except ImportError:
+        return True
+    return available() is not None
+
+
 def _numba_kernels_cached() -> bool:
     try:
         from edgellm.backends.numba_cpu import NumbaBackend
@@ -62,7 +75,7 @@ class LLM:
         t0 = time.perf_counter()
         self.path = store.resolve(str(model) if model is not None else None, log=log)
         self.file = ModelFile(self.path, use_mmap=use_mmap)
-        if log is not None and backend in ("auto", "numba") and not _numba_kernels_cached():
+        if log is not None and _will_use_numba(backend) and not _numba_kernels_cached():
             log("compiling the numba kernels (first run only; about a minute)...")
         self.backend = get_backend(backend, threads)
         self.model = load_model(self.file, self.backend)

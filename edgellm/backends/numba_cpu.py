@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from edgellm.backends.base import BackendUnavailable, RopeSpec, _gelu_f16_table
+from edgellm.backends.cpu import physical_cores
 from edgellm.backends.reference import KVCache, ReferenceBackend, RefWeight
 from edgellm.gguf import QTensor
 
@@ -35,22 +36,6 @@ except ImportError as e:  # pragma: no cover - numba is a dependency, but say wh
 
 # Below this many multiply-adds a matmul runs on one thread: waking the pool costs more than it saves.
 PARALLEL_MIN_MACS = 1 << 18
-
-
-def physical_cores() -> int:
-    """Physical cores this process may run on (SMT siblings counted once); falls back to logical CPUs."""
-    try:
-        cpus = os.sched_getaffinity(0)
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-    cores = set()
-    for c in cpus:
-        topo = Path(f"/sys/devices/system/cpu/cpu{c}/topology")
-        try:
-            cores.add(((topo / "physical_package_id").read_text(), (topo / "core_id").read_text()))
-        except OSError:
-            return len(cpus)
-    return max(1, len(cores))
 
 
 @dataclass
@@ -100,8 +85,6 @@ class NumbaBackend(ReferenceBackend):
     @staticmethod
     def kernels_cached() -> bool:
         """Whether numba's on-disk cache already holds the kernels (else the first use compiles ~1 min)."""
-        import os
-        from pathlib import Path
 
         dirs = [Path(K.__file__).parent / "__pycache__"]
         if os.environ.get("NUMBA_CACHE_DIR"):
