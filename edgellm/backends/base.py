@@ -164,3 +164,45 @@ def _gelu_f16_table() -> np.ndarray:
             _GELU_TABLE = np.float32(0.5) * x * (np.float32(1) + np.tanh(c * x * (np.float32(1) + a * x * x)))
         _GELU_TABLE = _GELU_TABLE.astype(np.float16)
     return _GELU_TABLE
+
+
+_GELU_F32: np.ndarray | None = None
+
+
+def gelu_table_f32() -> np.ndarray:
+    """ggml's f16 GELU table widened to float32 (what the compiled GeGLU kernels index by f16 bits)."""
+    global _GELU_F32
+    if _GELU_F32 is None:
+        _GELU_F32 = _gelu_f16_table().astype(np.float32)
+    return _GELU_F32
+
+
+def rope_table(spec: RopeSpec, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin (n_pos, n_dims/2) float32 of positions 0.., exactly the reference's per-call values
+    (ggml_rope_cache_init's running product theta_{i+1} = theta_i * base^(-2/n_dims) in float32)."""
+    half = spec.n_dims // 2
+    theta_scale = np.float32(spec.freq_base) ** np.float32(-2.0 / spec.n_dims)
+    theta = np.empty((n_pos, half), np.float32)
+    theta[:, 0] = np.arange(n_pos).astype(np.float32)
+    for i in range(1, half):
+        theta[:, i] = theta[:, i - 1] * theta_scale
+    if spec.freq_factors is not None:
+        theta = theta / spec.freq_factors.astype(np.float32)
+    theta = theta * np.float32(spec.freq_scale)
+    return np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
+
+
+class RopeTables:
+    """rope_table per RopeSpec, computed once and grown by doubling (at least 256 positions). Growing makes
+    new arrays, so tables a caller still points into (a captured plan) stay valid."""
+
+    def __init__(self) -> None:
+        self._tables: dict[int, tuple[RopeSpec, np.ndarray, np.ndarray]] = {}
+
+    def get(self, spec: RopeSpec, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
+        entry = self._tables.get(id(spec))
+        if entry is None or entry[0] is not spec or len(entry[1]) < n_pos:
+            have = len(entry[1]) if entry is not None and entry[0] is spec else 0
+            cos, sin = rope_table(spec, max(n_pos, 2 * have, 256))
+            entry = self._tables[id(spec)] = (spec, cos, sin)
+        return entry[1], entry[2]

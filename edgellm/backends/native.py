@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from edgellm import quants
-from edgellm.backends.base import BackendUnavailable, RopeSpec, _gelu_f16_table
+from edgellm.backends.base import BackendUnavailable, RopeSpec, RopeTables, gelu_table_f32
 from edgellm.backends.cpu import physical_cores
 from edgellm.backends.native_plan import Capture, Plan, Regions, address
 from edgellm.backends.reference import KVCache, ReferenceBackend, RefWeight
@@ -68,31 +68,6 @@ class NativeWeight(RefWeight):
     get_rows_ok: bool = False
 
 
-_GELU_F32: np.ndarray | None = None
-
-
-def _gelu_table() -> np.ndarray:
-    global _GELU_F32
-    if _GELU_F32 is None:
-        _GELU_F32 = _gelu_f16_table().astype(np.float32)
-    return _GELU_F32
-
-
-def rope_table(spec: RopeSpec, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin (n_pos, n_dims/2) float32 of positions 0.., exactly the reference's per-call values
-    (ggml_rope_cache_init's running product theta_{i+1} = theta_i * base^(-2/n_dims) in float32)."""
-    half = spec.n_dims // 2
-    theta_scale = np.float32(spec.freq_base) ** np.float32(-2.0 / spec.n_dims)
-    theta = np.empty((n_pos, half), np.float32)
-    theta[:, 0] = np.arange(n_pos).astype(np.float32)
-    for i in range(1, half):
-        theta[:, i] = theta[:, i - 1] * theta_scale
-    if spec.freq_factors is not None:
-        theta = theta / spec.freq_factors.astype(np.float32)
-    theta = theta * np.float32(spec.freq_scale)
-    return np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
-
-
 _LOGGED: set[str] = set()
 
 
@@ -116,10 +91,9 @@ class NativeBackend(ReferenceBackend):
             raise BackendUnavailable("the native runtime could not start its thread pool")
         self.level = ffi.string(lib.ed_runtime_level_name()).decode()
         self._vectors = Regions()  # bound vectors: trusted memory for captures
-        self._ropes: dict[int, tuple[RopeSpec, np.ndarray, np.ndarray]] = {}
+        self._ropes = RopeTables()  # plans keep the tables they point into
         self._cap: Capture | None = None
         self._plans: OrderedDict[tuple[int, int, int], Any] = OrderedDict()  # (kv, model, B) ids -> plan
-        self._checked: tuple = ()
         self._last: Plan | None = None  # the plan of the last decode step
 
     # -- weights ---------------------------------------------------------------------------------------
@@ -219,14 +193,6 @@ class NativeBackend(ReferenceBackend):
             )  # fmt: skip
         return out
 
-    def _rope_table(self, spec: RopeSpec, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
-        entry = self._ropes.get(id(spec))
-        if entry is None or entry[0] is not spec or len(entry[1]) < n_pos:
-            have = len(entry[1]) if entry is not None and entry[0] is spec else 0
-            cos, sin = rope_table(spec, max(n_pos, 2 * have, 256))
-            entry = self._ropes[id(spec)] = (spec, cos, sin)  # plans keep the tables they point into
-        return entry[1], entry[2]
-
     def rope(self, x: np.ndarray, positions: np.ndarray, spec: RopeSpec) -> np.ndarray:
         x = self._f32(x)
         positions = np.ascontiguousarray(positions, dtype=np.int64)
@@ -236,7 +202,7 @@ class NativeBackend(ReferenceBackend):
         need = int(positions.max(initial=0)) + 1
         if self._cap is not None:
             need = max(need, self._cap.n_ctx)
-        cos, sin = self._rope_table(spec, need)
+        cos, sin = self._ropes.get(spec, need)
         out = self._out(x.shape)
         if self._cap is not None:
             self._cap.keep += [cos, sin]
@@ -248,17 +214,6 @@ class NativeBackend(ReferenceBackend):
             )  # fmt: skip
         return out
 
-    def _check_kv(self, kv: Any, seq_ids: np.ndarray, positions: np.ndarray) -> None:
-        """kv.slots' checks (it raises ValueError naming the bad row) once per forward: every layer passes
-        the same arrays. The C attention relies on them: it skips a row without a slot, silently."""
-        c = self._checked
-        if c and c[0]() is kv and c[1] is seq_ids and c[2] is positions:
-            if np.array_equal(c[3], seq_ids) and np.array_equal(c[4], positions):
-                return
-        kv.check_window_chunk(seq_ids)
-        kv.slots(seq_ids, positions)
-        self._checked = (weakref.ref(kv), seq_ids, positions, seq_ids.copy(), positions.copy())
-
     def attention(self, q, k, v, kv: KVCache, layer, seq_ids, positions, scale, window=None, softcap=None):
         q, k, v = self._f32(q), self._f32(k), self._f32(v)
         seq_ids = np.ascontiguousarray(seq_ids, dtype=np.int64)
@@ -267,7 +222,7 @@ class NativeBackend(ReferenceBackend):
         n_kv = k.shape[1]
         if k.shape != (n, n_kv, dh) or v.shape != k.shape or n_head % n_kv:
             raise ValueError(f"attention: q {q.shape}, k {k.shape}, v {v.shape}")
-        self._check_kv(kv, seq_ids, positions)
+        kv.check(seq_ids, positions)  # the C attention skips a row without a slot, silently
         kc, vc, table, block_size = paged(kv, layer)
         if kc.shape[1:] != (n_kv, dh) or kc.dtype != np.float16 or not kc.flags.c_contiguous:
             raise ValueError(f"attention: cache of shape {kc.shape} for heads of {(n_kv, dh)}")
@@ -300,7 +255,7 @@ class NativeBackend(ReferenceBackend):
         return self._binary(SILU_MUL, gate, up, "silu_mul")
 
     def gelu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-        return self._binary(GELU_MUL, gate, up, "gelu_mul", address(_gelu_table()))
+        return self._binary(GELU_MUL, gate, up, "gelu_mul", address(gelu_table_f32()))
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         a, b = self._f32(a), self._f32(b)

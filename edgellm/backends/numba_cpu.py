@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import os
 import threading
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from edgellm.backends.base import BackendUnavailable, RopeSpec, _gelu_f16_table
+from edgellm.backends.base import BackendUnavailable, RopeSpec, RopeTables, gelu_table_f32
 from edgellm.backends.cpu import physical_cores
 from edgellm.backends.reference import KVCache, ReferenceBackend, RefWeight
 from edgellm.gguf import QTensor
@@ -69,16 +68,6 @@ def _use_threads(n: int) -> None:
     _THREADS.n = n
 
 
-_GELU_F32: np.ndarray | None = None
-
-
-def _gelu_table_f32() -> np.ndarray:
-    global _GELU_F32
-    if _GELU_F32 is None:
-        _GELU_F32 = _gelu_f16_table().astype(np.float32)
-    return _GELU_F32
-
-
 class NumbaBackend(ReferenceBackend):
     name = "numba"
 
@@ -98,8 +87,7 @@ class NumbaBackend(ReferenceBackend):
         limit = numba.config.NUMBA_NUM_THREADS
         self.threads = max(1, min(int(threads) if threads else cores, limit))
         _use_threads(self.threads)
-        self._rope_tables: dict[int, tuple] = {}
-        self._checked: tuple = ()
+        self._ropes = RopeTables()
         K.compile_family("ops")
 
     def bind(self, t: QTensor) -> NumbaWeight:
@@ -128,46 +116,16 @@ class NumbaBackend(ReferenceBackend):
         return out.reshape(x.shape)
 
     def rope(self, x: np.ndarray, positions: np.ndarray, spec: RopeSpec) -> np.ndarray:
-        cos, sin = self._rope_table(spec, int(positions.max(initial=0)) + 1)
+        cos, sin = self._ropes.get(spec, int(positions.max(initial=0)) + 1)
         pos = np.asarray(positions, np.int64)
         x3 = np.ascontiguousarray(x, np.float32)
         out = np.empty_like(x3)
         O.rope(x3, cos[pos], sin[pos], spec.n_dims, spec.neox, out)
         return out
 
-    def _rope_table(self, spec: RopeSpec, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
-        """cos, sin (positions, n_dims/2) float32 for positions 0.., computed once per spec exactly as the
-        reference computes them per call (ggml_rope_cache_init's running product in float32)."""
-        entry = self._rope_tables.get(id(spec))
-        if entry is None or entry[0] is not spec or len(entry[1]) < n_pos:
-            n = max(n_pos, 2 * len(entry[1]) if entry is not None and entry[0] is spec else 256)
-            half = spec.n_dims // 2
-            theta_scale = np.float32(spec.freq_base) ** np.float32(-2.0 / spec.n_dims)
-            theta = np.empty((n, half), np.float32)
-            theta[:, 0] = np.arange(n).astype(np.float32)
-            for i in range(1, half):
-                theta[:, i] = theta[:, i - 1] * theta_scale
-            if spec.freq_factors is not None:
-                theta = theta / spec.freq_factors.astype(np.float32)
-            theta = theta * np.float32(spec.freq_scale)
-            entry = (spec, np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32))
-            self._rope_tables[id(spec)] = entry
-        return entry[1], entry[2]
-
-    def _check_kv(self, kv: KVCache, seq_ids, positions: np.ndarray) -> None:
-        """kv.slots' checks (every block the kernel touches is mapped; it raises ValueError naming the bad
-        row) once per forward: every layer of a forward passes the same arrays."""
-        c = self._checked
-        if c and c[0]() is kv and c[1] is seq_ids and c[2] is positions:
-            if np.array_equal(c[3], seq_ids) and np.array_equal(c[4], positions):
-                return
-        kv.check_window_chunk(seq_ids)
-        kv.slots(seq_ids, positions)
-        self._checked = (weakref.ref(kv), seq_ids, positions, np.copy(seq_ids), positions.copy())
-
     def attention(self, q, k, v, kv: KVCache, layer, seq_ids, positions, scale, window=None, softcap=None):
         positions = np.asarray(positions, np.int64)
-        self._check_kv(kv, seq_ids, positions)
+        kv.check(seq_ids, positions)  # the kernel reads and writes unchecked
         kc, vc, table = kv.layer_view(layer)
         out = np.empty((q.shape[0], q.shape[1], v.shape[-1]), np.float32)
         O.attention(
@@ -194,7 +152,7 @@ class NumbaBackend(ReferenceBackend):
 
     def gelu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         out = np.empty(gate.shape, np.float32)
-        O.gelu_mul(_flat(gate), _flat(up), _gelu_table_f32(), out.reshape(-1))
+        O.gelu_mul(_flat(gate), _flat(up), gelu_table_f32(), out.reshape(-1))
         return out
 
     def matmul(self, w: NumbaWeight, x: np.ndarray) -> np.ndarray:

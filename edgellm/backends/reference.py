@@ -111,6 +111,7 @@ class KVCache:
         self.n_blocks = int(n_blocks)
         self.n_ctx = n_ctx  # positions per sequence
         self.n_seqs = n_seqs
+        self._checked: tuple = ()  # the arrays check() last passed, and copies of their values
 
     @property
     def nbytes(self) -> int:
@@ -137,6 +138,17 @@ class KVCache:
                     f"{most} tokens of one sequence in one forward; a sliding-window cache takes at most "
                     f"{self.window_chunk}"
                 )
+
+    def check(self, seq_ids: np.ndarray, positions: np.ndarray) -> None:
+        """check_window_chunk and slots' checks, made once per forward: every layer of a forward passes
+        the same arrays, so a repeat of the last checked (unchanged) arrays returns at once."""
+        c = self._checked
+        if c and c[0] is seq_ids and c[1] is positions:
+            if np.array_equal(c[2], seq_ids) and np.array_equal(c[3], positions):
+                return
+        self.check_window_chunk(seq_ids)
+        self.slots(seq_ids, positions)
+        self._checked = (seq_ids, positions, np.copy(seq_ids), np.copy(positions))
 
     def slots(
         self, seq_ids: np.ndarray, positions: np.ndarray, table: np.ndarray | None = None
