@@ -52,16 +52,25 @@ def info(
     tensors: bool = typer.Option(False, "--tensors", help="Also list every tensor."),
     metadata: bool = typer.Option(False, "--metadata", help="Also print all metadata keys."),
 ) -> None:
-    """Show a model's architecture, size, quant mix and tokenizer."""
+    """Show a model's architecture, size, quant mix and tokenizer; exit 1 if it would not load."""
     mf = open_model(model)
     s = modelinfo.summarize(mf)
+    problem = modelinfo.load_problem(mf)
+    if problem is not None:
+        s["error"] = problem
     if tensors:
         s["tensors"] = modelinfo.tensor_table(mf)
     if metadata:
         s["metadata"] = modelinfo.metadata_plain(mf)
     if as_json:
         print(json.dumps(s, indent=2))
-        return
+    else:
+        _print_info(s, tensors, metadata)
+    if problem is not None:  # after the summary, which shows what the file says
+        raise UserError(problem)
+
+
+def _print_info(s: dict, tensors: bool, metadata: bool) -> None:
     print(modelinfo.format_summary(s))
     if metadata:
         print("  metadata")

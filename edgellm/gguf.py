@@ -112,6 +112,28 @@ class StringArray:
         return f"StringArray(n={len(self)})"
 
 
+def array_element_type(v: Any) -> str | None:
+    """GGUF element type name of a metadata array as ModelFile reads it ("float32", "string", "array"),
+    or None for a scalar: known from the array object, without reading its items."""
+    if isinstance(v, StringArray):
+        return "string"
+    if isinstance(v, np.ndarray):
+        return v.dtype.name  # the GGUF scalar types map one to one onto these numpy names
+    if isinstance(v, list):
+        return "array"
+    return None
+
+
+def describe_value(v: Any, width: int = 40) -> str:
+    """A metadata value as one-line error messages show it: scalars by repr (long ones cut), arrays by
+    their length and element type."""
+    et = array_element_type(v)
+    if et is not None:
+        return f"<{et}[{len(v)}]>"  # e.g. <float32[262144]>
+    r = repr(v)
+    return r if len(r) <= width else r[: width - 3] + "..."
+
+
 @dataclass(frozen=True)
 class QTensor:
     """A tensor as stored: ggml type, shape and a zero-copy view of its raw quantized blocks."""
@@ -422,6 +444,13 @@ class ModelFile:
 
     def __contains__(self, key: str) -> bool:
         return key in self.metadata
+
+    def type_name(self, key: str) -> str:
+        """GGUF type of metadata `key` ("uint32", "string", "array of float32"), for error messages."""
+        vtype = self.metadata_types.get(key)
+        name = _TYPE_NAMES[vtype] if vtype is not None else type(self.metadata.get(key)).__name__
+        et = array_element_type(self.metadata.get(key))
+        return f"array of {et}" if et is not None else name
 
     @property
     def arch(self) -> str:

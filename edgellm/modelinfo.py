@@ -1,11 +1,12 @@
-"""What `edgellm info` and `edgellm list` report about a GGUF file: a plain dict, printable or JSON."""
+"""What `edgellm info` and `edgellm list` report about a GGUF file: a plain dict, printable or JSON, and
+whether the file would load."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from typing import Any
 
-from edgellm.gguf import ModelFile, StringArray
+from edgellm.gguf import ModelFile, StringArray, array_element_type
 
 
 def summarize(mf: ModelFile) -> dict[str, Any]:
@@ -18,7 +19,6 @@ def summarize(mf: ModelFile) -> dict[str, Any]:
         m["bytes"] += t.nbytes
         m["elements"] += t.n_elements
     tokens = mf.get("tokenizer.ggml.tokens")
-    head_count = mf.arch_key("attention.head_count")
     return {
         "path": str(mf.path),
         "file_size": mf.file_size,
@@ -26,21 +26,43 @@ def summarize(mf: ModelFile) -> dict[str, Any]:
         "name": mf.get("general.name"),
         "architecture": arch,
         "parameters": sum(t.n_elements for t in mf.tensors.values()),
-        "context_length": mf.arch_key("context_length"),
-        "layers": mf.arch_key("block_count"),
-        "embedding_length": mf.arch_key("embedding_length"),
-        "feed_forward_length": mf.arch_key("feed_forward_length"),
-        "head_count": _plain(head_count),
+        "context_length": _plain(mf.arch_key("context_length")),
+        "layers": _plain(mf.arch_key("block_count")),
+        "embedding_length": _plain(mf.arch_key("embedding_length")),
+        "feed_forward_length": _plain(mf.arch_key("feed_forward_length")),
+        "head_count": _plain(mf.arch_key("attention.head_count")),
         "head_count_kv": _plain(mf.arch_key("attention.head_count_kv")),
-        "rope_freq_base": mf.arch_key("rope.freq_base"),
+        "rope_freq_base": _plain(mf.arch_key("rope.freq_base")),
         "file_type": mf.get("general.file_type"),
         "quant_mix": dict(sorted(mix.items(), key=lambda kv: -kv[1]["bytes"])),
         "tokenizer": mf.get("tokenizer.ggml.model"),
         "tokenizer_pre": mf.get("tokenizer.ggml.pre"),
-        "vocab_size": len(tokens) if tokens is not None else None,
+        "vocab_size": len(tokens) if array_element_type(tokens) is not None else None,
         "chat_template": mf.get("tokenizer.chat_template") is not None,
         "tensor_count": len(mf.tensors),
     }
+
+
+def load_problem(mf: ModelFile) -> str | None:
+    """Why `mf` would not load, as one line, or None: the architecture's config checks and the tokenizer's,
+    run as load does but without binding a weight. An architecture edgellm lacks is not reported here
+    (the summary names it; `info` describes any GGUF)."""
+    from edgellm.arch import UnsupportedArchitecture, model_class
+    from edgellm.arch.config_checks import ConfigError
+    from edgellm.tokenizer import Tokenizer, TokenizerError
+
+    try:
+        cls = model_class(mf.arch)
+    except UnsupportedArchitecture:
+        return None
+    try:
+        cls.config_from_gguf(mf)
+        Tokenizer.from_gguf(mf)  # lazy: reads the tokenizer keys, parses no token
+    except ConfigError as e:
+        return str(e)
+    except TokenizerError as e:
+        return f"{mf.path}: {e}"
+    return None
 
 
 def tensor_table(mf: ModelFile) -> list[dict[str, Any]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -108,9 +109,17 @@ def random_weights(spec: Spec, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def write_gguf(
-    path: Path, spec: Spec, weights: dict[str, np.ndarray], qtypes: dict[str, QT] | None = None
+    path: Path,
+    spec: Spec,
+    weights: dict[str, np.ndarray],
+    qtypes: dict[str, QT] | None = None,
+    metadata: dict[str, Any] | None = None,
 ) -> Path:
-    """Write `weights` (F32, or the type in `qtypes` by name, quantized with edgellm.quants) and metadata."""
+    """Write `weights` (F32, or the type in `qtypes` by name, quantized with edgellm.quants) and metadata.
+
+    `metadata` sets keys after the standard ones, replacing them: a value of None drops the key, a
+    (value, GGUFValueType) or (value, ARRAY, element type) tuple fixes the type, anything else gets
+    gguf-py's (int -> INT32, float -> FLOAT32, str -> STRING, list -> ARRAY of its first item's type)."""
     w = gguf.GGUFWriter(path, spec.arch)
     w.add_name(f"tiny-{spec.arch}")
     w.add_context_length(256)
@@ -137,6 +146,15 @@ def write_gguf(
     w.add_bos_token_id(VOCAB.index("<|endoftext|>"))
     w.add_eos_token_id(VOCAB.index("<|im_end|>"))
     w.add_add_bos_token(False)
+    for key, val in (metadata or {}).items():
+        w.kv_data[0].pop(key, None)
+        if val is None:
+            continue
+        if isinstance(val, tuple):
+            w.add_key_value(key, *val)
+        else:
+            vtype = gguf.GGUFValueType.get_type(val)
+            w.add_key_value(key, val, vtype)
     for name, arr in weights.items():
         t = (qtypes or {}).get(name)
         if t is None:

@@ -12,6 +12,10 @@ from collections.abc import Mapping
 from functools import cached_property
 from typing import Any
 
+import numpy as np
+
+from edgellm.gguf import describe_value
+
 from .errors import TokenizerError
 from .pretokenize import pre_spec
 
@@ -74,6 +78,53 @@ BYTE_TO_UNICODE.update({b: chr(256 + n) for n, b in enumerate(b for b in range(2
 _UNICODE_TO_BYTE = {ord(c): chr(b) for b, c in BYTE_TO_UNICODE.items()}
 
 
+# element types the arrays must have (llama_vocab::impl::load reads scores as float, token_type as int32)
+_ARRAY_KINDS = {
+    "tokenizer.ggml.tokens": ("string", "an array of strings"),
+    "tokenizer.ggml.merges": ("string", "an array of strings"),
+    "tokenizer.ggml.scores": ("f", "an array of floats"),
+    "tokenizer.ggml.token_type": ("iu", "an array of integers"),
+}
+
+
+def check_token_arrays(md: Mapping[str, Any]) -> None:
+    """The token arrays the file has are of the element types they are read as, and scores and token_type
+    cover every token. Cheap: only each array's type and length are looked at, no string is parsed."""
+    tokens = md.get("tokenizer.ggml.tokens")
+    for key, (kind, what) in _ARRAY_KINDS.items():
+        v = md.get(key)
+        if v is None:
+            continue
+        if kind == "string":
+            ok = hasattr(v, "tobytes_list")  # a StringArray (or a stand-in with the same bulk reader)
+        else:
+            ok = isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in kind
+        if not ok:
+            raise TokenizerError(f"{key} = {describe_value(v)}: expected {what}")
+        if tokens is not None and key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
+            if len(v) < len(tokens):
+                raise TokenizerError(
+                    f"{key} = {describe_value(v)}: fewer entries than the {len(tokens)} tokens"
+                )
+
+
+def check_special_ids(md: Mapping[str, Any]) -> None:
+    """Every special-token id the file sets is an integer inside the token list. Stricter than llama.cpp,
+    which warns "bad special token" and keeps its default id; a file that names a token it lacks is
+    broken, and its default (bos=1 …) would be a guess."""
+    tokens = md.get("tokenizer.ggml.tokens")
+    n = len(tokens) if tokens is not None else None
+    for keys in _SPECIAL_KEYS.values():
+        for key in keys:
+            v = md.get(key)
+            if v is None:
+                continue
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise TokenizerError(f"{key} = {describe_value(v)}: expected an integer token id")
+            if v < 0 or (n is not None and v >= n):
+                raise TokenizerError(f"{key} = {v}: outside the vocabulary of {n} tokens")
+
+
 def token_bytes(text: str) -> bytes:
     """A token's text back to the raw bytes stored in the file (texts are decoded with surrogateescape)."""
     return text.encode("utf-8", "surrogateescape")
@@ -96,16 +147,14 @@ class Vocab:
                 f"unsupported tokenizer.ggml.model={model!r}: edgellm tokenizes 'gpt2' (byte-level BPE) "
                 "and 'llama' (SentencePiece-style) vocabularies"
             )
-        if tokens is None or not hasattr(tokens, "tobytes_list"):
+        if tokens is None:
             raise TokenizerError("the file has no tokenizer.ggml.tokens string array")
+        check_token_arrays(md)
         self.model = model
         self.n_tokens = n = len(tokens)
         self._tokens = tokens
         self._types = md.get("tokenizer.ggml.token_type")
         self._scores = md.get("tokenizer.ggml.scores")
-        for name, arr in (("token_type", self._types), ("scores", self._scores)):
-            if arr is not None and len(arr) < n:
-                raise TokenizerError(f"tokenizer.ggml.{name} has {len(arr)} entries for {n} tokens")
         self.merges = md.get("tokenizer.ggml.merges")
         self.general_name = str(md.get("general.name") or "")
 
