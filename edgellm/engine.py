@@ -492,7 +492,7 @@ class Engine:
         self._waiting.appendleft(s)
 
     # -- running ---------------------------------------------------------------------------------------------
-    def _forward(self, batch: list[tuple[_Seq, int]]) -> dict[_Seq, np.ndarray]:
+    def _forward(self, batch: list[tuple[_Seq, int]]) -> dict[_Seq, Any]:
         """One forward over the whole batch; logits for each sequence whose fed tokens reach its end.
         If the forward raises, each sequence is retried alone so only the culprit fails."""
         try:
@@ -502,7 +502,7 @@ class Engine:
                 s = batch[0][0]
                 self._finish(s, "error", "the model failed on this request")
                 return {}
-        out: dict[_Seq, np.ndarray] = {}
+        out: dict[_Seq, Any] = {}
         for item in batch:
             try:
                 out.update(self._run([item]))
@@ -510,7 +510,7 @@ class Engine:
                 self._finish(item[0], "error", f"the model failed on this request: {e}")
         return out
 
-    def _run(self, batch: list[tuple[_Seq, int]]) -> dict[_Seq, np.ndarray]:
+    def _run(self, batch: list[tuple[_Seq, int]]) -> dict[_Seq, Any]:
         toks, pos, ids, rows, want = [], [], [], [], []
         n = 0
         for s, k in batch:
@@ -528,7 +528,11 @@ class Engine:
             np.concatenate(ids).astype(np.int64),
             self.kv.cache,
         )
-        if len(want) == n and hasattr(self.model, "decode_step"):  # all decode: the backend's fast path
+        if len(want) == n and all(s.sampler.is_greedy and not s.sampler.pre for s in want):
+            # all decode, all plain greedy: only the argmax ids leave the backend (a device keeps logits)
+            picked = self.model.decode_greedy(*args)
+            logits = [int(t) for t in picked]
+        elif len(want) == n:  # all decode: the backend's fast path
             logits = self.model.decode_step(*args)  # (native: a captured plan replayed in one call)
         else:
             logits = self.model.forward(*args, logits_rows=np.asarray(rows, np.int64))
@@ -543,8 +547,16 @@ class Engine:
             self._rates.popleft()
         return {s: logits[i] for i, s in enumerate(want)}
 
-    def _sample(self, seqs: list[_Seq], logits_of: dict[_Seq, np.ndarray]) -> None:
-        """Sample one token for each sequence in one batched pass (rows that fail fail alone)."""
+    def _sample(self, seqs: list[_Seq], logits_of: dict[_Seq, Any]) -> None:
+        """Sample one token for each sequence in one batched pass (rows that fail fail alone). A sequence
+        whose value is already a token id (decode_greedy) takes it; -1 means its logits were not finite."""
+        picked = [s for s in seqs if isinstance(logits_of[s], int)]
+        for s in picked:
+            if logits_of[s] < 0:
+                self._finish(s, "error", "sampling failed: the logits are not finite", status=400)
+            else:
+                self._accept(s, logits_of[s])
+        seqs = [s for s in seqs if not isinstance(logits_of[s], int)]
         if not seqs:
             return
         x = np.stack([logits_of[s] for s in seqs])

@@ -1,11 +1,12 @@
 """Paged KV-cache bookkeeping: one pool of reference-counted blocks, a block table row per sequence, and a
 prefix cache that lets sequences sharing a block-aligned token prefix share its blocks.
 
-The memory itself belongs to the backend (`Backend.new_kv_cache(..., block_size, n_blocks)`; layout in
-backends/reference.py `KVCache`); this module only decides which block holds what and writes the block
-table the attention kernels read. Promises: a block's reference count never goes negative; a block is
-free exactly when nothing holds it; the prefix cache evicts least-recently-used blocks that no sequence
-holds, leaves first, and only when an allocation needs them.
+The memory itself belongs to the backend (`Backend.new_kv_cache(..., block_size, n_blocks)`, a
+base.KVCacheProtocol; the CPU layout is backends/paged_kv.py); this module only decides which block holds
+what and writes the host block table the attention kernels read, telling the cache after each change.
+Promises: a block's reference count never goes negative; a block is free exactly when nothing holds it;
+the prefix cache evicts least-recently-used blocks that no sequence holds, leaves first, and only when an
+allocation needs them.
 """
 
 from __future__ import annotations
@@ -192,6 +193,7 @@ class PagedKV:
         self.pool = BlockPool(int(cache.n_blocks))
         self.prefix = PrefixCache(self.pool, self.block_size) if prefix_caching else None
         self.cache.block_table[:] = -1
+        self._written()
         self._free_slots = list(range(cache.n_seqs - 1, -1, -1))
         self._seqs: dict[int, _SeqBlocks] = {}
 
@@ -238,6 +240,7 @@ class PagedKV:
         row = self.cache.block_table[slot]
         row[:] = -1
         row[: len(blocks)] = blocks
+        self._written()
         return slot, len(blocks) * self.block_size
 
     def ensure(self, slot: int, n_positions: int) -> None:
@@ -252,10 +255,13 @@ class PagedKV:
         if self.pool.n_free < need and self.prefix is not None:
             self.prefix.evict(need - self.pool.n_free)
         row = self.cache.block_table[slot]
-        for _ in range(need):
-            b = self.pool.take()  # raises OutOfBlocks
-            row[len(s.blocks)] = b
-            s.blocks.append(b)
+        try:
+            for _ in range(need):
+                b = self.pool.take()  # raises OutOfBlocks
+                row[len(s.blocks)] = b
+                s.blocks.append(b)
+        finally:
+            self._written()
 
     def commit(self, slot: int, tokens: Sequence[int], n_computed: int) -> None:
         """Offer the sequence's full blocks among its first n_computed positions (whose K/V are now
@@ -272,6 +278,7 @@ class PagedKV:
                 self.pool.release(s.blocks[i])
                 s.blocks[i] = node.block
                 row[i] = node.block
+                self._written()
             s.node = node
             s.n_cached = i + 1
 
@@ -281,7 +288,13 @@ class PagedKV:
         for b in s.blocks:
             self.pool.release(b)
         self.cache.block_table[slot] = -1
+        self._written()
         self._free_slots.append(slot)
+
+    def _written(self) -> None:
+        """This class is the only writer of the cache's block table: tell the cache after each change
+        (KVCacheProtocol.table_written), so a device copies the table before its next forward."""
+        self.cache.table_written()
 
     def seq_blocks(self, slot: int) -> list[int]:
         return list(self._seqs[slot].blocks)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from edgellm import store
-from edgellm.arch import load_model
+from edgellm.arch import load_model, matrices
 from edgellm.backends import get_backend
 from edgellm.chat import ChatTemplate
 from edgellm.generate import Chunk, Generator, Request, Timings
@@ -77,7 +77,7 @@ class LLM:
         self.file = ModelFile(self.path, use_mmap=use_mmap)
         if log is not None and _will_use_numba(backend) and not _numba_kernels_cached():
             log("compiling the numba kernels (first run only; about a minute)...")
-        self.backend = get_backend(backend, threads)
+        self.backend = get_backend(backend, threads, {t.type for t in matrices(self.file)})
         self.model = load_model(self.file, self.backend)
         self.tokenizer = Tokenizer.from_gguf(self.file)
         self.template = ChatTemplate.from_gguf(self.file, override=chat_template)

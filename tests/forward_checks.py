@@ -10,11 +10,13 @@ import numpy as np
 
 FIX = Path(__file__).parent / "fixtures" / "forward"
 TEXT = Path(__file__).parent / "fixtures" / "text" / "licenses.txt"
-# logits: a greedy divergence is only excused where the two tokens were this close. Measured: the reference
-# matches llama.cpp op by op to float-summation noise (scripts: compare with llama.cpp's eval callback), but
-# SmolLM2 carries ~2e4-sized activations that cancel in its last layers, which amplifies that noise to
-# ~0.2 in the logits; llama.cpp against itself (flash attention on vs off) moves them by up to 0.87.
-NEAR_TIE = 0.3
+# logits: where llama.cpp's top-1 led its top-2 by less than this, another pick is excused. Measured with
+# the exact (float64-accumulating, so CPU-independent) reference: teacher-forced on llama.cpp's tokens, the
+# largest gap by which we prefer another token is 0.336 (SmolLM2, "Water boils at", step 31, where
+# llama.cpp's own margin was 0.011); SmolLM2 carries ~2e4-sized activations that cancel in its last layers,
+# which amplifies float-summation noise there. llama.cpp against itself (flash attention on vs off) moves
+# the logits by up to 0.87. Hence 0.5, the same bound as CONFIDENT.
+NEAR_TIE = 0.5
 KL_MAX = 0.01  # mean KL(llama.cpp || edgellm), nats
 CONFIDENT = 0.5  # nats: llama.cpp's top-1 may never lead our pick by more than this
 
@@ -38,18 +40,22 @@ def greedy(llm, prompt_ids: list[int], n: int) -> tuple[list[int], list[float]]:
 
 
 def check_greedy(llm, case: dict) -> int:
-    """Identical ids up to the first near-tie; returns how many tokens matched."""
+    """Identical ids up to llama.cpp's first near-tie; returns how many tokens matched.
+
+    A divergence is excused only where llama.cpp's own margin was below NEAR_TIE (ours says nothing: a
+    wrong forward can be unsure anywhere), so every token before llama.cpp's first near-tie must match."""
     ours, our_margins = greedy(llm, case["prompt_ids"], len(case["ids"]))
     ref, ref_margins = case["ids"], case["margins"]
-    for i, (a, b) in enumerate(zip(ours, ref)):
-        if a != b:
-            tie = min(ref_margins[i], our_margins[i])
-            assert tie < NEAR_TIE, (
-                f"{case['prompt']!r}: token {i} differs ({a} vs llama.cpp {b}) although llama.cpp's "
-                f"margin was {ref_margins[i]:.4f} and ours {our_margins[i]:.4f}; matched {ours[:i]}"
-            )
-            return i
-    return len(ref)
+    must = next((i for i, m in enumerate(ref_margins) if m < NEAR_TIE), len(ref))
+    matched = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), len(ref))
+    if matched < len(ref):
+        i = matched
+        assert ref_margins[i] < NEAR_TIE, (
+            f"{case['prompt']!r}: token {i} differs ({ours[i]} vs llama.cpp {ref[i]}) although llama.cpp's "
+            f"margin was {ref_margins[i]:.4f} (ours {our_margins[i]:.4f}); matched {ours[:i]}"
+        )
+    assert matched >= must, f"{case['prompt']!r}: matched {matched} tokens, llama.cpp was sure of {must}"
+    return matched
 
 
 def check_forced_steps(llm, case: dict) -> tuple[int, list[str]]:

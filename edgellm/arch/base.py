@@ -8,12 +8,15 @@ import numpy as np
 
 
 class DecoderModel:
-    """Base of the model classes; a subclass sets config, backend, output_norm and output, and forward()."""
+    """Base of the model classes; a subclass sets config, backend, output_norm and output (and, where its
+    architecture has them, output_bias and final_softcap), and a forward() that ends in head()."""
 
     config: Any
     backend: Any
-    output_norm: np.ndarray  # (D,)
+    output_norm: Any  # (D,)
     output: Any  # (V, D), or the tied token embedding
+    output_bias: Any = None  # (V,) added to the logits (qwen2's optional output.bias)
+    final_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma's final soft-capping)
 
     def new_kv_cache(
         self,
@@ -50,9 +53,42 @@ class DecoderModel:
         path (which may replay a captured plan instead of calling the ops one by one)."""
         return self.backend.decode_step(self, tokens, positions, seq_ids, kv)
 
-    def head(self, x: np.ndarray, logits_rows: np.ndarray | None) -> np.ndarray:
-        """Final RMSNorm and output matrix over the rows that need logits: (N, D) -> (len(rows), V)."""
-        if logits_rows is not None:
-            x = x[logits_rows]
+    def hidden(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, kv: Any) -> Any:
+        """The architecture's blocks: hidden states (N, D) on the backend, before the logits step."""
+        raise NotImplementedError
+
+    def forward(
+        self,
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        seq_ids: np.ndarray,
+        kv: Any,
+        logits_rows: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Run N tokens (each with its position and sequence id, host int64 arrays) and return host
+        logits (len(logits_rows), V); `logits_rows` selects which of the N tokens need them (default:
+        all)."""
+        return self.head(self.hidden(tokens, positions, seq_ids, kv), logits_rows)
+
+    def decode_greedy(
+        self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, kv: Any
+    ) -> np.ndarray:
+        """decode_step's argmax token per row (B,) int64, without bringing the logits to the host."""
+        return self.backend.decode_greedy(self, tokens, positions, seq_ids, kv)
+
+    def logits(self, x: Any, logits_rows: np.ndarray | None = None) -> Any:
+        """The logits step every architecture ends with, on the backend: the rows that need logits ->
+        final RMSNorm -> output matrix -> + output bias -> soft-cap. (N, D) -> (len(rows), V)."""
         b = self.backend
-        return b.matmul(self.output, b.rms_norm(x, self.output_norm, self.config.rms_eps))
+        if logits_rows is not None:
+            x = b.take_rows(x, logits_rows)
+        out = b.matmul(self.output, b.rms_norm(x, self.output_norm, self.config.rms_eps))
+        if self.output_bias is not None:
+            out = b.add(out, self.output_bias)
+        if self.final_softcap:
+            out = b.softcap(out, self.final_softcap)
+        return out
+
+    def head(self, x: Any, logits_rows: np.ndarray | None) -> np.ndarray:
+        """logits() brought to the host: what forward() returns."""
+        return self.backend.to_host(self.logits(x, logits_rows))

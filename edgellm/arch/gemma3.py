@@ -17,7 +17,16 @@ from typing import Any
 import numpy as np
 
 from edgellm.arch.base import DecoderModel
-from edgellm.arch.llama import _req, _TensorGetter, attention_shape, linear_freq_scale, vocab_size
+from edgellm.arch.config_checks import (
+    attention_shape,
+    block_count,
+    invalid,
+    meta_float,
+    meta_int,
+    rope_dims,
+    vocab_size,
+)
+from edgellm.arch.llama import _TensorGetter, linear_freq_scale
 from edgellm.backends.base import Backend, RopeSpec
 from edgellm.gguf import ModelFile
 
@@ -45,27 +54,31 @@ class Gemma3Config:
 
     @classmethod
     def from_gguf(cls, mf: ModelFile) -> Gemma3Config:
+        """Read and check the `{arch}.*` and tokenizer metadata (config_checks); no tensor is read."""
         a = mf.arch
         n_embd, n_head, n_head_kv, head_dim = attention_shape(mf)
-        n_layer = int(_req(mf, f"{a}.block_count"))
-        n_rot = int(mf.get(f"{a}.rope.dimension_count", head_dim))
-        window = mf.get(f"{a}.attention.sliding_window")
+        n_layer = block_count(mf)
+        n_rot = rope_dims(mf, head_dim)
+        window = meta_int(mf, f"{a}.attention.sliding_window", None, minimum=0)  # 0: no window
         # llama.cpp: 1/sqrt(n_embd/n_head) for the 27B (62 layers), 1/sqrt(head_dim) otherwise
         scale = 1.0 / math.sqrt(n_embd / n_head) if n_layer == 62 else 1.0 / math.sqrt(head_dim)
-        softcap = mf.get(f"{a}.final_logit_softcapping")
+        k_cap = f"{a}.final_logit_softcapping"
+        softcap = meta_float(mf, k_cap, None, positive=False)  # 0: no softcapping
+        if softcap is not None and softcap < 0:
+            raise invalid(mf, k_cap, "must not be negative")
         return cls(
             arch=a,
             n_layer=n_layer,
             n_embd=n_embd,
-            n_ff=int(_req(mf, f"{a}.feed_forward_length")),
+            n_ff=meta_int(mf, f"{a}.feed_forward_length"),
             n_head=n_head,
             n_head_kv=n_head_kv,
             head_dim=head_dim,
             n_vocab=vocab_size(mf),
-            n_ctx_train=int(mf.get(f"{a}.context_length", 8192)),
-            rms_eps=float(mf.get(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
+            n_ctx_train=meta_int(mf, f"{a}.context_length", 8192),
+            rms_eps=meta_float(mf, f"{a}.attention.layer_norm_rms_epsilon", 1e-6),
             rope_global=RopeSpec(
-                n_rot, float(mf.get(f"{a}.rope.freq_base", 1e6)), neox=True, freq_scale=linear_freq_scale(mf)
+                n_rot, meta_float(mf, f"{a}.rope.freq_base", 1e6), neox=True, freq_scale=linear_freq_scale(mf)
             ),
             rope_local=RopeSpec(n_rot, SWA_FREQ_BASE, neox=True, freq_scale=1.0),
             sliding_window=int(window) if window else None,
@@ -96,6 +109,7 @@ class Gemma3Layer:
 
 class Gemma3Model(DecoderModel):
     Config = Gemma3Config
+    config_from_gguf = staticmethod(Gemma3Config.from_gguf)  # what __init__ reads; `edgellm info` too
 
     def __init__(self, mf: ModelFile, backend: Backend, config: Gemma3Config | None = None):
         self.config = cfg = config or Gemma3Config.from_gguf(mf)
@@ -107,6 +121,7 @@ class Gemma3Model(DecoderModel):
         self.output_norm = b.vector(t("output_norm.weight", (D,)))
         out = t.optional("output.weight", (cfg.n_vocab, D))
         self.output = b.bind(out) if out is not None else self.tok_embd
+        self.final_softcap = cfg.final_softcap
         self.layers = []
         for i in range(cfg.n_layer):
             p = f"blk.{i}."
@@ -131,15 +146,15 @@ class Gemma3Model(DecoderModel):
     def window_layers(self) -> list[int]:
         return [il for il in range(self.config.n_layer) if self.config.is_local(il)]
 
-    def forward(
+    def hidden(
         self,
         tokens: np.ndarray,
         positions: np.ndarray,
         seq_ids: np.ndarray,
         kv: Any,
-        logits_rows: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """Run N tokens (each with its position and sequence); logits (len(logits_rows), V)."""
+    ) -> Any:
+        """Run N tokens (each with its position and sequence) through the blocks: hidden states (N, D)
+        on the backend, for DecoderModel.forward's logits step."""
         c, b = self.config, self.backend
         n = len(tokens)
         x = b.scale(b.get_rows(self.tok_embd, tokens), math.sqrt(c.n_embd))
@@ -160,5 +175,4 @@ class Gemma3Model(DecoderModel):
             h = b.rms_norm(x, L.ffn_norm, c.rms_eps)
             f = b.matmul(L.w_down, b.gelu_mul(b.matmul(L.w_gate, h), b.matmul(L.w_up, h)))
             x = b.add(x, b.rms_norm(f, L.post_ffn_norm, c.rms_eps))
-        logits = self.head(x, logits_rows)
-        return b.softcap(logits, c.final_softcap) if c.final_softcap else logits
+        return x

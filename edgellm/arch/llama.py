@@ -14,43 +14,25 @@ from typing import Any
 import numpy as np
 
 from edgellm.arch.base import DecoderModel
+from edgellm.arch.config_checks import (
+    ConfigError,
+    attention_shape,
+    block_count,
+    invalid,
+    meta_float,
+    meta_int,
+    meta_str,
+    rope_dims,
+    vocab_size,
+)
 from edgellm.backends.base import Backend, RopeSpec
 from edgellm.gguf import ModelFile
 
 
-class ConfigError(ValueError):
-    """Metadata needed to build the model is missing or inconsistent."""
-
-
-def _req(mf: ModelFile, key: str) -> Any:
-    v = mf.get(key)
-    if v is None:
-        raise ConfigError(f"{mf.path}: missing metadata key {key!r}")
-    return v
-
-
-def attention_shape(mf: ModelFile) -> tuple[int, int, int, int]:
-    """(n_embd, n_head, n_head_kv, head_dim) from `{arch}.*` metadata, checked for grouped-query attention."""
-    a = mf.arch
-    n_embd = int(_req(mf, f"{a}.embedding_length"))
-    n_head = int(_req(mf, f"{a}.attention.head_count"))
-    n_head_kv = int(mf.get(f"{a}.attention.head_count_kv", n_head))
-    head_dim = int(mf.get(f"{a}.attention.key_length", n_embd // n_head))
-    if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
-        raise ConfigError(f"head counts {n_head}/{n_head_kv}: query heads must be a multiple of kv heads")
-    return n_embd, n_head, n_head_kv, head_dim
-
-
-def vocab_size(mf: ModelFile) -> int:
-    """`{arch}.vocab_size`, else the length of the token list."""
-    tokens = mf.get("tokenizer.ggml.tokens")
-    return int(mf.get(f"{mf.arch}.vocab_size", len(tokens) if tokens is not None else 0))
-
-
 def linear_freq_scale(mf: ModelFile) -> float:
     """RoPE position multiplier for `rope.scaling.type == "linear"` (1.0 otherwise)."""
-    if mf.get(f"{mf.arch}.rope.scaling.type") == "linear":
-        return 1.0 / float(mf.get(f"{mf.arch}.rope.scaling.factor", 1.0))
+    if meta_str(mf, f"{mf.arch}.rope.scaling.type") == "linear":
+        return 1.0 / meta_float(mf, f"{mf.arch}.rope.scaling.factor", 1.0)
     return 1.0
 
 
@@ -71,25 +53,33 @@ class LlamaConfig:
 
     @classmethod
     def from_gguf(cls, mf: ModelFile) -> LlamaConfig:
+        """Read and check the `{arch}.*` and tokenizer metadata (config_checks); only the small
+        rope_freqs tensor, if any, is read."""
         a = mf.arch
         n_embd, n_head, n_head_kv, head_dim = attention_shape(mf)
-        if mf.get(f"{a}.rope.scaling.type") not in (None, "none", "linear"):
-            raise ConfigError(f"rope scaling {mf.get(f'{a}.rope.scaling.type')!r} is not supported yet")
+        scaling = f"{a}.rope.scaling.type"
+        if meta_str(mf, scaling) not in (None, "none", "linear"):
+            raise invalid(mf, scaling, "not supported yet (only none and linear)")
+        n_rot = rope_dims(mf, head_dim)
         factors = mf.tensors.get("rope_freqs.weight")  # Llama 3.1+: per-frequency divisors
+        if factors is not None and factors.n_elements != n_rot // 2:  # llama.cpp creates it as {n_rot/2}
+            raise ConfigError(
+                f"{mf.path}: tensor 'rope_freqs.weight' has shape {factors.shape}, expected ({n_rot // 2},)"
+            )
         return cls(
             arch=a,
-            n_layer=int(_req(mf, f"{a}.block_count")),
+            n_layer=block_count(mf),
             n_embd=n_embd,
-            n_ff=int(_req(mf, f"{a}.feed_forward_length")),
+            n_ff=meta_int(mf, f"{a}.feed_forward_length"),
             n_head=n_head,
             n_head_kv=n_head_kv,
             head_dim=head_dim,
             n_vocab=vocab_size(mf),
-            n_ctx_train=int(mf.get(f"{a}.context_length", 2048)),
-            rms_eps=float(mf.get(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)),
+            n_ctx_train=meta_int(mf, f"{a}.context_length", 2048),
+            rms_eps=meta_float(mf, f"{a}.attention.layer_norm_rms_epsilon", 1e-5),
             rope=RopeSpec(
-                n_dims=int(mf.get(f"{a}.rope.dimension_count", head_dim)),
-                freq_base=float(mf.get(f"{a}.rope.freq_base", 10000.0)),
+                n_dims=n_rot,
+                freq_base=meta_float(mf, f"{a}.rope.freq_base", 10000.0),
                 neox=False,
                 freq_scale=linear_freq_scale(mf),
                 freq_factors=factors.dequantize().reshape(-1) if factors is not None else None,
@@ -120,6 +110,8 @@ class LlamaModel(DecoderModel):
     """Weights bound to a backend, and the forward pass over a flat batch of tokens."""
 
     Config = LlamaConfig
+    # the checked config __init__ reads when given none; `edgellm info` runs it without binding weights
+    config_from_gguf = staticmethod(LlamaConfig.from_gguf)
 
     def __init__(self, mf: ModelFile, backend: Backend, config: LlamaConfig | None = None):
         self.config = cfg = config or LlamaConfig.from_gguf(mf)
@@ -158,18 +150,15 @@ class LlamaModel(DecoderModel):
     def window_layers(self) -> list[int]:
         return list(range(self.config.n_layer)) if self.config.sliding_window else []
 
-    def forward(
+    def hidden(
         self,
         tokens: np.ndarray,
         positions: np.ndarray,
         seq_ids: np.ndarray,
         kv: Any,
-        logits_rows: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """Run N tokens (each with its position and sequence) and return logits (len(logits_rows), V).
-
-        `logits_rows` selects which of the N tokens need logits (default: all).
-        """
+    ) -> Any:
+        """Run N tokens (each with its position and sequence) through the blocks: hidden states (N, D)
+        on the backend, for DecoderModel.forward's logits step."""
         c, b = self.config, self.backend
         n = len(tokens)
         x = b.get_rows(self.tok_embd, tokens)  # (N, D)
@@ -187,7 +176,7 @@ class LlamaModel(DecoderModel):
             h = b.rms_norm(x, L.ffn_norm, c.rms_eps)
             f = b.silu_mul(b.matmul(L.w_gate, h), b.matmul(L.w_up, h))
             x = b.add(x, b.matmul(L.w_down, f))
-        return self.head(x, logits_rows)
+        return x
 
 
 class _TensorGetter:

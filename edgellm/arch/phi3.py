@@ -33,6 +33,7 @@ LONGROPE_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 
 
 def phi3_config(mf: ModelFile) -> LlamaConfig:
+    """The neox LlamaConfig, rotating `phi3.rope.dimension_count` dims of each head; LongRoPE refused."""
     found = [n for n in LONGROPE_TENSORS if n in mf.tensors]
     if found:
         raise ConfigError(
@@ -57,6 +58,7 @@ class Phi3Layer:
 
 class Phi3Model(DecoderModel):
     Config = LlamaConfig
+    config_from_gguf = staticmethod(phi3_config)  # what __init__ reads; `edgellm info` checks files with it
 
     def __init__(self, mf: ModelFile, backend: Backend, config: LlamaConfig | None = None):
         self.config = cfg = config or phi3_config(mf)
@@ -91,15 +93,15 @@ class Phi3Model(DecoderModel):
                 )
             )
 
-    def forward(
+    def hidden(
         self,
         tokens: np.ndarray,
         positions: np.ndarray,
         seq_ids: np.ndarray,
         kv: Any,
-        logits_rows: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """Run N tokens (each with its position and sequence); logits (len(logits_rows), V)."""
+    ) -> Any:
+        """Run N tokens (each with its position and sequence) through the blocks: hidden states (N, D)
+        on the backend, for DecoderModel.forward's logits step."""
         c, b = self.config, self.backend
         n, Dh, F = len(tokens), c.head_dim, c.n_ff
         q_dim, kv_dim = c.n_head * Dh, c.n_head_kv * Dh
@@ -120,7 +122,7 @@ class Phi3Model(DecoderModel):
             gu = b.matmul(L.w_gate_up, h)  # (N, 2F)
             f = b.silu_mul(b.columns(gu, 0, F), b.columns(gu, F, 2 * F))
             x = b.add(x, b.matmul(L.w_down, f))
-        return self.head(x, logits_rows)
+        return x
 
 
 def _spans(*widths: int) -> list[tuple[int, int]]:

@@ -10,10 +10,8 @@ tiny random GGUFs (tests/test_arch_tiny.py); unverified against a real checkpoin
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
-import numpy as np
-
+from edgellm.arch.config_checks import invalid
 from edgellm.arch.llama import ConfigError, LlamaConfig, LlamaModel, _TensorGetter
 from edgellm.backends.base import Backend
 from edgellm.gguf import ModelFile
@@ -24,10 +22,8 @@ def neox_config(mf: ModelFile, *, n_rot_is_head_dim: bool = True) -> LlamaConfig
     their graphs pass no rope_freqs tensor and build a plain (non-SWA) KV cache."""
     cfg = LlamaConfig.from_gguf(mf)
     if n_rot_is_head_dim and cfg.rope.n_dims != cfg.head_dim:  # GGML_ASSERT(n_embd_head == n_rot)
-        raise ConfigError(
-            f"{mf.path}: {cfg.arch} rotates the whole head, but rope.dimension_count is "
-            f"{cfg.rope.n_dims} and the head is {cfg.head_dim} wide"
-        )
+        key = f"{cfg.arch}.rope.dimension_count"
+        raise invalid(mf, key, f"{cfg.arch} rotates the whole head, which is {cfg.head_dim} wide")
     return replace(cfg, rope=replace(cfg.rope, neox=True, freq_factors=None), sliding_window=None)
 
 
@@ -35,6 +31,7 @@ class Qwen2Model(LlamaModel):
     """LlamaModel with required Q/K/V biases, neox RoPE and an optional output bias."""
 
     Config = LlamaConfig
+    config_from_gguf = staticmethod(neox_config)  # what __init__ reads; `edgellm info` checks files with it
 
     def __init__(self, mf: ModelFile, backend: Backend, config: LlamaConfig | None = None):
         cfg = config or neox_config(mf)
@@ -44,16 +41,4 @@ class Qwen2Model(LlamaModel):
                 if bias is None:
                     raise ConfigError(f"{mf.path}: missing tensor 'blk.{i}.{name}.bias' (qwen2 needs it)")
         out_b = _TensorGetter(mf).optional("output.bias", (cfg.n_vocab,))
-        self.output_b = backend.vector(out_b) if out_b is not None else None  # (V,)
-
-    def forward(
-        self,
-        tokens: np.ndarray,
-        positions: np.ndarray,
-        seq_ids: np.ndarray,
-        kv: Any,
-        logits_rows: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """Logits (len(logits_rows), V) for N tokens; the Llama forward adds the Q/K/V biases."""
-        logits = super().forward(tokens, positions, seq_ids, kv, logits_rows)
-        return self.backend.add(logits, self.output_b) if self.output_b is not None else logits
+        self.output_bias = backend.vector(out_b) if out_b is not None else None  # (V,), added by head()

@@ -25,6 +25,7 @@ class Qwen3Model(LlamaModel):
     """LlamaModel plus per-layer Q/K head norms (Dh,), neox RoPE and the file's head width."""
 
     Config = LlamaConfig
+    config_from_gguf = staticmethod(neox_config)  # what __init__ reads; `edgellm info` checks files with it
 
     def __init__(self, mf: ModelFile, backend: Backend, config: LlamaConfig | None = None):
         cfg = config or neox_config(mf)
@@ -33,15 +34,15 @@ class Qwen3Model(LlamaModel):
         self.q_norm = [backend.vector(t(f"blk.{i}.attn_q_norm.weight", shape)) for i in range(cfg.n_layer)]
         self.k_norm = [backend.vector(t(f"blk.{i}.attn_k_norm.weight", shape)) for i in range(cfg.n_layer)]
 
-    def forward(
+    def hidden(
         self,
         tokens: np.ndarray,
         positions: np.ndarray,
         seq_ids: np.ndarray,
         kv: Any,
-        logits_rows: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """Run N tokens (each with its position and sequence); logits (len(logits_rows), V)."""
+    ) -> Any:
+        """Run N tokens (each with its position and sequence) through the blocks: hidden states (N, D)
+        on the backend, for DecoderModel.forward's logits step."""
         c, b = self.config, self.backend
         n, Dh = len(tokens), c.head_dim
         x = b.get_rows(self.tok_embd, tokens)  # (N, D)
@@ -58,6 +59,4 @@ class Qwen3Model(LlamaModel):
             x = b.add(x, b.matmul(L.wo, a.reshape(n, -1)))
             h = b.rms_norm(x, L.ffn_norm, c.rms_eps)
             x = b.add(x, b.matmul(L.w_down, b.silu_mul(b.matmul(L.w_gate, h), b.matmul(L.w_up, h))))
-        if logits_rows is not None:
-            x = x[logits_rows]
-        return b.matmul(self.output, b.rms_norm(x, self.output_norm, c.rms_eps))
+        return x

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 from edgellm.backends.base import Backend, BackendUnavailable
 
@@ -16,27 +17,53 @@ AUTO_ORDER = ["native", "numba", "reference"]
 _SAID: set[str] = set()
 
 
+def _type_name(t: int) -> str:
+    from gguf import GGMLQuantizationType
+
+    try:
+        return GGMLQuantizationType(t).name
+    except ValueError:
+        return str(t)
+
+
 def names() -> list[str]:
     return ["auto", *BACKENDS]
 
 
-def get_backend(name: str = "auto", threads: int | None = None) -> Backend:
-    """Instantiate a backend by name; an unavailable one raises BackendUnavailable saying why."""
+def get_backend(name: str = "auto", threads: int | None = None, weight_types: Iterable = ()) -> Backend:
+    """Instantiate a backend by name; an unavailable one raises BackendUnavailable saying why.
+
+    `auto` takes the first available backend of AUTO_ORDER whose kernels cover every type in
+    `weight_types` (the file's matrix types), else the first available one (whose load report then
+    names what falls back)."""
     import importlib
 
     if name == "auto":
-        reasons = []
+        reasons: list[str] = []
+        chosen, first = None, None  # the first fast backend that covers the file; the first that runs
+        types = sorted({int(t) for t in weight_types})
         for n in AUTO_ORDER:
             try:
                 backend = get_backend(n, threads)
             except BackendUnavailable as e:
                 reasons.append(f"{n}: {e}")
                 continue
-            if reasons and reasons[0] not in _SAID:  # say once why a faster backend is not used
-                _SAID.add(reasons[0])
-                logging.getLogger(__name__).warning("using the %s backend (%s)", n, "; ".join(reasons))
-            return backend
-        raise BackendUnavailable("no backend is available: " + "; ".join(reasons))
+            if n == AUTO_ORDER[-1]:  # the slow oracle: only when no fast backend runs here at all
+                chosen = first or backend
+                break
+            missing = [t for t in types if not backend.supports("matmul", t)]
+            if not missing:
+                chosen = backend
+                break
+            first = first or backend
+            reasons.append(f"{n}: no kernel for {', '.join(_type_name(t) for t in missing)}")
+        backend = chosen or first
+        if backend is None:
+            raise BackendUnavailable("no backend is available: " + "; ".join(reasons))
+        if reasons and reasons[0] not in _SAID:  # say once why a faster backend is not used
+            _SAID.add(reasons[0])
+            logging.getLogger(__name__).warning("using the %s backend (%s)", backend.name, "; ".join(reasons))
+        return backend
     target = BACKENDS.get(name)
     if target is None:
         raise BackendUnavailable(f"unknown backend {name!r} (choose from: {', '.join(names())})")

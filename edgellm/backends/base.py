@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -20,6 +20,48 @@ from edgellm.gguf import QTensor
 
 class BackendUnavailable(RuntimeError):
     """A backend cannot run here; the message says why in one line."""
+
+
+@runtime_checkable
+class KVCacheProtocol(Protocol):
+    """What a backend's KV cache promises the code above it (the engine's PagedKV, the generators).
+
+    K and V of every layer live in the backend's memory (host or device), in a pool of `n_blocks`
+    blocks of `block_size` positions. Position p of sequence s (s < n_seqs, p < n_ctx) lives in block
+    `block_table[s, p // block_size]` at offset p % block_size; -1 is unmapped. `block_table` is a host
+    (n_seqs, ceil(n_ctx / block_size)) int32 array. A cache made with `n_blocks` starts unmapped and
+    has exactly one writer, edgellm.kvcache.PagedKV, which calls `table_written()` after every change;
+    a cache made without it maps every sequence to blocks of its own and nobody writes the table. A
+    device backend copies the table to the device on the first forward after `table_written()` (a
+    host cache reads the table in place). Only the backend's attention writes K and V.
+    """
+
+    block_size: int
+    n_ctx: int
+    n_blocks: int
+    n_seqs: int
+    block_table: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of K and V storage (host or device)."""
+        ...
+
+    def table_written(self) -> None:
+        """The block table changed: sync it before the next forward."""
+        ...
+
+    def check(self, seq_ids: np.ndarray, positions: np.ndarray) -> None:
+        """Raise ValueError for a (seq, position) outside the context or in an unmapped block."""
+        ...
+
+    def clear(self, seq: int | None = None) -> None:
+        """Forget a sequence's (or every) position; positions are overwritten before being read."""
+        ...
+
+
+# what `Backend.supports` is asked about: ops that read a weight take its ggml type
+WEIGHT_OPS = ("matmul", "get_rows")
 
 
 @dataclass(frozen=True)
@@ -34,9 +76,40 @@ class RopeSpec:
 
 
 class Backend(ABC):
-    """One interface for every compute backend (reference numpy, numba, native C, devices)."""
+    """One interface for every compute backend (reference numpy, numba, native C, devices).
+
+    Ops take and return the backend's own arrays (numpy on the CPU backends, device arrays elsewhere);
+    only `to_host` crosses to numpy. Token ids, positions and sequence ids come in as host int64 arrays.
+    What a backend runs natively is declared by `supports`; what it does not is run by an explicit
+    fallback it composes (and says so at load), never silently emulated.
+    """
 
     name: str = "?"
+
+    # -- what runs here --------------------------------------------------------------------------------
+    def supports(self, op: str, qtype: Any = None) -> bool:
+        """Whether `op` ("matmul", "get_rows", "attention", ...) runs natively here; for the weight ops
+        (WEIGHT_OPS) `qtype` is the weight's GGMLQuantizationType. The default: everything."""
+        return True
+
+    def fallback_cost(self, t: QTensor) -> int:
+        """Extra bytes of memory a weight this backend does not support takes when the fallback runs it
+        (0 for a supported one). The default fallback keeps a float32 copy."""
+        return 0 if self.supports("matmul", t.type) else int(np.prod(t.shape)) * 4
+
+    # -- the host boundary -----------------------------------------------------------------------------
+    def to_host(self, x: Any) -> np.ndarray:
+        """x as a host numpy array (identity on the CPU backends; a device copies to the host)."""
+        return x
+
+    def from_host(self, x: np.ndarray) -> Any:
+        """A host float32 array as this backend's array. Tools and tests use it; a forward never does:
+        its activations start at get_rows."""
+        return np.ascontiguousarray(x, np.float32)
+
+    def take_rows(self, x: Any, rows: np.ndarray) -> Any:
+        """Rows `rows` (host int64) of a 2-D x, as a new backend array (the rows that need logits)."""
+        return x[np.asarray(rows, np.int64)]
 
     # -- weights ---------------------------------------------------------------------------------------
     @abstractmethod
@@ -109,13 +182,15 @@ class Backend(ABC):
         `block_table[s, p // block_size]` (-1: unmapped) at offset p % block_size. Without `n_blocks`
         the pool holds n_seqs * ceil(n_ctx / block_size) blocks and each sequence owns consecutive ones;
         with `n_blocks` the pool holds that many and the table starts unmapped, for `edgellm.kvcache` to
-        fill (blocks may be shared by several sequences). See reference.KVCache for the layout.
+        fill (blocks may be shared by several sequences). The result is a KVCacheProtocol; the CPU
+        backends share backends/paged_kv.py's host layout.
         """
 
     # -- elementwise ops with plain numpy defaults ---------------------------------------------------------
     def silu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         """SwiGLU: silu(gate) * up."""
-        return gate / (np.float32(1) + np.exp(-gate)) * up
+        e = np.exp(-np.asarray(gate, np.float64)).astype(np.float32)  # one rounding, the same on every CPU
+        return gate / (np.float32(1) + e) * up
 
     def gelu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         """GeGLU, gelu(gate) * up, with GELU(tanh) looked up by the f16 value of gate as ggml does
@@ -135,7 +210,7 @@ class Backend(ABC):
     def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
         """cap * tanh(x / cap) (Gemma's logit soft-capping)."""
         c = np.float32(cap)
-        return c * np.tanh(x / c)
+        return c * np.tanh((x / c).astype(np.float64)).astype(np.float32)
 
     def columns(self, x: np.ndarray, start: int, stop: int) -> np.ndarray:
         """Columns start..stop of a 2-D x, as a contiguous (N, stop - start) array (fused-QKV splits)."""
@@ -150,6 +225,21 @@ class Backend(ABC):
         then live in the plan's memory, valid until the next step of that batch size: copy to keep them."""
         return model.forward(tokens, positions, seq_ids, kv)
 
+    def decode_greedy(
+        self, model: Any, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, kv: Any
+    ) -> np.ndarray:
+        """A decode step that returns each row's argmax token (B,) int64 (first maximum on ties, as the
+        sampler's greedy; -1 for a row whose logits are not all finite) instead of its logits: a device
+        keeps the logits where they are and moves B ids."""
+        return greedy_ids(self.decode_step(model, tokens, positions, seq_ids, kv))
+
+
+def greedy_ids(logits: np.ndarray) -> np.ndarray:
+    """Row-wise argmax (first maximum), -1 where a row holds a NaN or an infinity as its maximum."""
+    ids = np.argmax(logits, axis=-1).astype(np.int64)
+    ids[~np.isfinite(np.max(logits, axis=-1))] = -1
+    return ids
+
 
 _GELU_TABLE: np.ndarray | None = None
 
@@ -161,7 +251,8 @@ def _gelu_f16_table() -> np.ndarray:
         x = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
         c, a = np.float32(0.7978845608028654), np.float32(0.044715)
         with np.errstate(all="ignore"):
-            _GELU_TABLE = np.float32(0.5) * x * (np.float32(1) + np.tanh(c * x * (np.float32(1) + a * x * x)))
+            t = np.tanh((c * x * (np.float32(1) + a * x * x)).astype(np.float64)).astype(np.float32)
+            _GELU_TABLE = np.float32(0.5) * x * (np.float32(1) + t)
         _GELU_TABLE = _GELU_TABLE.astype(np.float16)
     return _GELU_TABLE
 
@@ -178,8 +269,9 @@ def gelu_table_f32() -> np.ndarray:
 
 
 def rope_table(spec: RopeSpec, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin (n_pos, n_dims/2) float32 of positions 0.., exactly the reference's per-call values
-    (ggml_rope_cache_init's running product theta_{i+1} = theta_i * base^(-2/n_dims) in float32)."""
+    """cos, sin (n_pos, n_dims/2) float32 of positions 0.. (ggml-cpu ops.cpp ggml_rope_cache_init: the
+    running product theta_{i+1} = theta_i * base^(-2/n_dims) in float32, whose rounding matters at long
+    positions, then theta / factor_i * freq_scale); every backend's rope reads these values."""
     half = spec.n_dims // 2
     theta_scale = np.float32(spec.freq_base) ** np.float32(-2.0 / spec.n_dims)
     theta = np.empty((n_pos, half), np.float32)
@@ -189,7 +281,9 @@ def rope_table(spec: RopeSpec, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
     if spec.freq_factors is not None:
         theta = theta / spec.freq_factors.astype(np.float32)
     theta = theta * np.float32(spec.freq_scale)
-    return np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
+    # cos/sin in float64, rounded once: numpy's float32 versions have per-CPU SIMD variants
+    t64 = theta.astype(np.float64)
+    return np.cos(t64).astype(np.float32), np.sin(t64).astype(np.float32)
 
 
 class RopeTables:

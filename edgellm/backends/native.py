@@ -4,7 +4,8 @@ call each (native_plan.py).
 
 Weights stay the raw blocks of the mmapped file. A matmul quantizes its activation rows once to the
 weight's ggml vec_dot type and runs the kernels' dot products in a tiled loop; the other ops are the
-reference backend's float32 operations. Work is split across threads by output rows only, so results are
+reference backend's float32 operations in C. A weight type without a kernel goes to the composed fallback
+(host.py), and the load report says so. Work is split across threads by output rows only, so results are
 the same bits for any thread count, and a replayed plan gives the same bits as the ops run one by one.
 """
 
@@ -21,8 +22,10 @@ import numpy as np
 from edgellm import quants
 from edgellm.backends.base import BackendUnavailable, RopeSpec, RopeTables, gelu_table_f32
 from edgellm.backends.cpu import physical_cores
+from edgellm.backends.host import HostBackend
 from edgellm.backends.native_plan import Capture, Plan, Regions, address
-from edgellm.backends.reference import KVCache, ReferenceBackend, RefWeight
+from edgellm.backends.paged_kv import KVCache
+from edgellm.backends.reference import RefWeight
 from edgellm.gguf import QTensor
 
 log = logging.getLogger(__name__)
@@ -77,13 +80,14 @@ def _log_once(msg: str) -> None:
         log.warning(msg)
 
 
-class NativeBackend(ReferenceBackend):
+class NativeBackend(HostBackend):
     name = "native"
 
     def __init__(self, threads: int | None = None):
         why = available()
         if why is not None:
             raise BackendUnavailable(why)
+        super().__init__()
         cores = physical_cores()
         self.threads = max(1, min(int(threads) if threads else cores, cores))
         self._pool = ffi.gc(lib.ed_pool_new(self.threads), lib.ed_pool_free)
@@ -95,6 +99,10 @@ class NativeBackend(ReferenceBackend):
         self._cap: Capture | None = None
         self._plans: OrderedDict[tuple[int, int, int], Any] = OrderedDict()  # (kv, model, B) ids -> plan
         self._last: Plan | None = None  # the plan of the last decode step
+
+    def kernel_types(self, op: str) -> frozenset[int]:
+        test = {"matmul": lib.ed_matmul_supported, "get_rows": lib.ed_get_rows_supported}.get(op)
+        return frozenset(t for t in _KNOWN_TYPES if test is not None and test(t))
 
     # -- weights ---------------------------------------------------------------------------------------
     def bind(self, t: QTensor) -> NativeWeight:
@@ -115,7 +123,7 @@ class NativeBackend(ReferenceBackend):
         return w
 
     def vector(self, t: QTensor) -> np.ndarray:
-        v = np.ascontiguousarray(super().vector(t), np.float32)
+        v = np.ascontiguousarray(self.fallback.vector(t), np.float32)
         if v.nbytes:  # the region keeps v alive: its memory can never be a later array's
             self._vectors.add(address(v), address(v) + v.nbytes, v)
         return v
@@ -147,7 +155,7 @@ class NativeBackend(ReferenceBackend):
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         if not w.get_rows_ok:
             self._eager_only(f"get_rows of a {w.qt.type.name} tensor has no native kernel")
-            return super().get_rows(w, ids)
+            return self.fallback.get_rows(w, ids)
         k = w.qt.ne[0]
         if ids.size and (ids.min() < 0 or ids.max() >= w.rows):
             raise ValueError(f"token id outside the vocabulary of {w.rows}")
@@ -162,7 +170,7 @@ class NativeBackend(ReferenceBackend):
     def matmul(self, w: NativeWeight, x: np.ndarray) -> np.ndarray:
         if not w.matmul_ok:
             self._eager_only(f"matmul of a {w.qt.type.name} tensor has no native kernel")
-            return super().matmul(w, x)
+            return self.fallback.matmul(w, x)
         k = w.qt.ne[0]
         if x.shape[-1] != k:
             raise ValueError(f"matmul: x has {x.shape[-1]} columns, the weight {k}")

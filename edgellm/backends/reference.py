@@ -4,18 +4,24 @@ Weights are dequantized to float32 once, when first used in a matmul (embeddings
 row on lookup). The KV cache is float16, like llama.cpp's default, and queries and attention weights are
 rounded to float16 before their products with it, as ggml's f16 matmul does (ggml-cpu: `vec_dot_f16`
 converts the f32 operand to f16). Slow, simple and the oracle for every fast backend.
+
+The oracle is the same on every CPU: sums of products (matmuls, attention) accumulate in float64, where
+every product of two float32 operands is exact and the order of the sum moves the result by ~1e-13 of
+its size, and transcendental functions (exp, tanh, cos, sin) are evaluated in float64 and rounded once
+to float32. Float32 BLAS kernels and numpy's float32 SIMD math differ between CPUs (AVX2 and AVX-512
+sum in other orders) by ~1e-4 relative, enough to cross a Q8_0 rounding boundary of the next layer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from edgellm import quants
-from edgellm.backends.base import Backend, RopeSpec
+from edgellm.backends.base import Backend, RopeSpec, rope_table
+from edgellm.backends.paged_kv import KVCache
 from edgellm.gguf import QTensor
 
 
@@ -24,6 +30,7 @@ class RefWeight:
     qt: QTensor
     _f32: np.ndarray | None = field(default=None, repr=False)
     _mins: np.ndarray | None = field(default=None, repr=False)
+    _f64: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def f32(self) -> np.ndarray:
@@ -35,6 +42,19 @@ class RefWeight:
         return self._f32
 
     @property
+    def f64(self) -> np.ndarray:
+        """(M, K) float64 (the same values), cached for the reference's exact matmuls."""
+        if self._f64 is None:
+            self._f64 = (
+                self._f32.astype(np.float64)
+                if self._f32 is not None
+                else quants.dequantize(self.qt.data, self.qt.type, self.qt.shape)
+                .reshape(-1, self.qt.ne[0])
+                .astype(np.float64)
+            )
+        return self._f64
+
+    @property
     def block_mins(self) -> np.ndarray:
         """(M, K/32) float32 block minimums `m` of a Q4_1/Q5_1 weight (the f16 at bytes 2..4 of a block)."""
         if self._mins is None:
@@ -42,142 +62,6 @@ class RefWeight:
             blocks = qt.data.reshape(qt.data.shape[0], qt.ne[0] // 32, -1)
             self._mins = np.ascontiguousarray(blocks[:, :, 2:4]).view(np.float16)[..., 0].astype(np.float32)
         return self._mins
-
-
-DEFAULT_BLOCK_SIZE = 16  # positions per KV block (vLLM's default; llama.cpp's unified cache is one block)
-WINDOW_CHUNK = 512  # most tokens of one sequence per forward on a sliding-window ring (PREFILL_CHUNK)
-
-
-class KVCache:
-    """Paged float16 cache: k, v of shape (layers, slots, Hkv, Dh), slots = n_blocks * block_size.
-
-    block_table (seqs, max_blocks_per_seq) int32 names the block holding each run of block_size positions
-    of a sequence (-1: unmapped); position p of sequence s lives at slot
-    block_table[s, p // block_size] * block_size + p % block_size. Without n_blocks, every sequence owns
-    its own consecutive blocks (the layout `generate.py` uses); with n_blocks the table starts unmapped
-    and `edgellm.kvcache` fills it from one shared pool.
-
-    Sliding-window layers (`window_layers`, attending to at most `window` positions) can keep a ring
-    instead: each sequence owns R blocks, R * block_size >= window + window_chunk - 1, and logical block j
-    of sequence s is ring block s * R + j % R (`ring_table`). A forward may then carry at most
-    window_chunk tokens of one sequence (so none of them overwrites a position another still reads); the
-    ring rows live in k_ring, v_ring. llama.cpp sizes its SWA cache the same way (n_swa + n_ubatch).
-    Use `layer_view(layer)` for a layer's (k, v, block table).
-    """
-
-    def __init__(
-        self,
-        n_layers: int,
-        n_kv_heads: int,
-        head_dim: int,
-        n_ctx: int,
-        n_seqs: int,
-        block_size: int | None = None,
-        n_blocks: int | None = None,
-        window_layers: Sequence[int] = (),
-        window: int | None = None,
-        window_chunk: int = WINDOW_CHUNK,
-    ):
-        bs = int(block_size or DEFAULT_BLOCK_SIZE)
-        if bs <= 0 or n_ctx <= 0 or n_seqs <= 0:
-            raise ValueError(f"KV cache needs positive sizes, got block {bs}, ctx {n_ctx}, seqs {n_seqs}")
-        per_seq = -(-n_ctx // bs)  # blocks one sequence may map
-        if n_blocks is None:
-            n_blocks = n_seqs * per_seq
-            table = np.arange(n_blocks, dtype=np.int32).reshape(n_seqs, per_seq)
-        else:
-            table = np.full((n_seqs, per_seq), -1, np.int32)
-        ring_blocks = -(-(int(window or 0) + window_chunk - 1) // bs)
-        self.window_chunk = int(window_chunk)
-        ring = sorted({int(i) for i in window_layers}) if window and ring_blocks < per_seq else []
-        full = [i for i in range(n_layers) if i not in set(ring)]
-        self._where = [(i in ring, (ring if i in ring else full).index(i)) for i in range(n_layers)]
-        self.k = np.zeros((len(full), int(n_blocks) * bs, n_kv_heads, head_dim), np.float16)
-        self.v = np.zeros_like(self.k)
-        self.ring_layers = ring
-        self.ring_blocks = ring_blocks if ring else 0
-        self.ring_table = (
-            (
-                np.arange(n_seqs, dtype=np.int32)[:, None] * ring_blocks + np.arange(per_seq) % ring_blocks
-            ).astype(np.int32)
-            if ring
-            else None
-        )
-        ring_shape = (len(ring), n_seqs * ring_blocks * bs if ring else 0, n_kv_heads, head_dim)
-        self.k_ring = np.zeros(ring_shape, np.float16)
-        self.v_ring = np.zeros_like(self.k_ring)
-        self.block_table = table
-        self.block_size = bs
-        self.n_blocks = int(n_blocks)
-        self.n_ctx = n_ctx  # positions per sequence
-        self.n_seqs = n_seqs
-        self._checked: tuple = ()  # the arrays check() last passed, and copies of their values
-
-    @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes + self.k_ring.nbytes + self.v_ring.nbytes
-
-    def arrays(self) -> tuple[np.ndarray, ...]:
-        """Every array the attention kernels read (a captured plan checks they are still these)."""
-        return (self.k, self.v, self.block_table, self.k_ring, self.v_ring)
-
-    def layer_view(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """k, v (slots, Hkv, Dh) float16 and the int32 block table of one layer."""
-        ring, i = self._where[layer]
-        if ring:
-            return self.k_ring[i], self.v_ring[i], self.ring_table
-        return self.k[i], self.v[i], self.block_table
-
-    def check_window_chunk(self, seq_ids: np.ndarray) -> None:
-        """Ring layers hold window + WINDOW_CHUNK - 1 positions: refuse a forward with more tokens of one
-        sequence than that allows."""
-        if self.ring_layers and len(seq_ids) > self.window_chunk:
-            most = int(np.bincount(np.asarray(seq_ids, np.int64)).max())
-            if most > self.window_chunk:
-                raise ValueError(
-                    f"{most} tokens of one sequence in one forward; a sliding-window cache takes at most "
-                    f"{self.window_chunk}"
-                )
-
-    def check(self, seq_ids: np.ndarray, positions: np.ndarray) -> None:
-        """check_window_chunk and slots' checks, made once per forward: every layer of a forward passes
-        the same arrays, so a repeat of the last checked (unchanged) arrays returns at once."""
-        c = self._checked
-        if c and c[0] is seq_ids and c[1] is positions:
-            if np.array_equal(c[2], seq_ids) and np.array_equal(c[3], positions):
-                return
-        self.check_window_chunk(seq_ids)
-        self.slots(seq_ids, positions)
-        self._checked = (seq_ids, positions, np.copy(seq_ids), np.copy(positions))
-
-    def slots(
-        self, seq_ids: np.ndarray, positions: np.ndarray, table: np.ndarray | None = None
-    ) -> np.ndarray:
-        """Cache slots (int64) of (seq, position) pairs, through `table` (default: the block table; a
-        ring layer passes ring_table). Raises ValueError if a position is outside the context, or if a
-        block holding it or any earlier position of its sequence is unmapped: attention reads positions
-        0..p, and native kernels rely on this check having been made."""
-        seq_ids = np.asarray(seq_ids, np.int64)
-        positions = np.asarray(positions, np.int64)
-        if positions.size == 0:
-            return positions
-        if positions.max() >= self.n_ctx or positions.min() < 0:
-            bad = int(positions.max()) if positions.max() >= self.n_ctx else int(positions.min())
-            raise ValueError(f"position {bad} is outside the context of {self.n_ctx}")
-        if seq_ids.min() < 0 or seq_ids.max() >= self.n_seqs:
-            raise ValueError(f"sequence id outside 0..{self.n_seqs - 1}")
-        seqs, row_seq = np.unique(seq_ids, return_inverse=True)
-        unmapped = self.block_table[seqs] < 0  # (distinct seqs, max blocks)
-        first_hole = np.where(unmapped.any(axis=1), unmapped.argmax(axis=1), unmapped.shape[1])[row_seq]
-        blk = positions // self.block_size
-        if (blk >= first_hole).any():
-            i = int(np.argmax(blk >= first_hole))
-            raise ValueError(f"sequence {int(seq_ids[i])} has no KV block for position {int(positions[i])}")
-        table = self.block_table if table is None else table
-        return table[seq_ids, blk].astype(np.int64) * self.block_size + positions % self.block_size
-
-    def clear(self, seq: int | None = None) -> None:
-        """Nothing to free: positions are overwritten before they are read."""
 
 
 def activation_roundtrip(x: np.ndarray, weight_type: T) -> np.ndarray:
@@ -232,11 +116,36 @@ def _f16_round(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float16).astype(np.float32)
 
 
+def exact_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b of float32 operands accumulated in float64 and rounded once to float32: the same bits on
+    every CPU (bar a ~1e-6 chance per element of a last-bit difference), unlike a float32 BLAS product."""
+    return (a.astype(np.float64) @ b.astype(np.float64, copy=False)).astype(np.float32)
+
+
+def exact_einsum(spec: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """np.einsum of float32 operands in float64, rounded once to float32 (see exact_dot)."""
+    return np.einsum(spec, a.astype(np.float64), b.astype(np.float64), optimize=True).astype(np.float32)
+
+
+def exp32(x: np.ndarray) -> np.ndarray:
+    """exp of float32 values, correctly rounded to float32 (float64 exp, one rounding): numpy's float32
+    exp has per-CPU SIMD variants."""
+    return np.exp(np.asarray(x, np.float64)).astype(np.float32)
+
+
+def tanh32(x: np.ndarray) -> np.ndarray:
+    """tanh of float32 values through float64, rounded once (see exp32)."""
+    return np.tanh(np.asarray(x, np.float64)).astype(np.float32)
+
+
 class ReferenceBackend(Backend):
     name = "reference"
 
-    def __init__(self, threads: int | None = None):
+    def __init__(self, threads: int | None = None, exact: bool = True):
         self.threads = threads  # numpy's BLAS picks its own thread count
+        # exact=False: float32 BLAS matmuls on float32 weights (half the memory, CPU-dependent sums), for
+        # the fast backends' fallback; the oracle is exact
+        self.exact = exact
 
     def bind(self, t: QTensor) -> RefWeight:
         return RefWeight(t)
@@ -249,15 +158,18 @@ class ReferenceBackend(Backend):
         return quants.dequantize(rows, w.qt.type, (len(ids), w.qt.ne[0]))
 
     def matmul(self, w: RefWeight, x: np.ndarray) -> np.ndarray:
-        if w.qt.type not in (T.Q4_1, T.Q5_1):
+        if not self.exact and w.qt.type not in (T.Q4_1, T.Q5_1):
             return activation_roundtrip(x, w.qt.type) @ w.f32.T
+        if w.qt.type not in (T.Q4_1, T.Q5_1):
+            return exact_dot(activation_roundtrip(x, w.qt.type), w.f64.T)
         # Q8_1 activations. ggml's q4_1 x q8_1 dot adds m * s with s = f16(d * sum(q)) precomputed per
         # activation block, not m * f16(d) * sum(q) as the dequantized product would: add the difference.
         d, q = _q8_blocks(x)
         d16 = _f16_round(d)
         sq = q.sum(axis=1, keepdims=True)
         correction = (_f16_round(d * sq) - d16 * sq).reshape(x.shape[0], -1)  # (N, K/32)
-        return (d16 * q).reshape(x.shape) @ w.f32.T + correction @ w.block_mins.T
+        main = (d16 * q).reshape(x.shape).astype(np.float64) @ w.f64.T
+        return (main + correction.astype(np.float64) @ w.block_mins.T.astype(np.float64)).astype(np.float32)
 
     def rms_norm(self, x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
         # ggml_compute_forward_rms_norm_f32: sum of squares in double, scale = 1/sqrtf(mean + eps)
@@ -267,19 +179,11 @@ class ReferenceBackend(Backend):
         return y * weight if weight is not None else y
 
     def rope(self, x: np.ndarray, positions: np.ndarray, spec: RopeSpec) -> np.ndarray:
-        # ggml-cpu ops.cpp ggml_rope_cache_init: theta_0 = p, theta_{i+1} = theta_i * base^(-2/n_dims), in f32
-        # (the running product's rounding matters at long positions), then theta / factor_i * freq_scale
+        # ggml-cpu ops.cpp ggml_rope_cache_init (see base.rope_table), at these positions
         half = spec.n_dims // 2
-        theta_scale = np.float32(spec.freq_base) ** np.float32(-2.0 / spec.n_dims)
-        theta = np.empty((len(positions), half), np.float32)
-        theta[:, 0] = positions.astype(np.float32)
-        for i in range(1, half):
-            theta[:, i] = theta[:, i - 1] * theta_scale
-        if spec.freq_factors is not None:
-            theta = theta / spec.freq_factors.astype(np.float32)
-        theta = theta * np.float32(spec.freq_scale)
-        cos = np.cos(theta).astype(np.float32)[:, None, :]
-        sin = np.sin(theta).astype(np.float32)[:, None, :]
+        cos, sin = rope_table(spec, int(np.max(positions, initial=0)) + 1)
+        pos = np.asarray(positions, np.int64)
+        cos, sin = cos[pos][:, None, :], sin[pos][:, None, :]
         out = x.copy()
         if spec.neox:  # pairs (i, i + n_dims/2)
             a, b = x[..., :half], x[..., half : spec.n_dims]
@@ -328,17 +232,17 @@ class ReferenceBackend(Backend):
             vals = vc[slots].astype(np.float32)
             qs = _f16_round(q[rows]).reshape(len(rows), n_kv_head, group, dh)
             # scores (Hkv, group, n, T)
-            scores = np.einsum("nhgd,thd->hgnt", qs, keys, optimize=True) * np.float32(scale)
+            scores = exact_einsum("nhgd,thd->hgnt", qs, keys) * np.float32(scale)
             if softcap:
-                scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
+                scores = np.float32(softcap) * tanh32(scores / np.float32(softcap))
             j = np.arange(t)
             masked = j[None, :] > pos[:, None]
             if window:
                 masked |= j[None, :] <= pos[:, None] - window
             scores = np.where(masked[None, None], np.float32(-np.inf), scores)
             scores -= scores.max(axis=-1, keepdims=True)
-            p = np.exp(scores)
-            p /= p.sum(axis=-1, keepdims=True)
-            o = np.einsum("hgnt,thd->nhgd", _f16_round(p), vals, optimize=True)
+            p = exp32(scores)
+            p /= p.astype(np.float64).sum(axis=-1, keepdims=True).astype(np.float32)
+            o = exact_einsum("hgnt,thd->nhgd", _f16_round(p), vals)
             out[rows] = o.reshape(len(rows), n_head, -1)
         return out

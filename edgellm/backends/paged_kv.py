@@ -1,0 +1,151 @@
+"""The paged KV cache in host memory that the CPU backends share: float16 K and V in blocks of positions,
+an int32 block table per sequence, and rings for sliding-window layers. It implements base.KVCacheProtocol;
+the C attention (native/runtime/attention.c) and the numba kernels read exactly this layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+DEFAULT_BLOCK_SIZE = 16  # positions per KV block (vLLM's default; llama.cpp's unified cache is one block)
+WINDOW_CHUNK = 512  # most tokens of one sequence per forward on a sliding-window ring (PREFILL_CHUNK)
+
+
+class KVCache:
+    """Paged float16 cache: k, v of shape (layers, slots, Hkv, Dh), slots = n_blocks * block_size.
+
+    block_table (seqs, max_blocks_per_seq) int32 names the block holding each run of block_size positions
+    of a sequence (-1: unmapped); position p of sequence s lives at slot
+    block_table[s, p // block_size] * block_size + p % block_size. Without n_blocks, every sequence owns
+    its own consecutive blocks (the layout `generate.py` uses); with n_blocks the table starts unmapped
+    and `edgellm.kvcache` fills it from one shared pool.
+
+    Sliding-window layers (`window_layers`, attending to at most `window` positions) can keep a ring
+    instead: each sequence owns R blocks, R * block_size >= window + window_chunk - 1, and logical block j
+    of sequence s is ring block s * R + j % R (`ring_table`). A forward may then carry at most
+    window_chunk tokens of one sequence (so none of them overwrites a position another still reads); the
+    ring rows live in k_ring, v_ring. llama.cpp sizes its SWA cache the same way (n_swa + n_ubatch).
+    Use `layer_view(layer)` for a layer's (k, v, block table).
+    """
+
+    def __init__(
+        self,
+        n_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        n_ctx: int,
+        n_seqs: int,
+        block_size: int | None = None,
+        n_blocks: int | None = None,
+        window_layers: Sequence[int] = (),
+        window: int | None = None,
+        window_chunk: int = WINDOW_CHUNK,
+    ):
+        bs = int(block_size or DEFAULT_BLOCK_SIZE)
+        if bs <= 0 or n_ctx <= 0 or n_seqs <= 0:
+            raise ValueError(f"KV cache needs positive sizes, got block {bs}, ctx {n_ctx}, seqs {n_seqs}")
+        per_seq = -(-n_ctx // bs)  # blocks one sequence may map
+        if n_blocks is None:
+            n_blocks = n_seqs * per_seq
+            table = np.arange(n_blocks, dtype=np.int32).reshape(n_seqs, per_seq)
+        else:
+            table = np.full((n_seqs, per_seq), -1, np.int32)
+        ring_blocks = -(-(int(window or 0) + window_chunk - 1) // bs)
+        self.window_chunk = int(window_chunk)
+        ring = sorted({int(i) for i in window_layers}) if window and ring_blocks < per_seq else []
+        full = [i for i in range(n_layers) if i not in set(ring)]
+        self._where = [(i in ring, (ring if i in ring else full).index(i)) for i in range(n_layers)]
+        self.k = np.zeros((len(full), int(n_blocks) * bs, n_kv_heads, head_dim), np.float16)
+        self.v = np.zeros_like(self.k)
+        self.ring_layers = ring
+        self.ring_blocks = ring_blocks if ring else 0
+        self.ring_table = (
+            (
+                np.arange(n_seqs, dtype=np.int32)[:, None] * ring_blocks + np.arange(per_seq) % ring_blocks
+            ).astype(np.int32)
+            if ring
+            else None
+        )
+        ring_shape = (len(ring), n_seqs * ring_blocks * bs if ring else 0, n_kv_heads, head_dim)
+        self.k_ring = np.zeros(ring_shape, np.float16)
+        self.v_ring = np.zeros_like(self.k_ring)
+        self.block_table = table
+        self.block_size = bs
+        self.n_blocks = int(n_blocks)
+        self.n_ctx = n_ctx  # positions per sequence
+        self.n_seqs = n_seqs
+        self._checked: tuple = ()  # the arrays check() last passed, and copies of their values
+        self.table_version = 0  # bumped by table_written(): host memory, so nothing to copy
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes + self.k_ring.nbytes + self.v_ring.nbytes
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """Every array the attention kernels read (a captured plan checks they are still these)."""
+        return (self.k, self.v, self.block_table, self.k_ring, self.v_ring)
+
+    def layer_view(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """k, v (slots, Hkv, Dh) float16 and the int32 block table of one layer."""
+        ring, i = self._where[layer]
+        if ring:
+            return self.k_ring[i], self.v_ring[i], self.ring_table
+        return self.k[i], self.v[i], self.block_table
+
+    def check_window_chunk(self, seq_ids: np.ndarray) -> None:
+        """Ring layers hold window + WINDOW_CHUNK - 1 positions: refuse a forward with more tokens of one
+        sequence than that allows."""
+        if self.ring_layers and len(seq_ids) > self.window_chunk:
+            most = int(np.bincount(np.asarray(seq_ids, np.int64)).max())
+            if most > self.window_chunk:
+                raise ValueError(
+                    f"{most} tokens of one sequence in one forward; a sliding-window cache takes at most "
+                    f"{self.window_chunk}"
+                )
+
+    def check(self, seq_ids: np.ndarray, positions: np.ndarray) -> None:
+        """check_window_chunk and slots' checks, made once per forward: every layer of a forward passes
+        the same arrays, so a repeat of the last checked (unchanged) arrays returns at once."""
+        c = self._checked
+        if c and c[0] is seq_ids and c[1] is positions:
+            if np.array_equal(c[2], seq_ids) and np.array_equal(c[3], positions):
+                return
+        self.check_window_chunk(seq_ids)
+        self.slots(seq_ids, positions)
+        self._checked = (seq_ids, positions, np.copy(seq_ids), np.copy(positions))
+
+    def slots(
+        self, seq_ids: np.ndarray, positions: np.ndarray, table: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Cache slots (int64) of (seq, position) pairs, through `table` (default: the block table; a
+        ring layer passes ring_table). Raises ValueError if a position is outside the context, or if a
+        block holding it or any earlier position of its sequence is unmapped: attention reads positions
+        0..p, and native kernels rely on this check having been made."""
+        seq_ids = np.asarray(seq_ids, np.int64)
+        positions = np.asarray(positions, np.int64)
+        if positions.size == 0:
+            return positions
+        if positions.max() >= self.n_ctx or positions.min() < 0:
+            bad = int(positions.max()) if positions.max() >= self.n_ctx else int(positions.min())
+            raise ValueError(f"position {bad} is outside the context of {self.n_ctx}")
+        if seq_ids.min() < 0 or seq_ids.max() >= self.n_seqs:
+            raise ValueError(f"sequence id outside 0..{self.n_seqs - 1}")
+        seqs, row_seq = np.unique(seq_ids, return_inverse=True)
+        unmapped = self.block_table[seqs] < 0  # (distinct seqs, max blocks)
+        first_hole = np.where(unmapped.any(axis=1), unmapped.argmax(axis=1), unmapped.shape[1])[row_seq]
+        blk = positions // self.block_size
+        if (blk >= first_hole).any():
+            i = int(np.argmax(blk >= first_hole))
+            raise ValueError(f"sequence {int(seq_ids[i])} has no KV block for position {int(positions[i])}")
+        table = self.block_table if table is None else table
+        return table[seq_ids, blk].astype(np.int64) * self.block_size + positions % self.block_size
+
+    def table_written(self) -> None:
+        """The block table's owner (edgellm.kvcache.PagedKV) changed it. The backends read this very
+        array, so there is nothing to sync; the version lets a plan or a test see that it changed."""
+        self.table_version += 1
+
+    def clear(self, seq: int | None = None) -> None:
+        """Nothing to free: positions are overwritten before they are read."""
