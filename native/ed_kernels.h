@@ -2,12 +2,13 @@
  * the runtime that drives them (native/runtime/: thread pool, matmul/GEMM driver, plan executor).
  *
  * Block layouts are ggml's (ggml-common.h in ggml-org/llama.cpp): block_q4_0, block_q4_1, block_q5_0,
- * block_q5_1, block_q8_0, block_q8_1, block_q4_K, block_q5_K, block_q6_K, block_q8_K, f16, bf16, f32.
+ * block_q5_1, block_q8_0, block_q8_1, block_q2_K, block_q3_K, block_q4_K, block_q5_K, block_q6_K, block_q8_K,
+ * f16, bf16, f32.
  *
  * A matmul multiplies weight rows (type W) with activation rows quantized ONCE per matmul to W's
  * vec_dot type, exactly as ggml-cpu pairs them (type_traits_cpu[W].vec_dot_type):
  *   Q4_0, Q5_0, Q8_0, IQ4_NL -> Q8_0      Q4_1, Q5_1 -> Q8_1
- *   Q4_K, Q5_K, Q6_K          -> Q8_K      F16 -> F16     BF16 -> BF16     F32 -> F32
+ *   Q2_K .. Q6_K              -> Q8_K      F16 -> F16     BF16 -> BF16     F32 -> F32
  * Activation quantizers round with round-to-nearest-even (rint), in every code path, so every code path
  * produces bit-identical quantized activations; dot products then differ only by float summation order.
  */

@@ -27,7 +27,7 @@ specs = [store.spec_for(a) for a in ("smollm2-135m", "gemma3-270m")]
 paths = [store.cached_path(s) for s in specs if store.is_cached(s)]
 k.write_case_file(out / "cases.bin", k.random_cases() + k.model_cases(paths))
 rng = np.random.default_rng(5)
-rows = [(t, 1024 if t in (T.Q4_K, T.Q5_K, T.Q6_K) else 576) for t in k.RANDOM_SHAPES]
+rows = [(t, 1024 if t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K) else 576) for t in k.RANDOM_SHAPES]
 bench = [k.Case(f"{t.name}/n={n}", t, rng.standard_normal(n).astype(np.float32), k._random_weight(rng, t, n))
          for t, n in rows]
 k.write_case_file(out / "bench.bin", bench)

@@ -135,7 +135,7 @@ def test_get_rows_dequantizes_bit_exactly(nb, t):
         nb.get_rows(nb.bind(qt), np.array([9]))
 
 
-@pytest.mark.parametrize("t", [T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K, T.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [T.Q4_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q6_K, T.F16], ids=lambda t: t.name)
 def test_matmul_gives_the_same_bits_on_1_2_and_3_threads(nb, t):
     w = nb.bind(random_weight(t, 300, 512))
     for n in (1, 9, 40):

@@ -41,6 +41,8 @@ RANDOM_SHAPES = {
     T.Q5_1: (64, 640),
     T.Q8_0: (32, 576, 640),
     T.IQ4_NL: (32, 576),
+    T.Q2_K: (256, 1024, 2304),
+    T.Q3_K: (256, 1024, 2304),
     T.Q4_K: (256, 1024),
     T.Q5_K: (256, 1024),
     T.Q6_K: (256, 2048),
@@ -140,8 +142,10 @@ def _random_weight(rng: np.random.Generator, t: T, n: int) -> np.ndarray:
     # no reference quantizer (IQ4_NL, K-quants): random bytes are valid quants; give the scales sane values
     blocks = rng.integers(0, 256, (n // q.block_size, q.type_size), dtype=np.uint8)
     scale = (rng.random((len(blocks), 2)) * 0.02 + 0.001).astype("<f2").view(np.uint8)
-    if t == T.Q6_K:
+    if t in (T.Q3_K, T.Q6_K):
         blocks[:, -2:] = scale[:, :2]  # d is the last field
+    elif t == T.Q2_K:
+        blocks[:, -4:] = scale  # d, dmin close the block
     else:
         width = 4 if t in (T.Q4_K, T.Q5_K) else 2  # d (and dmin) lead the block
         blocks[:, :width] = scale[:, :width]

@@ -1,11 +1,12 @@
 /* AVX2 + FMA + F16C kernels, compiled with a target pragma so a build without -march carries them.
  *
  * Mirrors ggml-org/llama.cpp ggml/src/ggml-cpu/arch/x86/quants.c (the __AVX2__ branches of
- * quantize_row_q8_0/q8_1 and ggml_vec_dot_{q4_0,q4_1,q5_0,q5_1,q8_0,iq4_nl}_q8_0/1, q{4,5,6}_K_q8_K) and
- * vec.cpp (ggml_vec_dot_f16/bf16/f32). Differences: the legacy dots run two blocks per iteration into two
- * accumulators (the FMA chain, not the ALUs, bounds ggml's one-accumulator loop), Q4_1/Q5_1 form
- * (dx*dy, m*s) with one F16C conversion of each 4-byte block head, and Q8_K is vectorized (ggml uses the
- * scalar reference on x86). Every quantizer rounds to nearest even, bit-identical to scalar.c.
+ * quantize_row_q8_0/q8_1 and ggml_vec_dot_{q4_0,q4_1,q5_0,q5_1,q8_0,iq4_nl}_q8_0/1, q{4,5,6}_K_q8_K; Q2_K
+ * and Q3_K live in avx2_q23k.c) and vec.cpp (ggml_vec_dot_f16/bf16/f32). Differences: the legacy dots run
+ * two blocks per iteration into two accumulators (the FMA chain, not the ALUs, bounds ggml's
+ * one-accumulator loop), Q4_1/Q5_1 form (dx*dy, m*s) with one F16C conversion of each 4-byte block head,
+ * and Q8_K is vectorized (ggml uses the scalar reference on x86). Every quantizer rounds to nearest even,
+ * bit-identical to scalar.c.
  */
 #include "ed_blocks.h"
 
@@ -745,6 +746,7 @@ int ed_fill_avx2(ed_kernel_table *t) {
     t->types[ED_Q4_K].vec_dot_nx = vec_dot_nx_q4_K;
     t->types[ED_Q5_K].vec_dot_nx = vec_dot_nx_q5_K;
     t->types[ED_Q6_K].vec_dot_nx = vec_dot_nx_q6_K;
+    ed_fill_avx2_q23k(t); /* Q2_K, Q3_K: avx2_q23k.c */
     t->types[ED_BF16].vec_dot = vec_dot_bf16;
     t->types[ED_F32].vec_dot = vec_dot_f32;
     t->from_float[ED_Q8_0] = quantize_q8_0;

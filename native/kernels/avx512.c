@@ -210,6 +210,86 @@ static void vec_dot_q6_K(int n, float *s, const void *vx, const void *vy) {
     *s = hsum_f32x8(acc);
 }
 
+/* Q2_K and Q3_K: per 128-element half, the 2-bit fields at bit offsets 0, 2 (quants 0..63) and 4, 6
+ * (64..127) of the same 32 bytes make two 64-quant vectors; scale k covers quants 16k .. 16k+15 */
+static inline void q23_half(const uint8_t *qs, __m512i *qa, __m512i *qb) {
+    const __m512i m3 = _mm512_set1_epi8(3);
+    const __m256i bits = _mm256_loadu_si256((const __m256i *)qs);
+    *qa = _mm512_and_si512(join256(bits, _mm256_srli_epi16(bits, 2)), m3);
+    *qb = _mm512_and_si512(join256(_mm256_srli_epi16(bits, 4), _mm256_srli_epi16(bits, 6)), m3);
+}
+
+/* Σ scale * q * q8 over one half h (q8 = its 128 activations), scales as int16 lanes 0..15 */
+static inline __m512i q23_dot_half(__m512i qa, __m512i qb, __m512i scales, const int8_t *q8, int h) {
+    const __m512i pa = _mm512_maddubs_epi16(qa, _mm512_loadu_si512((const void *)q8));
+    const __m512i pb = _mm512_maddubs_epi16(qb, _mm512_loadu_si512((const void *)(q8 + 64)));
+    const short b = (short)(8 * h);
+    const __m512i sa = _mm512_permutexvar_epi16(idx16(b, b + 1, b + 2, b + 3), scales);
+    const __m512i sb = _mm512_permutexvar_epi16(idx16(b + 4, b + 5, b + 6, b + 7), scales);
+    return _mm512_add_epi32(_mm512_madd_epi16(sa, pa), _mm512_madd_epi16(sb, pb));
+}
+
+/* ggml_vec_dot_q2_K_q8_K (AVX2) at 64 quants per vpmaddubsw: scales in the low nibbles, mins (against
+ * Q8_K's bsums) in the high ones */
+static void vec_dot_q2_K(int n, float *s, const void *vx, const void *vy) {
+    const block_q2_K *x = vx;
+    const block_q8_K *y = vy;
+    const __m128i m4 = _mm_set1_epi8(0xF);
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / QK_K; i++) {
+        const float d = y[i].d * ed_f16_table[ed_load_u16(&x[i].d)];
+        const float dmin = -y[i].d * ed_f16_table[ed_load_u16(&x[i].dmin)];
+        const __m128i ms = _mm_loadu_si128((const __m128i *)x[i].scales);
+        const __m256i mins = _mm256_cvtepi8_epi16(_mm_and_si128(_mm_srli_epi16(ms, 4), m4));
+        const __m256i prod = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)y[i].bsums));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc);
+        const __m512i scales = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_and_si128(ms, m4)));
+        __m512i sumi = _mm512_setzero_si512();
+        for (int h = 0; h < QK_K / 128; h++) {
+            __m512i qa, qb;
+            q23_half(x[i].qs + 32 * h, &qa, &qb);
+            sumi = _mm512_add_epi32(sumi, q23_dot_half(qa, qb, scales, y[i].qs + 128 * h, h));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(add_halves_i32(sumi)), acc);
+    }
+    *s = hsum_f32x8(acc);
+}
+
+/* ggml_vec_dot_q3_K_q8_K (AVX2) at 64 quants per vpmaddubsw. As in avx2_q23k.c the quants stay unsigned
+ * (+4 where the hmask bit is set, by a masked add) and 4 * Σ scale * bsum comes off once per block. */
+static void vec_dot_q3_K(int n, float *s, const void *vx, const void *vy) {
+    const block_q3_K *x = vx;
+    const block_q8_K *y = vy;
+    const __m512i four = _mm512_set1_epi8(4);
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / QK_K; i++) {
+        const float d = y[i].d * ed_f16_table[ed_load_u16(&x[i].d)];
+        uint32_t utmp[4];
+        ed_unpack_scales_q3(x[i].scales, utmp);
+        const __m128i s8 = _mm_sub_epi8(_mm_set_epi32((int)utmp[3], (int)utmp[2], (int)utmp[1], (int)utmp[0]),
+                                        _mm_set1_epi8(32));
+        const __m256i sc16 = _mm256_cvtepi8_epi16(s8);
+        const __m256i bsums = _mm256_loadu_si256((const __m256i *)y[i].bsums);
+        const __m256i bias = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 2);
+        const __m512i scales = _mm512_castsi256_si512(sc16);
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)x[i].hmask);
+        const __m512i hbits = join256(hm, hm);
+        __m512i sumi = _mm512_setzero_si512();
+        for (int h = 0; h < QK_K / 128; h++) {
+            __m512i qa, qb; /* chunk c (32 quants) of the block takes bit c of hmask[0..31] */
+            q23_half(x[i].qs + 32 * h, &qa, &qb);
+            const __m512i sa = join256(_mm256_set1_epi8((char)(1 << (4 * h))), _mm256_set1_epi8((char)(2 << (4 * h))));
+            const __m512i sb = join256(_mm256_set1_epi8((char)(4 << (4 * h))), _mm256_set1_epi8((char)(8 << (4 * h))));
+            qa = _mm512_mask_add_epi8(qa, _mm512_test_epi8_mask(hbits, sa), qa, four);
+            qb = _mm512_mask_add_epi8(qb, _mm512_test_epi8_mask(hbits, sb), qb, four);
+            sumi = _mm512_add_epi32(sumi, q23_dot_half(qa, qb, scales, y[i].qs + 128 * h, h));
+        }
+        const __m256i total = _mm256_sub_epi32(add_halves_i32(sumi), bias);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(total), acc);
+    }
+    *s = hsum_f32x8(acc);
+}
+
 /* ---------------------------------------------------------- float types: 2 x 16 f32 lanes, FMA */
 
 #define FLOAT_DOT512(name, T, LOAD, CONV)                                                \
@@ -257,6 +337,8 @@ int ed_fill_avx512(ed_kernel_table *t) {
         set_legacy_vnni(t);
     else
         set_legacy_bw(t);
+    t->types[ED_Q2_K].vec_dot = vec_dot_q2_K;
+    t->types[ED_Q3_K].vec_dot = vec_dot_q3_K;
     t->types[ED_Q4_K].vec_dot = vec_dot_q4_K;
     t->types[ED_Q5_K].vec_dot = vec_dot_q5_K;
     t->types[ED_Q6_K].vec_dot = vec_dot_q6_K;

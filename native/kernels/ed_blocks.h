@@ -23,6 +23,10 @@ typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[QK / 2]; } block_q5_1;
 typedef struct { uint16_t d; int8_t qs[QK]; } block_q8_0;
 typedef struct { uint16_t d, s; int8_t qs[QK]; } block_q8_1; /* s = f16(d * sum(qs)) */
 typedef struct { uint16_t d; uint8_t qs[QK / 2]; } block_iq4_nl;
+/* Q2_K: 16 bytes of (min << 4 | scale) per 16 quants, 2-bit quants, then the super-block d and dmin */
+typedef struct { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; uint16_t d, dmin; } block_q2_K;
+/* Q3_K: the third bit of each quant, 2-bit quants, 16 6-bit scales (packed, +32), d */
+typedef struct { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; uint16_t d; } block_q3_K;
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } block_q4_K;
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K;
 typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; } block_q6_K;
@@ -36,6 +40,8 @@ _Static_assert(sizeof(block_q5_1) == 24, "block_q5_1");
 _Static_assert(sizeof(block_q8_0) == 34, "block_q8_0");
 _Static_assert(sizeof(block_q8_1) == 36, "block_q8_1");
 _Static_assert(sizeof(block_iq4_nl) == 18, "block_iq4_nl");
+_Static_assert(sizeof(block_q2_K) == 84, "block_q2_K");
+_Static_assert(sizeof(block_q3_K) == 110, "block_q3_K");
 _Static_assert(sizeof(block_q4_K) == 144, "block_q4_K");
 _Static_assert(sizeof(block_q5_K) == 176, "block_q5_K");
 _Static_assert(sizeof(block_q6_K) == 210, "block_q6_K");
@@ -104,6 +110,18 @@ static inline void ed_unpack_scales_k4(const uint8_t *scales, uint32_t utmp[4]) 
     utmp[0] &= kmask1;
 }
 
+/* Q3_K: 12 bytes -> 16 6-bit scales as bytes 0..63 (ggml's aux shuffle in ggml_vec_dot_q3_K_q8_K; the
+ * kernels subtract the +32 bias themselves) */
+static inline void ed_unpack_scales_q3(const uint8_t *scales, uint32_t utmp[4]) {
+    const uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f;
+    uint32_t aux[3];
+    memcpy(aux, scales, 12);
+    utmp[3] = ((aux[1] >> 4) & kmask2) | (((aux[2] >> 6) & kmask1) << 4);
+    utmp[2] = ((aux[0] >> 4) & kmask2) | (((aux[2] >> 4) & kmask1) << 4);
+    utmp[1] = (aux[1] & kmask2) | (((aux[2] >> 2) & kmask1) << 4);
+    utmp[0] = (aux[0] & kmask2) | (((aux[2] >> 0) & kmask1) << 4);
+}
+
 /* f16 -> f32 for every f16 bit pattern (256 KiB), filled before any table is handed out. The SIMD dots
  * convert block scales with it, as ggml-cpu does on x86 (ggml_table_f32_f16): a load instead of F16C
  * conversions that compete with the dot product for the floating-point pipes. */
@@ -115,6 +133,7 @@ void ed_table_init_common(ed_kernel_table *t, int level);
 /* Per-level table builders; each returns 0 when that level is not compiled into this build. */
 int ed_fill_scalar(ed_kernel_table *t);
 int ed_fill_avx2(ed_kernel_table *t);
+void ed_fill_avx2_q23k(ed_kernel_table *t); /* the AVX2 Q2_K/Q3_K kernels, set by ed_fill_avx2 */
 int ed_fill_avx512(ed_kernel_table *t);
 int ed_fill_neon(ed_kernel_table *t, int dotprod);
 

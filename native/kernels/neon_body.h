@@ -1,6 +1,6 @@
 /* The NEON dots, included twice by neon.c: ED_DOTPROD 1 (sdot, under a +dotprod target pragma) and
  * ED_DOTPROD 0 (baseline ARMv8-A). Mirrors ggml-org/llama.cpp ggml/src/ggml-cpu/arch/arm/quants.c: the
- * __ARM_NEON branches of ggml_vec_dot_{q4_0,q4_1,q5_0,q5_1,q8_0,iq4_nl}_q8_0/1 and q{4,5,6}_K_q8_K, where
+ * __ARM_NEON branches of ggml_vec_dot_{q4_0,q4_1,q5_0,q5_1,q8_0,iq4_nl}_q8_0/1 and q{2,3,4,5,6}_K_q8_K, where
  * ggml_vdotq_s32 is sdot or its fallback. The fallback here is smull + smlal2 + sadalp (3 instructions per
  * 16 bytes; ggml's takes 6): exact, since every pair of products fits int16 (|x| <= 128, |y| <= 127).
  */
@@ -201,6 +201,86 @@ static void ED_SFX(vec_dot_q6_K)(int n, float *s, const void *vx, const void *vy
     *s = sumf;
 }
 
+/* Q2_K/Q3_K: Σ over 32 quants with two scales, (q0 . y[0..15]) * s0 + (q1 . y[16..31]) * s1 */
+static inline int32_t ED_SFX(dot32s)(uint8x16_t q0, uint8x16_t q1, const int8_t *y, int s0, int s1) {
+    return ED_SFX(dot16s)(q0, y) * s0 + ED_SFX(dot16s)(q1, y + 16) * s1;
+}
+
+static void ED_SFX(vec_dot_q2_K)(int n, float *s, const void *vx, const void *vy) {
+    const block_q2_K *x = vx;
+    const block_q8_K *y = vy;
+    const uint8x16_t m3 = vdupq_n_u8(3), m4 = vdupq_n_u8(0x0F);
+    float sum = 0.0f;
+    for (int i = 0; i < n / QK_K; i++) {
+        const float d = y[i].d * f16n(&x[i].d), dmin = -y[i].d * f16n(&x[i].dmin);
+        const uint8x16_t ms = vld1q_u8(x[i].scales);
+        uint8_t sc[16];
+        vst1q_u8(sc, vandq_u8(ms, m4));
+        /* mins (high nibbles) against Q8_K's 16 bsums */
+        const int16x8_t mn0 = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(vshrq_n_u8(ms, 4))));
+        const int16x8_t mn1 = vreinterpretq_s16_u16(vmovl_high_u8(vshrq_n_u8(ms, 4)));
+        const int16x8_t b0 = vld1q_s16(y[i].bsums), b1 = vld1q_s16(y[i].bsums + 8);
+        const int32x4_t s0 = vaddq_s32(vmull_s16(vget_low_s16(mn0), vget_low_s16(b0)), vmull_high_s16(mn0, b0));
+        const int32x4_t s1 = vaddq_s32(vmull_s16(vget_low_s16(mn1), vget_low_s16(b1)), vmull_high_s16(mn1, b1));
+        sum += dmin * (float)vaddvq_s32(vaddq_s32(s0, s1));
+        const uint8_t *q2 = x[i].qs;
+        const int8_t *q8 = y[i].qs;
+        int32_t isum = 0;
+        /* per 128-element half: bits 2k, 2k+1 of q2[0..31] are quants 32k .. 32k+31 */
+        for (int h = 0; h < QK_K / 128; h++, q2 += 32, q8 += 128) {
+            const uint8x16_t q0 = vld1q_u8(q2), q1 = vld1q_u8(q2 + 16);
+            const uint8_t *g = sc + 8 * h;
+            isum += ED_SFX(dot32s)(vandq_u8(q0, m3), vandq_u8(q1, m3), q8, g[0], g[1]);
+            isum += ED_SFX(dot32s)(vandq_u8(vshrq_n_u8(q0, 2), m3), vandq_u8(vshrq_n_u8(q1, 2), m3), q8 + 32, g[2],
+                                   g[3]);
+            isum += ED_SFX(dot32s)(vandq_u8(vshrq_n_u8(q0, 4), m3), vandq_u8(vshrq_n_u8(q1, 4), m3), q8 + 64, g[4],
+                                   g[5]);
+            isum += ED_SFX(dot32s)(vshrq_n_u8(q0, 6), vshrq_n_u8(q1, 6), q8 + 96, g[6], g[7]);
+        }
+        sum += d * (float)isum;
+    }
+    *s = sum;
+}
+
+/* Q3_K: the 2 low bits minus 4 where hmask's `bit` is clear, as int8 -4 .. 3 (bytes of a uint8x16_t) */
+static inline uint8x16_t ED_SFX(q3)(uint8x16_t low2, uint8x16_t hm, uint8_t bit) {
+    const uint8x16_t four = vbicq_u8(vdupq_n_u8(4), vtstq_u8(hm, vdupq_n_u8(bit)));
+    return vsubq_u8(low2, four);
+}
+
+static void ED_SFX(vec_dot_q3_K)(int n, float *s, const void *vx, const void *vy) {
+    const block_q3_K *x = vx;
+    const block_q8_K *y = vy;
+    const uint8x16_t m3 = vdupq_n_u8(3);
+    float sum = 0.0f;
+    for (int i = 0; i < n / QK_K; i++) {
+        uint32_t utmp[4];
+        ed_unpack_scales_q3(x[i].scales, utmp);
+        int8_t sc[16];
+        vst1q_s8(sc, vsubq_s8(vreinterpretq_s8_u32(vld1q_u32(utmp)), vdupq_n_s8(32)));
+        const uint8x16_t h0 = vld1q_u8(x[i].hmask), h1 = vld1q_u8(x[i].hmask + 16);
+        const uint8_t *q3 = x[i].qs;
+        const int8_t *q8 = y[i].qs;
+        int32_t isum = 0;
+        /* chunk c = 4h + k (quants 32c .. 32c+31) takes bits 2k, 2k+1 of q3[32h + l] and bit c of hmask[l] */
+        for (int h = 0; h < QK_K / 128; h++, q3 += 32, q8 += 128) {
+            const uint8x16_t q0 = vld1q_u8(q3), q1 = vld1q_u8(q3 + 16);
+            const int8_t *g = sc + 8 * h;
+            const uint8_t b = (uint8_t)(1 << (4 * h));
+            isum += ED_SFX(dot32s)(ED_SFX(q3)(vandq_u8(q0, m3), h0, b), ED_SFX(q3)(vandq_u8(q1, m3), h1, b), q8, g[0],
+                                   g[1]);
+            isum += ED_SFX(dot32s)(ED_SFX(q3)(vandq_u8(vshrq_n_u8(q0, 2), m3), h0, b << 1),
+                                   ED_SFX(q3)(vandq_u8(vshrq_n_u8(q1, 2), m3), h1, b << 1), q8 + 32, g[2], g[3]);
+            isum += ED_SFX(dot32s)(ED_SFX(q3)(vandq_u8(vshrq_n_u8(q0, 4), m3), h0, b << 2),
+                                   ED_SFX(q3)(vandq_u8(vshrq_n_u8(q1, 4), m3), h1, b << 2), q8 + 64, g[4], g[5]);
+            isum += ED_SFX(dot32s)(ED_SFX(q3)(vshrq_n_u8(q0, 6), h0, b << 3), ED_SFX(q3)(vshrq_n_u8(q1, 6), h1, b << 3),
+                                   q8 + 96, g[6], g[7]);
+        }
+        sum += (y[i].d * f16n(&x[i].d)) * (float)isum;
+    }
+    *s = sum;
+}
+
 static void ED_SFX(set_dots)(ed_kernel_table *t) {
     t->types[ED_Q4_0].vec_dot = ED_SFX(vec_dot_q4_0);
     t->types[ED_Q4_1].vec_dot = ED_SFX(vec_dot_q4_1);
@@ -208,6 +288,8 @@ static void ED_SFX(set_dots)(ed_kernel_table *t) {
     t->types[ED_Q5_1].vec_dot = ED_SFX(vec_dot_q5_1);
     t->types[ED_Q8_0].vec_dot = ED_SFX(vec_dot_q8_0);
     t->types[ED_IQ4_NL].vec_dot = ED_SFX(vec_dot_iq4_nl);
+    t->types[ED_Q2_K].vec_dot = ED_SFX(vec_dot_q2_K);
+    t->types[ED_Q3_K].vec_dot = ED_SFX(vec_dot_q3_K);
     t->types[ED_Q4_K].vec_dot = ED_SFX(vec_dot_q4_K);
     t->types[ED_Q5_K].vec_dot = ED_SFX(vec_dot_q5_K);
     t->types[ED_Q6_K].vec_dot = ED_SFX(vec_dot_q6_K);

@@ -192,6 +192,62 @@ static int mins_dot_bsums(const uint8_t *mins, const int16_t *bsums) {
     return sum;
 }
 
+/* ggml_vec_dot_q2_K_q8_K_generic. Each 16 quants have a 4-bit scale (low nibble of scales[j]) and a 4-bit
+ * min (high nibble); bits 2k, 2k+1 of qs[32h + l] are quant 128h + 32k + l. */
+static void vec_dot_q2_K(int n, float *s, const void *vx, const void *vy) {
+    const block_q2_K *x = vx;
+    const block_q8_K *y = vy;
+    float sumf = 0.0f;
+    for (int i = 0; i < n / QK_K; i++) {
+        const uint8_t *q2 = x[i].qs, *sc = x[i].scales;
+        const int8_t *q8 = y[i].qs;
+        int summs = 0;
+        for (int j = 0; j < QK_K / 16; j++) summs += y[i].bsums[j] * (sc[j] >> 4);
+        int isum = 0;
+        for (int h = 0; h < QK_K / 128; h++, q2 += 32)
+            for (int shift = 0; shift < 8; shift += 2, q8 += 32, sc += 2) {
+                int lo = 0, hi = 0; /* quants 0..15 and 16..31 of this chunk: two scale groups */
+                for (int l = 0; l < 16; l++) {
+                    lo += q8[l] * ((q2[l] >> shift) & 3);
+                    hi += q8[l + 16] * ((q2[l + 16] >> shift) & 3);
+                }
+                isum += (sc[0] & 0xF) * lo + (sc[1] & 0xF) * hi;
+            }
+        const float dall = y[i].d * ed_f16_table[ed_load_u16(&x[i].d)];
+        const float dmin = y[i].d * ed_f16_table[ed_load_u16(&x[i].dmin)];
+        sumf += dall * (float)isum - dmin * (float)summs;
+    }
+    *s = sumf;
+}
+
+/* ggml_vec_dot_q3_K_q8_K_generic: quant = the 2 low bits in qs (laid out as Q2_K's), minus 4 where its
+ * hmask bit (bit 4h + k of hmask[l] for chunk k of half h) is clear; 16 6-bit scales stored +32. ggml's
+ * generic code spreads the integer sums over 8 float lanes; as vec_dot_q6_K, one exact sum per block here. */
+static void vec_dot_q3_K(int n, float *s, const void *vx, const void *vy) {
+    const block_q3_K *x = vx;
+    const block_q8_K *y = vy;
+    float sumf = 0.0f;
+    for (int i = 0; i < n / QK_K; i++) {
+        uint32_t utmp[4];
+        ed_unpack_scales_q3(x[i].scales, utmp);
+        const uint8_t *q3 = x[i].qs, *hm = x[i].hmask, *sc = (const uint8_t *)utmp;
+        const int8_t *q8 = y[i].qs;
+        int sumi = 0;
+        unsigned m = 1;
+        for (int h = 0; h < QK_K / 128; h++, q3 += 32)
+            for (int shift = 0; shift < 8; shift += 2, m <<= 1, q8 += 32, sc += 2) {
+                int lo = 0, hi = 0;
+                for (int l = 0; l < 16; l++) {
+                    lo += q8[l] * (((q3[l] >> shift) & 3) - (hm[l] & m ? 0 : 4));
+                    hi += q8[l + 16] * (((q3[l + 16] >> shift) & 3) - (hm[l + 16] & m ? 0 : 4));
+                }
+                sumi += (sc[0] - 32) * lo + (sc[1] - 32) * hi;
+            }
+        sumf += (ed_f16_table[ed_load_u16(&x[i].d)] * y[i].d) * (float)sumi;
+    }
+    *s = sumf;
+}
+
 static void vec_dot_q4_K(int n, float *s, const void *vx, const void *vy) {
     const block_q4_K *x = vx;
     const block_q8_K *y = vy;
@@ -300,6 +356,8 @@ int ed_fill_scalar(ed_kernel_table *t) {
     t->types[ED_Q5_1].vec_dot = vec_dot_q5_1;
     t->types[ED_Q8_0].vec_dot = vec_dot_q8_0;
     t->types[ED_IQ4_NL].vec_dot = vec_dot_iq4_nl;
+    t->types[ED_Q2_K].vec_dot = vec_dot_q2_K;
+    t->types[ED_Q3_K].vec_dot = vec_dot_q3_K;
     t->types[ED_Q4_K].vec_dot = vec_dot_q4_K;
     t->types[ED_Q5_K].vec_dot = vec_dot_q5_K;
     t->types[ED_Q6_K].vec_dot = vec_dot_q6_K;
