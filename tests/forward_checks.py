@@ -78,14 +78,17 @@ def check_forced_steps(llm, case: dict) -> tuple[int, list[str]]:
     return len(notes), notes
 
 
-def teacher_forced_kl(llm, alias: str) -> tuple[float, int, float]:
-    """(mean KL(llama.cpp || ours), confident disagreements, top-1 agreement) over the fixture text.
+def teacher_forced_kl(llm, alias: str, n_tokens: int | None = None) -> tuple[float, int, float]:
+    """(mean KL(llama.cpp || ours), confident disagreements, top-1 agreement) over the fixture text (its
+    first n_tokens tokens, if given).
 
     llama.cpp's distribution is kept as its top-256 tokens plus one bin for the rest; ours is folded onto
     the same bins, which can only lower the KL by the (tiny) divergence inside the tail bin.
     """
     f = np.load(FIX / f"{alias}-teacher.npz")
     tokens, top_ids, top_lp = f["tokens"], f["top_ids"], f["top_logprobs"].astype(np.float64)
+    if n_tokens is not None:
+        tokens, top_ids, top_lp = tokens[:n_tokens], top_ids[:n_tokens], top_lp[:n_tokens]
     logits = llm.logits(tokens.tolist()).astype(np.float64)
     lse = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)) + logits.max(
         1, keepdims=True

@@ -1,5 +1,6 @@
-"""The continuous-batching engine on the real SmolLM2 (numba backend): batched and chunked results equal
-single-stream ones, cancellation, isolation of a failing request, preemption, prefix-cache reuse."""
+"""The continuous-batching engine on the real SmolLM2 (native, the default backend, and numba): batched and
+chunked results equal single-stream ones, cancellation, isolation of a failing request, preemption,
+prefix-cache reuse."""
 
 from __future__ import annotations
 
@@ -11,11 +12,15 @@ from edgellm.sampler import SamplingParams
 GREEDY = SamplingParams(temperature=0.0)
 
 
-@pytest.fixture(scope="module")
-def llm(smollm2_path):
+@pytest.fixture(scope="module", params=["native", "numba"])
+def llm(smollm2_path, request):
     import edgellm
+    from edgellm.backends import BackendUnavailable
 
-    return edgellm.LLM(smollm2_path, backend="numba", n_ctx=256, threads=1)
+    try:
+        return edgellm.LLM(smollm2_path, backend=request.param, n_ctx=256, threads=1)
+    except BackendUnavailable as e:
+        pytest.skip(str(e))
 
 
 def _engine(llm, start: bool = True, **kw) -> Engine:

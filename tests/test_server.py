@@ -29,13 +29,13 @@ def _free_port() -> int:
 
 
 class Server:
-    def __init__(self, model, log_path, *args: str, env: dict | None = None):
+    def __init__(self, model, log_path, *args: str, env: dict | None = None, backend: str = "native"):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "edgellm", "serve", str(model), "--port", str(self.port)]
         # one thread: results do not depend on it, and two threads of a busy two-core machine wait on each
         # other at every parallel op
-        cmd += ["--backend", "numba", "-t", "1", "-c", str(N_CTX), *args]
+        cmd += ["--backend", backend, "-t", "1", "-c", str(N_CTX), *args]
         self.log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
@@ -107,7 +107,8 @@ def server(smollm2_path, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def small_server(smollm2_path, tmp_path_factory):
-    """One slot, one queue place, an API key from the environment, a 2 s shutdown grace."""
+    """One slot, one queue place, an API key from the environment, a 2 s shutdown grace; on the numba
+    backend (the main server runs the default, native)."""
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
     s = Server(
@@ -115,6 +116,7 @@ def small_server(smollm2_path, tmp_path_factory):
         tmp_path_factory.mktemp("serve") / "small.log",
         *("--parallel", "1", "--queue-size", "1", "--shutdown-grace", "2"),
         env={"EDGELLM_API_KEY": KEY},
+        backend="numba",
     )
     try:
         s.wait_ready()

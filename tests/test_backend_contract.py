@@ -1,0 +1,262 @@
+"""One contract for every backend: each op's body runs on every backend registered here, against the exact
+reference backend (the oracle), through the backend's own arrays (from_host / to_host), so a new backend
+(a device one included) gets all of it by adding one entry to CONTRACT_BACKENDS.
+
+Tolerances: matmuls within REL_TOL of the output's scale (sum |x| |w|): the fast kernels sum in float32 in
+their own order, ~1e-7 of it; elementwise ops within a few float32 ulps (their exp/tanh are their own);
+RMSNorm, RoPE, get_rows, add, scale and columns bit for bit (they are the same float32 operations).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from forward_checks import KL_MAX, teacher_forced_kl
+from gguf import GGMLQuantizationType as T
+from test_arch_tiny import CASES, TOKENS, build
+from toy_device import ToyDeviceBackend
+
+from edgellm import quants
+from edgellm.backends import BACKENDS, BackendUnavailable, get_backend
+from edgellm.backends.base import RopeSpec
+from edgellm.backends.reference import ReferenceBackend, activation_roundtrip
+from edgellm.gguf import ModelFile, QTensor
+
+
+def _registered(name: str):
+    return lambda threads=None: get_backend(name, threads)
+
+
+# name -> factory(threads=...): every registered backend, and the toy device (tests/toy_device.py)
+CONTRACT_BACKENDS = {**{n: _registered(n) for n in BACKENDS}, "toy-device": ToyDeviceBackend}
+REL_TOL = 1e-5
+QUANTIZABLE = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.F32, T.F16, T.BF16]
+RANDOM_BLOCKS = {
+    T.Q2_K: (80, 82),
+    T.Q3_K: (108,),
+    T.Q4_K: (0, 2),
+    T.Q5_K: (0, 2),
+    T.Q6_K: (208,),
+    T.IQ4_NL: (0,),
+}
+ALL_TYPES = QUANTIZABLE + list(RANDOM_BLOCKS)
+_MADE: dict = {}
+
+
+def _backend(name: str, threads: int | None = None):
+    key = (name, threads)
+    if key not in _MADE:
+        try:
+            _MADE[key] = CONTRACT_BACKENDS[name](threads=threads)
+        except BackendUnavailable as e:
+            _MADE[key] = e
+    b = _MADE[key]
+    if isinstance(b, BackendUnavailable):
+        pytest.skip(str(b))
+    return b
+
+
+@pytest.fixture(params=list(CONTRACT_BACKENDS))
+def b(request):
+    return _backend(request.param)
+
+
+rng = np.random.default_rng(2024)
+ORACLE = ReferenceBackend()
+
+
+def _qtensor(data: np.ndarray, t: T, k: int) -> QTensor:
+    data = np.ascontiguousarray(data).reshape(-1, quants.row_nbytes(t, k))
+    return QTensor("w", t, (k, data.shape[0]), 0, data.nbytes, data)
+
+
+def random_weight(t: T, m: int, k: int) -> QTensor:
+    """m x k weight of type t: quantized random normals, or random blocks with trained-size f16 scales
+    where the reference has no quantizer."""
+    if t in QUANTIZABLE:
+        return _qtensor(quants.quantize(rng.standard_normal((m, k)).astype(np.float32), t), t, k)
+    q = quants.quant_type(t)
+    blocks = rng.integers(0, 256, (m * k // q.block_size, q.type_size), dtype=np.uint8)
+    for o in RANDOM_BLOCKS[t]:
+        s = (rng.uniform(0.5, 2.0, len(blocks)) * rng.choice([-1, 1], len(blocks)) * 2e-3).astype("<f2")
+        blocks[:, o : o + 2] = s.view(np.uint8).reshape(-1, 2)
+    return _qtensor(blocks, t, k)
+
+
+def assert_matmul_matches_oracle(b, qt: QTensor, x: np.ndarray) -> None:
+    if qt.type == T.BF16:  # ggml rounds activations to bf16 for BF16 weights
+        x = quants.dequantize(quants.quantize(x, T.BF16), T.BF16, x.shape)
+    want = ORACLE.matmul(ORACLE.bind(qt), x)
+    got = b.to_host(b.matmul(b.bind(qt), b.from_host(x)))
+    assert got.shape == want.shape and got.dtype == np.float32
+    scale = (np.abs(activation_roundtrip(x, qt.type)) @ np.abs(ORACLE.bind(qt).f32).T).max()
+    err = float(np.abs(got - want).max() / scale)
+    assert err < REL_TOL, f"{b.name} {qt.type.name}: error {err:.2e} of the output scale"
+
+
+# -- weights -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [1, 4, 37], ids=["decode", "batch", "prompt"])
+@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+def test_matmul_of_every_type_on_random_rows(b, t, n):
+    assert b.supports("matmul", t), f"{b.name} has no {t.name} matmul kernel"  # every common type is covered
+    qt = random_weight(t, 41, 512)
+    x = (rng.standard_normal((n, 512)) * rng.uniform(0.1, 10)).astype(np.float32)
+    x[0, :64] *= 20  # an outlier block, as real activations have
+    assert_matmul_matches_oracle(b, qt, x)
+
+
+@pytest.mark.parametrize(
+    "fixture,names",
+    [
+        ("smollm2_path", ["blk.0.attn_q.weight", "blk.5.ffn_down.weight", "token_embd.weight"]),
+        (
+            "gemma3_path",
+            ["blk.0.attn_q.weight", "blk.0.attn_v.weight", "blk.2.ffn_down.weight", "token_embd.weight"],
+        ),
+    ],
+)
+def test_matmul_and_get_rows_on_real_rows(b, request, fixture, names):
+    mf = ModelFile(request.getfixturevalue(fixture))
+    for name in names:
+        full = mf.tensors[name]
+        data = full.data[:256]
+        qt = QTensor(name, full.type, (full.ne[0], data.shape[0]), full.offset, data.nbytes, data)
+        x = rng.standard_normal((3, full.ne[0])).astype(np.float32)
+        assert_matmul_matches_oracle(b, qt, x)
+        ids = np.array([0, 255, 7, 7, 100], np.int64)
+        rows = b.to_host(b.get_rows(b.bind(qt), ids))
+        np.testing.assert_array_equal(rows, quants.dequantize(data[ids], full.type, (len(ids), full.ne[0])))
+
+
+@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+def test_get_rows_is_the_exact_dequantization(b, t):
+    qt = random_weight(t, 9, 256)
+    ids = np.array([8, 0, 3, 3], np.int64)
+    got = b.to_host(b.get_rows(b.bind(qt), ids))
+    np.testing.assert_array_equal(got, quants.dequantize(qt.data[ids], t, (4, 256)))
+
+
+# -- attention -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "window,softcap", [(None, None), (5, None), (None, 20.0)], ids=["full", "window", "softcap"]
+)
+def test_attention_through_a_shuffled_block_table(b, window, softcap):
+    """Two sequences whose blocks are scattered over the pool, prefilled in one forward then decoded one
+    step, grouped-query heads (4 over 2): the oracle's outputs, and the next step reads what was written."""
+    n_kv, dh, bs = 2, 64, 4
+    caches = []
+    for backend in (ORACLE, b):
+        kv = backend.new_kv_cache(1, n_kv, dh, 32, 2, block_size=bs, n_blocks=16)
+        kv.block_table[:] = -1
+        kv.block_table[0, :4] = [9, 2, 14, 5]
+        kv.block_table[1, :3] = [0, 11, 7]
+        kv.table_written()
+        caches.append(kv)
+    seqs = np.array([0] * 13 + [1] * 9, np.int64)
+    pos = np.concatenate([np.arange(13), np.arange(9)]).astype(np.int64)
+    outs = []
+    for backend, kv in zip((ORACLE, b), caches):
+        r = np.random.default_rng(7)
+        q, k, v = (r.standard_normal((22, h, dh)).astype(np.float32) for h in (4, n_kv, n_kv))
+        first = backend.attention(*_up(backend, b, q, k, v), kv, 0, seqs, pos, 0.125, window, softcap)
+        q, k, v = (r.standard_normal((2, h, dh)).astype(np.float32) for h in (4, n_kv, n_kv))
+        at = (np.array([0, 1]), np.array([13, 9]))
+        step = backend.attention(*_up(backend, b, q, k, v), kv, 0, *at, 0.125, window, softcap)
+        outs.append([b.to_host(first), b.to_host(step)] if backend is b else [first, step])
+    for got, want in zip(outs[1], outs[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _up(backend, b, *arrays):
+    return [backend.from_host(a) for a in arrays] if backend is b else list(arrays)
+
+
+def test_attention_refuses_a_position_in_an_unmapped_block(b):
+    kv = b.new_kv_cache(1, 2, 64, 32, 1, block_size=4, n_blocks=4)
+    kv.block_table[:] = -1
+    kv.block_table[0, :1] = [3]
+    kv.table_written()
+    q, k, v = (b.from_host(np.ones((1, h, 64), np.float32)) for h in (2, 2, 2))
+    with pytest.raises(ValueError, match="no KV block"):
+        b.attention(q, k, v, kv, 0, np.array([0]), np.array([6]), 0.125)
+
+
+# -- the other ops -------------------------------------------------------------------------------------------
+ROPES = {
+    "normal": RopeSpec(64, 10000.0),
+    "neox": RopeSpec(64, 1e6, neox=True),
+    "partial-neox": RopeSpec(48, 10000.0, neox=True),
+    "linear-scaled": RopeSpec(64, 10000.0, freq_scale=0.25),
+    "freq-factors": RopeSpec(64, 500000.0, freq_factors=np.linspace(1, 8, 32).astype(np.float32)),
+}
+
+
+@pytest.mark.parametrize("rope", ROPES)
+def test_rope_variants_are_the_oracles_bits(b, rope):
+    x = rng.standard_normal((5, 3, 64)).astype(np.float32)
+    pos = np.array([0, 1, 17, 900, 4095], np.int64)
+    np.testing.assert_array_equal(
+        b.to_host(b.rope(b.from_host(x), pos, ROPES[rope])), ORACLE.rope(x, pos, ROPES[rope])
+    )
+
+
+def test_norms_and_elementwise_ops(b):
+    x = (rng.standard_normal((6, 256)) * 3).astype(np.float32)
+    w = rng.standard_normal(256).astype(np.float32)
+    g, u = rng.standard_normal((2, 6, 256)).astype(np.float32) * 4
+    X, W, G, U = (b.from_host(a) for a in (x, w, g, u))
+    eq = np.testing.assert_array_equal
+    eq(b.to_host(b.rms_norm(X, W, 1e-5)), ORACLE.rms_norm(x, w, 1e-5))
+    eq(b.to_host(b.rms_norm(X, None, 1e-6)), ORACLE.rms_norm(x, None, 1e-6))
+    heads = x.reshape(6, 4, 64)
+    eq(
+        b.to_host(b.rms_norm(b.from_host(heads), b.from_host(w[:64]), 1e-6)),
+        ORACLE.rms_norm(heads, w[:64], 1e-6),
+    )
+    np.testing.assert_allclose(b.to_host(b.silu_mul(G, U)), ORACLE.silu_mul(g, u), rtol=1e-6, atol=1e-7)
+    eq(b.to_host(b.gelu_mul(G, U)), ORACLE.gelu_mul(g, u))  # ggml's f16 table: the same lookups
+    np.testing.assert_allclose(
+        b.to_host(b.softcap(b.scale(G, 10.0), 30.0)),
+        ORACLE.softcap(g * np.float32(10), 30.0),
+        rtol=1e-6,
+        atol=1e-6,
+    )
+    eq(b.to_host(b.add(G, U)), g + u)
+    eq(b.to_host(b.add(G, b.from_host(u[0]))), g + u[0])  # a bias row
+    eq(b.to_host(b.scale(G, 0.125)), g * np.float32(0.125))
+    eq(b.to_host(b.columns(G, 10, 100)), g[:, 10:100])
+    eq(b.to_host(b.take_rows(G, np.array([5, 0]))), g[[5, 0]])
+
+
+# -- whole models --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(CONTRACT_BACKENDS))
+def test_the_same_bits_on_1_2_and_3_threads(tmp_path, name):
+    """Work is split by output rows, never by the summation: any thread count gives the same logits."""
+    outs = []
+    for t in (1, 2, 3):
+        _backend(name, t)  # skips if unavailable
+        model, *_ = build(tmp_path, dict(CASES["qwen2"]), backend="reference")
+        from edgellm.arch import load_model
+
+        m = load_model(ModelFile(next(tmp_path.glob("*.gguf"))), CONTRACT_BACKENDS[name](threads=t))
+        outs.append(
+            m.forward(
+                np.asarray(TOKENS),
+                np.arange(len(TOKENS)),
+                np.zeros(len(TOKENS), np.int64),
+                m.new_kv_cache(32, 1),
+            )
+        )
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+
+
+@pytest.mark.parametrize("name", ["native", "numba"])
+@pytest.mark.parametrize("alias", ["smollm2-135m", "gemma3-270m"])
+def test_teacher_forced_kl_against_llama_cpp_on_the_fast_backends(request, name, alias):
+    import edgellm
+
+    _backend(name)
+    path = request.getfixturevalue({"smollm2-135m": "smollm2_path", "gemma3-270m": "gemma3_path"}[alias])
+    llm = edgellm.LLM(path, backend=name, n_ctx=1024)
+    kl, confident, agree = teacher_forced_kl(llm, alias, n_tokens=256)
+    assert kl <= KL_MAX and agree > 0.9, f"{name} {alias}: mean KL {kl:.5f}, top-1 agreement {agree:.3f}"
