@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from forward_checks import KL_MAX, teacher_forced_kl
 from gguf import GGMLQuantizationType as T
-from test_arch_tiny import CASES, TOKENS, build
+from test_arch_tiny import CASES, TOKENS, TOL, build
 from toy_device import ToyDeviceBackend
 
 from edgellm import quants
@@ -260,3 +260,37 @@ def test_teacher_forced_kl_against_llama_cpp_on_the_fast_backends(request, name,
     llm = edgellm.LLM(path, backend=name, n_ctx=1024)
     kl, confident, agree = teacher_forced_kl(llm, alias, n_tokens=256)
     assert kl <= KL_MAX and agree > 0.9, f"{name} {alias}: mean KL {kl:.5f}, top-1 agreement {agree:.3f}"
+
+
+# -- coverage is declared ------------------------------------------------------------------------------------
+def test_a_weight_without_a_kernel_is_named_at_load_with_its_memory_cost(tmp_path, caplog, monkeypatch):
+    from edgellm.arch import fallback_report, load_model
+    from edgellm.backends.native import NativeBackend
+
+    nb = _backend("native")
+    model, spec, *_ = build(tmp_path, dict(CASES["qwen2"]), backend="reference")
+    mf = ModelFile(next(tmp_path.glob("*.gguf")))
+    assert fallback_report(mf, nb) is None  # F32 everywhere: covered
+    monkeypatch.setattr(NativeBackend, "kernel_types", lambda self, op: frozenset())
+    report = fallback_report(mf, nb)
+    n_matrices = 2 + 7 * spec.n_layer  # embedding, output, q/k/v/o/gate/up/down per layer
+    assert report.startswith(f"native: {n_matrices} of {n_matrices} weight matrices (F32 x{n_matrices})")
+    mib = sum(int(np.prod(t.shape)) * 4 for t in mf.tensors.values() if t.shape.count(1) < len(t.shape) - 1)
+    assert f"({mib / 2**20:.0f} MiB more memory" in report
+    with caplog.at_level("WARNING", logger="edgellm"):
+        m = load_model(mf, nb)
+    assert report in caplog.text
+    ref = load_model(mf, ORACLE)
+    args = (np.asarray(TOKENS), np.arange(len(TOKENS)), np.zeros(len(TOKENS), np.int64))
+    got, want = m.forward(*args, m.new_kv_cache(32, 1)), ref.forward(*args, ref.new_kv_cache(32, 1))
+    np.testing.assert_allclose(got, want, rtol=0, atol=TOL * np.abs(want).max())  # the fallback ran
+
+
+def test_auto_prefers_a_fast_backend_that_covers_the_file(monkeypatch):
+    from edgellm.backends.native import NativeBackend
+
+    _backend("native"), _backend("numba")
+    assert get_backend("auto", weight_types=[T.Q3_K]).name == "native"
+    monkeypatch.setattr(NativeBackend, "kernel_types", lambda self, op: frozenset({int(T.Q4_K)}))
+    assert get_backend("auto", weight_types=[T.Q4_K]).name == "native"
+    assert get_backend("auto", weight_types=[T.Q4_K, T.Q3_K]).name == "numba"
