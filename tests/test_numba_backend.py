@@ -27,9 +27,17 @@ from edgellm.gguf import ModelFile, QTensor
 
 REL_TOL = 1e-5
 QUANTIZABLE = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.F32, T.F16, T.BF16]
-RANDOM_BYTES = [T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL]  # no reference quantizer: random blocks, sane scales
+# no reference quantizer: random blocks, sane scales
+RANDOM_BYTES = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL]
 # byte offsets of each block's f16 scales (d, and dmin where there is one)
-F16_SCALES = {T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,), T.IQ4_NL: (0,)}
+F16_SCALES = {
+    T.Q2_K: (80, 82),
+    T.Q3_K: (108,),
+    T.Q4_K: (0, 2),
+    T.Q5_K: (0, 2),
+    T.Q6_K: (208,),
+    T.IQ4_NL: (0,),
+}
 
 rng = np.random.default_rng(1234)
 
@@ -105,7 +113,9 @@ def test_matmul_matches_reference_on_real_tensors(nb, request, alias, names):
             assert_matches_reference(nb, qt, x)
 
 
-@pytest.mark.parametrize("t", [T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K, T.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize(
+    "t", [T.Q4_1, T.Q5_0, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q6_K, T.F16], ids=lambda t: t.name
+)
 def test_one_and_two_threads_give_identical_bits(nb, t):
     qt = random_weight(t, 512, 512)
     one, two = NumbaBackend(threads=1), nb
@@ -133,6 +143,62 @@ def test_decode_and_prompt_paths_give_identical_bits(nb, t):
     together = nb.matmul(w, x)
     alone = np.concatenate([nb.matmul(w, x[i : i + 1]) for i in range(len(x))])
     assert np.array_equal(together, alone)
+
+
+def _ggml_q2_k_q3_k_dot(
+    t: T, row: np.ndarray, q8: np.ndarray, d8: np.ndarray, bsums: np.ndarray
+) -> np.float32:
+    """ggml_vec_dot_q2_K_q8_K_generic / ggml_vec_dot_q3_K_q8_K_generic (ggml-org/llama.cpp
+    ggml/src/ggml-cpu/quants.c) transcribed: exact integer sums, then their float32 steps in order."""
+    f32, sumf, sums = np.float32, np.float32(0), np.zeros(8, np.float32)
+    nbytes = quants.quant_type(t).type_size
+    for i, blk in enumerate(row.reshape(-1, nbytes)):
+        a = q8[256 * i : 256 * i + 256].astype(np.int64)
+        if t == T.Q2_K:  # scales[16] qs[64] d dmin
+            sc, qs = blk[:16].astype(np.int64), blk[16:80].astype(np.int64)
+            q = np.concatenate([(qs[32 * c : 32 * c + 32] >> s) & 3 for c in range(2) for s in (0, 2, 4, 6)])
+            isum = int(((sc & 15) * (a * q).reshape(16, 16).sum(1)).sum())
+            summs = int((bsums[16 * i : 16 * i + 16].astype(np.int64) * (sc >> 4)).sum())
+            d, dmin = blk[80:84].view("<f2").astype(f32)
+            sumf = f32(sumf + (f32(d8[i] * d) * f32(isum) - f32(d8[i] * dmin) * f32(summs)))
+            continue
+        hm, qs = blk[:32].astype(np.int64), blk[32:96].astype(np.int64)  # hmask[32] qs[64] scales[12] d
+        q = np.concatenate(
+            [
+                ((qs[32 * c : 32 * c + 32] >> 2 * s) & 3) - np.where(hm >> (4 * c + s) & 1, 0, 4)
+                for c in range(2)
+                for s in range(4)
+            ]
+        )
+        aux = blk[96:108].copy().view("<u4").astype(np.int64)  # the kmask1/kmask2 shuffle of the scales
+        k1, k2, tmp = 0x03030303, 0x0F0F0F0F, aux[2]
+        auxs = [
+            (aux[0] & k2) | (((tmp >> 0) & k1) << 4),
+            (aux[1] & k2) | (((tmp >> 2) & k1) << 4),
+            ((aux[0] >> 4) & k2) | (((tmp >> 4) & k1) << 4),
+            ((aux[1] >> 4) & k2) | (((tmp >> 6) & k1) << 4),
+        ]
+        scales = np.array(auxs, "<u4").view(np.int8).astype(np.int64) - 32
+        aux32 = ((a * q).reshape(16, 2, 8).sum(1) * scales[:, None]).sum(0)  # lane l: elements 8j + l
+        d = f32(blk[108:110].view("<f2")[0]) * d8[i]
+        sums = (sums + d * aux32.astype(f32)).astype(f32)
+    for v in sums:
+        sumf = f32(sumf + v)
+    return sumf
+
+
+@pytest.mark.parametrize("n", [1, 2, 5], ids=["decode", "decode2", "prompt"])
+@pytest.mark.parametrize("t", [T.Q2_K, T.Q3_K], ids=lambda t: t.name)
+def test_q2_k_and_q3_k_dots_are_ggmls_generic_bit_exact(nb, t, n):
+    """Both paths (fused for few rows, unpack-once for many) give ggml's *_generic float32 results."""
+    qt = random_weight(t, 6, 512)
+    x = (rng.standard_normal((n, 512)) * 3).astype(np.float32)
+    x[0, :64] *= 20
+    qa, da, bs = np.empty((n, 512), np.int8), np.empty((n, 2), np.float32), np.empty((n, 32), np.int32)
+    common.quantize_q8_k(x, qa, da, bs)
+    want = np.array([[_ggml_q2_k_q3_k_dot(t, row, qa[j], da[j], bs[j]) for row in qt.data] for j in range(n)])
+    got = nb.matmul(nb.bind(qt), x)
+    assert np.array_equal(got, want)
 
 
 def test_q8_0_and_q8_1_activations_are_ggmls(nb):  # nb: compile the kernels the backend's way first
@@ -184,15 +250,27 @@ def test_weights_stay_quantized_views_of_the_file(nb, smollm2_path):
     assert w._f32 is None  # no float32 copy was made
 
 
-def test_types_without_a_kernel_use_the_reference_product(nb):
+@pytest.mark.parametrize("t", [T.Q2_K, T.Q3_K, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_k_quant_matmul_and_get_rows_make_no_float32_copy(nb, t):
+    qt = random_weight(t, 8, 512)
+    w = nb.bind(qt)
+    assert w.family == "kquant"  # a numba kernel, not the dequantized fallback
+    nb.matmul(w, np.ones((3, 512), np.float32))
+    ids = np.array([5, 0, 5])
+    want = quants.dequantize(qt.data[ids], t, (3, 512))
+    assert np.array_equal(nb.get_rows(w, ids), want)  # the rows asked for, dequantized alone
+    assert w._f32 is None
+
+
+def test_types_without_a_kernel_use_the_reference_product(nb, monkeypatch):
+    monkeypatch.delitem(K.KINDS, T.Q3_K)  # every type edgellm reads has a kernel: pretend Q3_K has none
     q = quants.quant_type(T.Q3_K)
     blocks = rng.integers(0, 256, (4, q.type_size), dtype=np.uint8)
     blocks[:, -2:] = np.array([1e-3], "<f2").view(np.uint8)
     qt = qtensor(blocks, T.Q3_K, 256)
-    x = rng.standard_normal((2, 256)).astype(np.float32)
-    assert np.array_equal(
-        nb.matmul(nb.bind(qt), x), ReferenceBackend().matmul(ReferenceBackend().bind(qt), x)
-    )
+    w = nb.bind(qt)
+    assert w.family is None and w.raw is None  # no numba kernel bound
+    assert_matches_reference(nb, qt, rng.standard_normal((2, 256)).astype(np.float32))
 
 
 def test_registered_and_respects_threads():

@@ -19,9 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
+from edgellm import quants
 from edgellm.backends.base import BackendUnavailable, RopeSpec, RopeTables, gelu_table_f32
 from edgellm.backends.cpu import physical_cores
-from edgellm.backends.reference import KVCache, ReferenceBackend, RefWeight
+from edgellm.backends.host import HostBackend
+from edgellm.backends.paged_kv import KVCache
+from edgellm.backends.reference import RefWeight
 from edgellm.gguf import QTensor
 
 try:
@@ -58,6 +61,7 @@ def _flat(x: np.ndarray) -> np.ndarray:
 
 
 _NO_WEIGHT = np.ones(1, np.float32)
+_ALL_TYPES = frozenset(int(t) for t in quants.supported_types())
 # numba.set_num_threads is per calling thread (a server loads the model in one thread and runs it in
 # another), so the size last set is remembered per thread; setting it costs ~3 us: not on every call
 _THREADS = threading.local()
@@ -68,7 +72,7 @@ def _use_threads(n: int) -> None:
     _THREADS.n = n
 
 
-class NumbaBackend(ReferenceBackend):
+class NumbaBackend(HostBackend):
     name = "numba"
 
     @staticmethod
@@ -83,12 +87,17 @@ class NumbaBackend(ReferenceBackend):
     def __init__(self, threads: int | None = None):
         if numba is None:
             raise BackendUnavailable(f"numba is not importable ({_IMPORT_ERROR})")
+        super().__init__()
         cores = physical_cores()
         limit = numba.config.NUMBA_NUM_THREADS
         self.threads = max(1, min(int(threads) if threads else cores, limit))
         _use_threads(self.threads)
         self._ropes = RopeTables()
         K.compile_family("ops")
+
+    def kernel_types(self, op: str) -> frozenset[int]:
+        # get_rows dequantizes rows with numpy (quants.py) for every known type: no float32 copy
+        return frozenset(int(t) for t in K.KINDS) if op == "matmul" else _ALL_TYPES
 
     def bind(self, t: QTensor) -> NumbaWeight:
         family, kind = K.KINDS.get(t.type, (None, -1))
@@ -156,8 +165,8 @@ class NumbaBackend(ReferenceBackend):
         return out
 
     def matmul(self, w: NumbaWeight, x: np.ndarray) -> np.ndarray:
-        if w.family is None:  # a type without a Numba kernel: the reference's dequantized product
-            return super().matmul(w, x)
+        if w.family is None:  # a type without a Numba kernel: the fallback's dequantized product
+            return self.fallback.matmul(w, x)
         raw = w.raw
         lead = x.shape[:-1]
         x2 = _rows(x)  # the kernels are compiled for C-contiguous, writable activations only

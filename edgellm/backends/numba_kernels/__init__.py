@@ -1,7 +1,7 @@
 """Numba matmul kernels over quantized weights as stored, computed like ggml-cpu's dot products.
 
 One entry point per family: `matmul_legacy` (Q4_0 .. Q8_0, IQ4_NL vs Q8_0/Q8_1 activations),
-`matmul_kquant` (Q4_K, Q5_K, Q6_K vs Q8_K), `matmul_float` (F32, F16, BF16). Each takes
+`matmul_kquant` (Q2_K .. Q6_K vs Q8_K), `matmul_float` (F32, F16, BF16). Each takes
 (kind, w, x, out, n_chunks): w the raw (M, row bytes) uint8 blocks, x (N, K) float32, out (N, M) float32;
 it quantizes x once and computes out, the weight rows split into n_chunks ranges run in parallel (each
 output is computed whole by one thread, so results do not depend on n_chunks). `compile_family` must run
@@ -34,6 +34,8 @@ KINDS: dict[T, tuple[str, int]] = {
     T.Q5_1: ("legacy", legacy.Q5_1),
     T.Q8_0: ("legacy", legacy.Q8_0),
     T.IQ4_NL: ("legacy", legacy.IQ4_NL),
+    T.Q2_K: ("kquant", kquants.Q2_K),
+    T.Q3_K: ("kquant", kquants.Q3_K),
     T.Q4_K: ("kquant", kquants.Q4_K),
     T.Q5_K: ("kquant", kquants.Q5_K),
     T.Q6_K: ("kquant", kquants.Q6_K),
