@@ -13,9 +13,9 @@ TEXT = Path(__file__).parent / "fixtures" / "text" / "licenses.txt"
 # logits: where llama.cpp's top-1 led its top-2 by less than this, another pick is excused. Measured with
 # the exact (float64-accumulating, so CPU-independent) reference: teacher-forced on llama.cpp's tokens, the
 # largest gap by which we prefer another token is 0.336 (SmolLM2, "Water boils at", step 31, where
-# llama.cpp's own margin was 0.011; Gemma 3: 0.331 where it was 0.007); SmolLM2 carries ~2e4-sized activations that cancel in its last layers,
-# which amplifies float-summation noise there. llama.cpp against itself (flash attention on vs off) moves
-# the logits by up to 0.87. Hence 0.5, the same bound as CONFIDENT.
+# llama.cpp's own margin was 0.011; Gemma 3: 0.331 where it was 0.007). SmolLM2 carries ~2e4-sized
+# activations that cancel in its last layers, which amplifies float-summation noise there. llama.cpp
+# against itself (flash attention on vs off) moves the logits by up to 0.87. Hence 0.5, as CONFIDENT.
 NEAR_TIE = 0.5
 KL_MAX = 0.01  # mean KL(llama.cpp || edgellm), nats
 CONFIDENT = 0.5  # nats: llama.cpp's top-1 may never lead our pick by more than this
