@@ -2,7 +2,7 @@
 reference backend (the oracle), through the backend's own arrays (from_host / to_host), so a new backend
 (a device one included) gets all of it by adding one entry to CONTRACT_BACKENDS.
 
-Tolerances: matmuls within REL_TOL of the output's scale (sum |x| |w|): the fast kernels sum in float32 in
+Tolerances: matmuls within 1e-5 of the output's scale (sum |x| |w|): the fast kernels sum in float32 in
 their own order, ~1e-7 of it; elementwise ops within a few float32 ulps (their exp/tanh are their own);
 RMSNorm, RoPE, get_rows, add, scale and columns bit for bit (they are the same float32 operations).
 """
@@ -13,13 +13,18 @@ import numpy as np
 import pytest
 from forward_checks import KL_MAX, teacher_forced_kl
 from gguf import GGMLQuantizationType as T
+from random_weights import (
+    ALL_TYPES,
+    ORACLE,
+    assert_matmul_matches_oracle,
+    random_weight,
+)
 from test_arch_tiny import CASES, TOKENS, TOL, build
 from toy_device import ToyDeviceBackend
 
 from edgellm import quants
 from edgellm.backends import BACKENDS, BackendUnavailable, get_backend
 from edgellm.backends.base import RopeSpec
-from edgellm.backends.reference import ReferenceBackend, activation_roundtrip
 from edgellm.gguf import ModelFile, QTensor
 
 
@@ -29,17 +34,6 @@ def _registered(name: str):
 
 # name -> factory(threads=...): every registered backend, and the toy device (tests/toy_device.py)
 CONTRACT_BACKENDS = {**{n: _registered(n) for n in BACKENDS}, "toy-device": ToyDeviceBackend}
-REL_TOL = 1e-5
-QUANTIZABLE = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.F32, T.F16, T.BF16]
-RANDOM_BLOCKS = {
-    T.Q2_K: (80, 82),
-    T.Q3_K: (108,),
-    T.Q4_K: (0, 2),
-    T.Q5_K: (0, 2),
-    T.Q6_K: (208,),
-    T.IQ4_NL: (0,),
-}
-ALL_TYPES = QUANTIZABLE + list(RANDOM_BLOCKS)
 _MADE: dict = {}
 
 
@@ -62,36 +56,6 @@ def b(request):
 
 
 rng = np.random.default_rng(2024)
-ORACLE = ReferenceBackend()
-
-
-def _qtensor(data: np.ndarray, t: T, k: int) -> QTensor:
-    data = np.ascontiguousarray(data).reshape(-1, quants.row_nbytes(t, k))
-    return QTensor("w", t, (k, data.shape[0]), 0, data.nbytes, data)
-
-
-def random_weight(t: T, m: int, k: int) -> QTensor:
-    """m x k weight of type t: quantized random normals, or random blocks with trained-size f16 scales
-    where the reference has no quantizer."""
-    if t in QUANTIZABLE:
-        return _qtensor(quants.quantize(rng.standard_normal((m, k)).astype(np.float32), t), t, k)
-    q = quants.quant_type(t)
-    blocks = rng.integers(0, 256, (m * k // q.block_size, q.type_size), dtype=np.uint8)
-    for o in RANDOM_BLOCKS[t]:
-        s = (rng.uniform(0.5, 2.0, len(blocks)) * rng.choice([-1, 1], len(blocks)) * 2e-3).astype("<f2")
-        blocks[:, o : o + 2] = s.view(np.uint8).reshape(-1, 2)
-    return _qtensor(blocks, t, k)
-
-
-def assert_matmul_matches_oracle(b, qt: QTensor, x: np.ndarray) -> None:
-    if qt.type == T.BF16:  # ggml rounds activations to bf16 for BF16 weights
-        x = quants.dequantize(quants.quantize(x, T.BF16), T.BF16, x.shape)
-    want = ORACLE.matmul(ORACLE.bind(qt), x)
-    got = b.to_host(b.matmul(b.bind(qt), b.from_host(x)))
-    assert got.shape == want.shape and got.dtype == np.float32
-    scale = (np.abs(activation_roundtrip(x, qt.type)) @ np.abs(ORACLE.bind(qt).f32).T).max()
-    err = float(np.abs(got - want).max() / scale)
-    assert err < REL_TOL, f"{b.name} {qt.type.name}: error {err:.2e} of the output scale"
 
 
 # -- weights -------------------------------------------------------------------------------------------------
@@ -99,7 +63,7 @@ def assert_matmul_matches_oracle(b, qt: QTensor, x: np.ndarray) -> None:
 @pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
 def test_matmul_of_every_type_on_random_rows(b, t, n):
     assert b.supports("matmul", t), f"{b.name} has no {t.name} matmul kernel"  # every common type is covered
-    qt = random_weight(t, 41, 512)
+    qt = random_weight(t, 41, 512, rng)
     x = (rng.standard_normal((n, 512)) * rng.uniform(0.1, 10)).astype(np.float32)
     x[0, :64] *= 20  # an outlier block, as real activations have
     assert_matmul_matches_oracle(b, qt, x)
@@ -130,7 +94,7 @@ def test_matmul_and_get_rows_on_real_rows(b, request, fixture, names):
 
 @pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
 def test_get_rows_is_the_exact_dequantization(b, t):
-    qt = random_weight(t, 9, 256)
+    qt = random_weight(t, 9, 256, rng)
     ids = np.array([8, 0, 3, 3], np.int64)
     got = b.to_host(b.get_rows(b.bind(qt), ids))
     np.testing.assert_array_equal(got, quants.dequantize(qt.data[ids], t, (4, 256)))

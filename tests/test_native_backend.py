@@ -16,6 +16,12 @@ import numpy as np
 import pytest
 from forward_checks import check_forced_steps, check_greedy, load_fixture
 from gguf import GGMLQuantizationType as T
+from random_weights import (
+    QUANTIZABLE,
+    RANDOM_BYTES,
+    assert_matmul_matches_oracle,
+    random_weight,
+)
 from tiny_models import N_VOCAB, Spec, random_weights, write_gguf
 
 from edgellm import quants
@@ -23,22 +29,11 @@ from edgellm.arch import load_model
 from edgellm.backends import BackendUnavailable, get_backend
 from edgellm.backends import native as native_mod
 from edgellm.backends.base import RopeSpec
-from edgellm.backends.reference import ReferenceBackend, activation_roundtrip
+from edgellm.backends.reference import ReferenceBackend
 from edgellm.gguf import ModelFile, QTensor
 
 pytestmark = pytest.mark.skipif(native_mod.available() is not None, reason=str(native_mod.available()))
 
-REL_TOL = 1e-5
-QUANTIZABLE = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.F32, T.F16, T.BF16]
-RANDOM_BYTES = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL]  # no reference quantizer: random blocks
-F16_SCALES = {
-    T.Q2_K: (80, 82),
-    T.Q3_K: (108,),
-    T.Q4_K: (0, 2),
-    T.Q5_K: (0, 2),
-    T.Q6_K: (208,),
-    T.IQ4_NL: (0,),
-}
 
 rng = np.random.default_rng(4321)
 
@@ -63,42 +58,8 @@ class threads:
         self.b._pool = self.saved
 
 
-def qtensor(data: np.ndarray, t: T, k: int) -> QTensor:
-    data = np.ascontiguousarray(data).reshape(-1, quants.row_nbytes(t, k))
-    return QTensor("w", t, (k, data.shape[0]), 0, data.nbytes, data)
-
-
-def random_weight(t: T, m: int, k: int) -> QTensor:
-    if t in QUANTIZABLE:
-        return qtensor(quants.quantize(rng.standard_normal((m, k)).astype(np.float32), t), t, k)
-    q = quants.quant_type(t)
-    blocks = rng.integers(0, 256, (m * k // q.block_size, q.type_size), dtype=np.uint8)
-    for o in F16_SCALES[t]:  # scales of a trained model's size, both signs, no inf/nan
-        s = (rng.uniform(0.5, 2.0, len(blocks)) * rng.choice([-1, 1], len(blocks)) * 2e-3).astype("<f2")
-        blocks[:, o : o + 2] = s.view(np.uint8).reshape(-1, 2)
-    return qtensor(blocks, t, k)
-
-
-def assert_matmul_matches_reference(nb, qt: QTensor, x: np.ndarray) -> None:
-    if qt.type == T.BF16:  # ggml rounds activations to bf16 for BF16 weights; the reference does not
-        x = quants.dequantize(quants.quantize(x, T.BF16), T.BF16, x.shape)
-    ref = ReferenceBackend()
-    want = ref.matmul(ref.bind(qt), x)
-    got = nb.matmul(nb.bind(qt), x)
-    assert got.shape == want.shape and got.dtype == np.float32
-    scale = np.abs(activation_roundtrip(x, qt.type)) @ np.abs(ref.bind(qt).f32).T
-    err = np.abs(got - want) / scale.max()
-    assert err.max() < REL_TOL, f"{qt.type.name}: error {err.max():.2e} of the output scale"
-
-
 # -- matmul and get_rows ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("n", [1, 5, 37], ids=["decode", "prompt", "tiles"])
-@pytest.mark.parametrize("t", QUANTIZABLE + RANDOM_BYTES, ids=lambda t: t.name)
-def test_matmul_matches_reference_on_random_weights(nb, t, n):
-    qt = random_weight(t, 41, 512)  # 41 rows: a partial tile of 16
-    x = (rng.standard_normal((n, 512)) * rng.uniform(0.1, 10)).astype(np.float32)
-    x[0, :64] *= 20  # an outlier block, as real activations have
-    assert_matmul_matches_reference(nb, qt, x)
+# matmul of every type on random rows: tests/test_backend_contract.py (every backend)
 
 
 @pytest.mark.parametrize(
@@ -119,16 +80,14 @@ def test_matmul_and_get_rows_match_reference_on_real_tensors(nb, request, alias,
         data = qt.data[:512]  # the first rows are enough (gemma's embedding has 262k)
         qt = QTensor(name, qt.type, (qt.ne[0], data.shape[0]), qt.offset, data.nbytes, data)
         for n in (1, 7):
-            assert_matmul_matches_reference(
-                nb, qt, (rng.standard_normal((n, qt.ne[0])) * 3).astype(np.float32)
-            )
+            assert_matmul_matches_oracle(nb, qt, (rng.standard_normal((n, qt.ne[0])) * 3).astype(np.float32))
         ids = np.array([0, qt.data.shape[0] - 1, 7, 7])
         assert np.array_equal(nb.get_rows(nb.bind(qt), ids), ref.get_rows(ref.bind(qt), ids))
 
 
 @pytest.mark.parametrize("t", QUANTIZABLE + RANDOM_BYTES, ids=lambda t: t.name)
 def test_get_rows_dequantizes_bit_exactly(nb, t):
-    qt = random_weight(t, 9, 512)
+    qt = random_weight(t, 9, 512, rng)
     ids = np.array([8, 0, 3, 3])
     assert np.array_equal(nb.get_rows(nb.bind(qt), ids), quants.dequantize(qt.data[ids], t, (4, 512)))
     with pytest.raises(ValueError, match="outside the vocabulary"):
@@ -137,7 +96,7 @@ def test_get_rows_dequantizes_bit_exactly(nb, t):
 
 @pytest.mark.parametrize("t", [T.Q4_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q6_K, T.F16], ids=lambda t: t.name)
 def test_matmul_gives_the_same_bits_on_1_2_and_3_threads(nb, t):
-    w = nb.bind(random_weight(t, 300, 512))
+    w = nb.bind(random_weight(t, 300, 512, rng))
     for n in (1, 9, 40):
         x = rng.standard_normal((n, 512)).astype(np.float32)
         outs = []
@@ -150,7 +109,7 @@ def test_matmul_gives_the_same_bits_on_1_2_and_3_threads(nb, t):
 def test_back_to_back_runs_of_small_and_large_ops_on_more_threads_than_cores(nb):
     """Runs alternate between ops the caller runs alone and ops spread over a 3-thread pool (workers
     joining late, lists reused two runs later): every result stays the 1-thread result."""
-    w = nb.bind(random_weight(T.Q8_0, 256, 512))
+    w = nb.bind(random_weight(T.Q8_0, 256, 512, rng))
     xs = [rng.standard_normal((n, 512)).astype(np.float32) for n in (1, 33, 2, 17) * 25]
     want = [nb.matmul(w, x) for x in xs]  # the backend's own 2-thread pool
     with threads(nb, 1):
@@ -343,7 +302,7 @@ class _NumpyInTheMiddle:
 
 
 def test_a_forward_with_numpy_arithmetic_is_refused_once_and_runs_eagerly(nb, caplog):
-    m = _NumpyInTheMiddle(nb, nb.bind(random_weight(T.Q8_0, 10, 64)))
+    m = _NumpyInTheMiddle(nb, nb.bind(random_weight(T.Q8_0, 10, 64, rng)))
     kv = nb.new_kv_cache(1, 1, 8, 8, 1)
     with caplog.at_level(logging.WARNING):
         for i in range(3):

@@ -15,6 +15,13 @@ import numpy as np
 import pytest
 from forward_checks import NEAR_TIE, check_forced_steps, check_greedy, greedy, load_fixture
 from gguf import GGMLQuantizationType as T
+from random_weights import (
+    QUANTIZABLE,
+    RANDOM_BYTES,
+    assert_matmul_matches_oracle,
+    qtensor,
+    random_weight,
+)
 
 from edgellm import quants
 from edgellm.backends import get_backend
@@ -24,20 +31,6 @@ from edgellm.backends.numba_cpu import PARALLEL_MIN_MACS, NumbaBackend
 from edgellm.backends.numba_kernels import common
 from edgellm.backends.reference import ReferenceBackend, activation_roundtrip
 from edgellm.gguf import ModelFile, QTensor
-
-REL_TOL = 1e-5
-QUANTIZABLE = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.F32, T.F16, T.BF16]
-# no reference quantizer: random blocks, sane scales
-RANDOM_BYTES = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL]
-# byte offsets of each block's f16 scales (d, and dmin where there is one)
-F16_SCALES = {
-    T.Q2_K: (80, 82),
-    T.Q3_K: (108,),
-    T.Q4_K: (0, 2),
-    T.Q5_K: (0, 2),
-    T.Q6_K: (208,),
-    T.IQ4_NL: (0,),
-}
 
 rng = np.random.default_rng(1234)
 
@@ -49,49 +42,18 @@ def nb() -> NumbaBackend:
     return b
 
 
-def qtensor(data: np.ndarray, t: T, k: int) -> QTensor:
-    data = np.ascontiguousarray(data).reshape(-1, quants.row_nbytes(t, k))
-    return QTensor("w", t, (k, data.shape[0]), 0, data.nbytes, data)
-
-
-def random_weight(t: T, m: int, k: int) -> QTensor:
-    if t in QUANTIZABLE:
-        return qtensor(quants.quantize(rng.standard_normal((m, k)).astype(np.float32), t), t, k)
-    q = quants.quant_type(t)
-    blocks = rng.integers(0, 256, (m * k // q.block_size, q.type_size), dtype=np.uint8)
-    for o in F16_SCALES[t]:  # scales of a trained model's size, positive and negative, no inf/nan
-        s = (rng.uniform(0.5, 2.0, len(blocks)) * rng.choice([-1, 1], len(blocks)) * 2e-3).astype("<f2")
-        blocks[:, o : o + 2] = s.view(np.uint8).reshape(-1, 2)
-    return qtensor(blocks, t, k)
-
-
-def assert_matches_reference(nb: NumbaBackend, qt: QTensor, x: np.ndarray) -> None:
-    if qt.type == T.BF16:
-        # ggml rounds activations to bf16 for BF16 weights (type_traits_cpu: vec_dot_type BF16); the
-        # reference backend does not, so hand it activations that already are bf16 values
-        x = quants.dequantize(quants.quantize(x, T.BF16), T.BF16, x.shape)
-    ref = ReferenceBackend()
-    want = ref.matmul(ref.bind(qt), x)
-    got = nb.matmul(nb.bind(qt), x)
-    assert got.shape == want.shape and got.dtype == np.float32
-    w = np.abs(ref.bind(qt).f32)
-    scale = np.abs(activation_roundtrip(x, qt.type)) @ w.T  # sum_k |x_k w_k| per output
-    err = np.abs(got - want) / scale.max()
-    assert err.max() < REL_TOL, f"{qt.type.name}: error {err.max():.2e} of the output scale"
-
-
 @pytest.mark.parametrize("n", [1, 5], ids=["decode", "prompt"])  # 5 rows take the unpack-once path
 @pytest.mark.parametrize("t", QUANTIZABLE + RANDOM_BYTES, ids=lambda t: t.name)
 def test_matmul_matches_reference_on_random_weights(nb, t, n):
-    qt = random_weight(t, 37, 512)
+    qt = random_weight(t, 37, 512, rng)
     x = (rng.standard_normal((n, 512)) * rng.uniform(0.1, 10)).astype(np.float32)
     x[0, :64] *= 20  # an outlier block, as real activations have
-    assert_matches_reference(nb, qt, x)
+    assert_matmul_matches_oracle(nb, qt, x)
 
 
 def test_float_kernel_handles_rows_not_a_multiple_of_its_lanes(nb):
-    qt = random_weight(T.F16, 9, 100)
-    assert_matches_reference(nb, qt, rng.standard_normal((3, 100)).astype(np.float32))
+    qt = random_weight(T.F16, 9, 100, rng)
+    assert_matmul_matches_oracle(nb, qt, rng.standard_normal((3, 100)).astype(np.float32))
 
 
 @pytest.mark.parametrize(
@@ -110,14 +72,14 @@ def test_matmul_matches_reference_on_real_tensors(nb, request, alias, names):
         qt = QTensor(name, qt.type, (qt.ne[0], data.shape[0]), qt.offset, data.nbytes, data)
         for n in (1, 7):
             x = (rng.standard_normal((n, qt.ne[0])) * 3).astype(np.float32)
-            assert_matches_reference(nb, qt, x)
+            assert_matmul_matches_oracle(nb, qt, x)
 
 
 @pytest.mark.parametrize(
     "t", [T.Q4_1, T.Q5_0, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q6_K, T.F16], ids=lambda t: t.name
 )
 def test_one_and_two_threads_give_identical_bits(nb, t):
-    qt = random_weight(t, 512, 512)
+    qt = random_weight(t, 512, 512, rng)
     one, two = NumbaBackend(threads=1), nb
     for n in (1, 9):
         x = rng.standard_normal((n, 512)).astype(np.float32)
@@ -137,7 +99,7 @@ def test_one_and_two_threads_give_identical_bits(nb, t):
 @pytest.mark.parametrize("t", QUANTIZABLE[:5] + RANDOM_BYTES, ids=lambda t: t.name)
 def test_decode_and_prompt_paths_give_identical_bits(nb, t):
     """Few rows unpack blocks inside the dot, many rows unpack each weight row once: same numbers."""
-    qt = random_weight(t, 40, 512)
+    qt = random_weight(t, 40, 512, rng)
     w = nb.bind(qt)
     x = rng.standard_normal((K.legacy.UNPACK_MIN_ROWS + 2, 512)).astype(np.float32)
     together = nb.matmul(w, x)
@@ -191,7 +153,7 @@ def _ggml_q2_k_q3_k_dot(
 @pytest.mark.parametrize("t", [T.Q2_K, T.Q3_K], ids=lambda t: t.name)
 def test_q2_k_and_q3_k_dots_are_ggmls_generic_bit_exact(nb, t, n):
     """Both paths (fused for few rows, unpack-once for many) give ggml's *_generic float32 results."""
-    qt = random_weight(t, 6, 512)
+    qt = random_weight(t, 6, 512, rng)
     x = (rng.standard_normal((n, 512)) * 3).astype(np.float32)
     x[0, :64] *= 20
     qa, da, bs = np.empty((n, 512), np.int8), np.empty((n, 2), np.float32), np.empty((n, 32), np.int32)
@@ -252,7 +214,7 @@ def test_weights_stay_quantized_views_of_the_file(nb, smollm2_path):
 
 @pytest.mark.parametrize("t", [T.Q2_K, T.Q3_K, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 def test_k_quant_matmul_and_get_rows_make_no_float32_copy(nb, t):
-    qt = random_weight(t, 8, 512)
+    qt = random_weight(t, 8, 512, rng)
     w = nb.bind(qt)
     assert w.family == "kquant"  # a numba kernel, not the dequantized fallback
     nb.matmul(w, np.ones((3, 512), np.float32))
@@ -270,7 +232,7 @@ def test_types_without_a_kernel_use_the_reference_product(nb, monkeypatch):
     qt = qtensor(blocks, T.Q3_K, 256)
     w = nb.bind(qt)
     assert w.family is None and w.raw is None  # no numba kernel bound
-    assert_matches_reference(nb, qt, rng.standard_normal((2, 256)).astype(np.float32))
+    assert_matmul_matches_oracle(nb, qt, rng.standard_normal((2, 256)).astype(np.float32))
 
 
 def test_registered_and_respects_threads():
