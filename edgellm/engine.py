@@ -1,12 +1,14 @@
 """The serving engine: continuous batching over a paged KV cache with prefix caching.
 
-Requests enter a queue; one engine thread runs steps. Each step builds one flat batch for the model: one
-token for every decoding sequence plus chunks of admitted prompts (at most `max_batch_tokens` in all, so a
-long prompt delays running streams by one chunk at most), runs one forward, samples every row that needs
-a token in one batched-sampler pass, and streams the text out. Finished and cancelled sequences leave at
-once and free their blocks. Promises: a sequence's tokens do not depend on what it is batched with (on a
-backend whose ops are row-wise, like numba); a failing request (sampler error, bad input found late)
-fails alone; `cancel()` stops a sequence within one step.
+Requests enter a queue; one engine thread (or a caller, through `step()`) runs steps. Each step the
+scheduler (edgellm/scheduler.py) plans one flat batch: one token for every decoding sequence plus chunks of
+admitted prompts (at most `max_batch_tokens` in all, so a long prompt delays running streams by one chunk
+at most); the ModelRunner below runs one forward over it and samples every row that needs a token in one
+batched-sampler pass; the Engine applies the results: streams the text out, ends finished sequences (they
+leave at once and free their blocks) and lets the scheduler commit full blocks to the prefix cache.
+Promises: a sequence's tokens do not depend on what it is batched with (on a backend whose ops are
+row-wise, like numba); a failing request (sampler error, bad input found late) fails alone; `cancel()`
+stops a sequence within one step.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from typing import Any
 import numpy as np
 
 from edgellm.generate import StopMatcher
-from edgellm.kvcache import OutOfBlocks, PagedKV
+from edgellm.kvcache import PagedKV
 from edgellm.sampler import RowSampler, Sampler, SamplingParams
+from edgellm.scheduler import Scheduled, Scheduler, SeqState, StepPlan
 
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_BATCH_TOKENS = 256
@@ -33,6 +36,10 @@ DEFAULT_BATCH_TOKENS = 256
 
 class RequestRejected(ValueError):
     """A request that can never run here (too long for the context or the KV memory)."""
+
+
+class ContextOverflow(RequestRejected):
+    """A prompt that does not fit in the context window (with room for one generated token)."""
 
 
 class QueueFull(RuntimeError):
@@ -129,32 +136,19 @@ class Stream:
             yield ev
 
 
-class _Seq:
-    """Engine-side state of one sequence. tokens = prompt + generated; the K/V of tokens[:n_computed]
-    is in the cache, so tokens[n_computed:] is what the next steps feed (a prompt, or one new token)."""
-
-    _ids = itertools.count()
+class _Seq(SeqState):
+    """Engine-side state of one sequence: its request, stream, sampler, detokenizer and stop matcher."""
 
     def __init__(self, req: GenRequest, stream: Stream, tokenizer: Any):
-        self.id = next(self._ids)
+        super().__init__(req.prompt_ids)
         self.req = req
         self.stream = stream
-        self.tokens = list(req.prompt_ids)
-        self.n_prompt = len(self.tokens)
-        self.n_computed = 0
-        self.n_cached = 0
-        self.slot = -1
         self.sampler = RowSampler(req.params)
         self.detok = tokenizer.stream()
         self.stop = StopMatcher(req.stop)
-        self.n_generated = 0
-        self.admitted = False
+        self.done = False  # its last event is out
         self.t_arrival = time.perf_counter()
         self.t_first: float | None = None
-
-    @property
-    def pending(self) -> int:
-        return len(self.tokens) - self.n_computed
 
 
 @dataclass
@@ -171,7 +165,9 @@ class EngineStats:
 
 class Engine:
     """Continuous batching for one model. `submit` from any thread; `start` runs the step loop in a
-    daemon thread; `shutdown` stops it (letting running sequences finish for up to `grace` seconds)."""
+    daemon thread (or the caller calls `step()` itself); `shutdown` stops it (letting running sequences
+    finish for up to `grace` seconds). A step: `sched.schedule()` plans, `runner` executes the plan,
+    `_update_from_output` applies the results."""
 
     def __init__(
         self,
@@ -207,11 +203,12 @@ class Engine:
         self._wake = threading.Condition(self._lock)
         self._inbox: list[_Seq] = []  # submitted, not yet seen by the engine thread
         self._cancels: list[Stream] = []
-        self._waiting: collections.deque[_Seq] = collections.deque()
-        self._running: list[_Seq] = []  # in admission order
+        self.sched = Scheduler(self.kv, self.max_batch_tokens)
+        self.runner = ModelRunner(model, self.kv.cache)
         self._accepting = True
         self._stop_at: float | None = None  # shutdown: cancel what still runs at this time
         self._thread: threading.Thread | None = None
+        self._stepping = threading.Lock()  # one step at a time, whoever calls it
 
     # -- client side (any thread) ----------------------------------------------------------------------
     def check(self, req: GenRequest) -> None:
@@ -222,7 +219,7 @@ class Engine:
         if req.max_tokens is not None and req.max_tokens < 1:
             raise RequestRejected(f"max_tokens must be at least 1, got {req.max_tokens}")
         if n + 1 > self.n_ctx:
-            raise RequestRejected(
+            raise ContextOverflow(
                 f"the prompt is {n} tokens but the context holds {self.n_ctx} (including at least one "
                 f"generated token); shorten it or raise --ctx-size"
             )
@@ -245,7 +242,7 @@ class Engine:
         with self._lock:
             if not self._accepting:
                 raise ShuttingDown("the server is shutting down")
-            if len(self._waiting) + len(self._inbox) >= self.max_queue + self.n_free_seq_slots():
+            if len(self.sched.waiting) + len(self._inbox) >= self.max_queue + self.n_free_seq_slots():
                 raise QueueFull(f"the request queue is full ({self.max_queue} waiting); retry later")
             self._inbox.append(seq)
             self.stats.requests += 1
@@ -253,7 +250,7 @@ class Engine:
         return stream
 
     def n_free_seq_slots(self) -> int:
-        return max(0, self.max_seqs - len(self._running))
+        return max(0, self.max_seqs - len(self.sched.running))
 
     def _cancel(self, stream: Stream) -> None:
         with self._lock:
@@ -279,6 +276,11 @@ class Engine:
     def accepting(self) -> bool:
         return self._accepting
 
+    @property
+    def running(self) -> bool:
+        """Whether the engine's own thread steps it (start()); otherwise the caller calls step()."""
+        return self._thread is not None and self._thread.is_alive()
+
     # -- metrics -----------------------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
         """A snapshot for /metrics (read without the engine's lock: values may be one step apart)."""
@@ -299,8 +301,8 @@ class Engine:
             "generation_tokens_total": s.generated_tokens,
             "preemptions_total": s.preempted,
             "steps_total": s.steps,
-            "queue_length": len(self._waiting) + len(self._inbox),
-            "running": len(self._running),
+            "queue_length": len(self.sched.waiting) + len(self._inbox),
+            "running": len(self.sched.running),
             "kv_blocks_total": self.kv.n_blocks,
             "kv_blocks_used": self.kv.n_used(),
             "kv_block_size": self.kv.block_size,
@@ -316,7 +318,7 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._lock:
-                while not (self._inbox or self._cancels or self._waiting or self._running):
+                while not (self._inbox or self._cancels or self.sched.has_work()):
                     if not self._accepting:
                         return
                     self._wake.wait()
@@ -324,33 +326,33 @@ class Engine:
                 return
 
     def step(self) -> bool:
-        """Take in new requests and cancellations, then run one batch: plan, forward, sample, stream.
-        The engine thread calls this in a loop; tests may call it directly instead of `start()`.
-        Returns False when the engine has nothing left to do after a shutdown."""
-        with self._lock:  # under the lock, so that submit's queue check always sees every request
-            self._waiting.extend(self._inbox)
-            self._inbox = []
-            cancels, self._cancels = self._cancels, []
-            accepting, stop_at = self._accepting, self._stop_at
-        for st in cancels:
-            self._drop(st, "cancelled")
-        if not accepting:
-            for s in list(self._waiting):
-                self._finish(s, "error", "the server is shutting down", status=503)
-            if stop_at is not None and time.perf_counter() >= stop_at:
-                for s in list(self._running):
+        """Take in new requests and cancellations, then run one step: schedule, forward and sample, apply.
+        The engine thread calls this in a loop; a caller may instead drive the engine with it from its own
+        thread, without `start()` (it returns at once when there is nothing to do). Returns False when the
+        engine has nothing left to do after a shutdown."""
+        with self._stepping:
+            with self._lock:  # under the lock, so that submit's queue check always sees every request
+                for s in self._inbox:
+                    self.sched.add(s)
+                self._inbox = []
+                cancels, self._cancels = self._cancels, []
+                accepting, stop_at = self._accepting, self._stop_at
+            for st in cancels:
+                self._drop(st, "cancelled")
+            if not accepting:
+                for s in list(self.sched.waiting):
                     self._finish(s, "error", "the server is shutting down", status=503)
-            if not self._running:
-                return False
-        try:
-            self._step()
-        except Exception as e:  # noqa: BLE001 - a bug must not kill the engine: fail what ran
-            for s in list(self._running):
-                self._finish(s, "error", f"internal error: {type(e).__name__}: {e}")
-        return True
+                if stop_at is not None and time.perf_counter() >= stop_at:
+                    for s in list(self.sched.running):
+                        self._finish(s, "error", "the server is shutting down", status=503)
+                if not self.sched.running:
+                    return False
+            if self.sched.has_work():
+                self._step()
+            return True
 
     def _drop(self, stream: Stream, reason: str) -> None:
-        for s in itertools.chain(self._running, self._waiting):
+        for s in itertools.chain(self.sched.running, self.sched.waiting):
             if s.stream is stream:
                 self._finish(s, reason)
                 return
@@ -359,223 +361,54 @@ class Engine:
         self, s: _Seq, reason: str, error: str | None = None, flush: bool = True, status: int = 500
     ) -> None:
         """End a sequence: last event (with any text held back, unless a stop string ended it), free its
-        slot and blocks."""
+        slot and blocks. A sequence already ended is left alone."""
+        if s.done:
+            return
+        s.done = True
         text = s.stop.flush() + s.detok.flush() if flush and reason in ("stop", "length") else ""
-        if s.slot >= 0:
-            self.kv.close(s.slot)
-            s.slot = -1
-        if s in self._running:
-            self._running.remove(s)
-        elif s in self._waiting:
-            self._waiting.remove(s)
+        self.sched.finish(s, keep_tail=reason in ("stop", "length", "cancelled"))
         self.stats.finished[reason] += 1
         usage = Usage(s.n_prompt, s.n_generated, s.n_cached, (s.t_first - s.t_arrival) if s.t_first else None)
         s.stream._push(Event(text, None, reason, error, usage, status if reason == "error" else 200))
 
     def _step(self) -> None:
+        """The scheduler plans, the runner executes the plan, the results are applied."""
         t0 = time.perf_counter()
-        batch = self._plan()
-        if not batch:
-            if self._waiting and not self._running:  # nothing can ever make room: should not happen
-                self._finish(self._waiting[0], "error", "not enough KV memory for this request")
-            return
-        logits_of = self._forward(batch)
-        sample_seqs = [s for s, _ in batch if s in logits_of]
-        self._sample(sample_seqs, logits_of)
-        for s, _ in batch:
-            if s.slot >= 0:
-                self.kv.commit(s.slot, s.tokens, s.n_computed)
-        dt = time.perf_counter() - t0
-        self.stats.steps += 1
-        self.stats.busy_s += dt
-
-    # -- planning -------------------------------------------------------------------------------------------
-    def _plan(self) -> list[tuple[_Seq, int]]:
-        """(sequence, tokens to feed) for this step: every decoding sequence one token, then prompt chunks
-        of running sequences, then newly admitted ones, within max_batch_tokens."""
-        batch: list[tuple[_Seq, int]] = []
-        budget = self.max_batch_tokens
-        for s in list(self._running):  # decoders first: their blocks are ensured, preempting if need be
-            if s.pending == 1 and s in self._running:
-                if self._reserve(s, s.n_computed + 1):
-                    batch.append((s, 1))
-                    budget -= 1
-        for s in list(self._running):
-            if s.pending > 1 and budget > 0 and s in self._running:
-                n = min(s.pending, budget)
-                if self._reserve(s, s.n_computed + n):
-                    batch.append((s, n))
-                    budget -= n
-        batch = [(s, n) for s, n in batch if s in self._running]  # a later reserve may have preempted one
-        while self._waiting and budget > 0 and self.kv.n_free_slots > 0:
-            s = self._admissible()
-            if s is None:
-                break
-            n = min(s.pending, budget)
-            if not self._reserve(s, s.n_computed + n, preempt=False):
-                self._unadmit(s)
-                break
-            batch.append((s, n))
-            budget -= n
-        return batch
-
-    def _admissible(self) -> _Seq | None:
-        """The first waiting sequence that fits in memory now, admitted (slot opened, cached prefix
-        mapped); None if the head of the queue must wait. A sequence whose prompt shares uncached full
-        blocks with a prompt being computed waits for them, to read them from the cache next step."""
-        reserve = len(self._running)  # one block of headroom per running sequence for its decoding
-        for s in list(self._waiting):
-            cached = self.kv.cached_prefix(s.tokens)
-            if self._shares_pending_prefix(s, cached):
-                continue
-            need = self.kv.blocks_for(len(s.tokens)) - cached // self.kv.block_size
-            if need > self.kv.n_available() - reserve and self._running:
-                return None  # FIFO: later requests do not overtake one that waits for memory
-            self._waiting.remove(s)
-            s.slot, s.n_cached = self.kv.open(s.tokens)
-            s.n_computed = s.n_cached
-            if not s.admitted:  # once, however often it is preempted and readmitted
-                s.admitted = True
-                self.stats.prompt_tokens += s.n_prompt
-            self._running.append(s)
-            return s
-        return None
-
-    def _unadmit(self, s: _Seq) -> None:
-        self._running.remove(s)
-        self.kv.close(s.slot)
-        s.slot, s.n_computed = -1, 0
-        self._waiting.appendleft(s)
-
-    def _shares_pending_prefix(self, s: _Seq, cached: int) -> bool:
-        bs = self.kv.block_size
-        if self.kv.prefix is None or len(s.tokens) <= cached + bs:
-            return False
-        mine = np.asarray(s.tokens[: len(s.tokens) - 1], np.int64)
-        for r in self._running:
-            if r.pending <= 1:
-                continue
-            theirs = np.asarray(r.tokens[: len(mine)], np.int64)
-            n = min(len(mine), len(theirs))
-            diff = np.flatnonzero(mine[:n] != theirs[:n])
-            common = (int(diff[0]) if diff.size else n) // bs * bs
-            if common > cached and r.n_computed < common:
-                return True
-        return False
-
-    def _reserve(self, s: _Seq, n_positions: int, preempt: bool = True) -> bool:
-        """Map blocks for s up to n_positions, preempting the most recently admitted other sequences if
-        memory is short (they recompute later). False if s itself had to give way."""
-        while True:
-            try:
-                self.kv.ensure(s.slot, n_positions)
-                return True
-            except OutOfBlocks:
-                if not preempt:
-                    return False
-                victims = [r for r in self._running if r is not s]
-                if not victims:  # s alone fills the pool: its answer ends here
-                    if s.n_generated:
-                        self._finish(s, "length")
-                    else:
-                        self._finish(s, "error", "not enough KV memory for this prompt")
-                    return False
-                self._preempt(victims[-1])
-
-    def _preempt(self, s: _Seq) -> None:
-        """Free a running sequence's memory and requeue it first; it recomputes its K/V when readmitted
-        (cached blocks of its prefix usually survive in the prefix cache)."""
-        self.stats.preempted += 1
-        self._running.remove(s)
-        self.kv.close(s.slot)
-        s.slot, s.n_computed = -1, 0
-        self._waiting.appendleft(s)
-
-    # -- running ---------------------------------------------------------------------------------------------
-    def _forward(self, batch: list[tuple[_Seq, int]]) -> dict[_Seq, Any]:
-        """One forward over the whole batch; logits for each sequence whose fed tokens reach its end.
-        If the forward raises, each sequence is retried alone so only the culprit fails."""
+        plan: StepPlan | None = None
         try:
-            return self._run(batch)
-        except Exception:  # noqa: BLE001 - isolate below
-            if len(batch) == 1:
-                s = batch[0][0]
-                self._finish(s, "error", "the model failed on this request")
-                return {}
-        out: dict[_Seq, Any] = {}
-        for item in batch:
-            try:
-                out.update(self._run([item]))
-            except Exception as e:  # noqa: BLE001
-                self._finish(item[0], "error", f"the model failed on this request: {e}")
-        return out
+            plan = self.sched.schedule()
+            if plan.finished:  # a sequence that alone outgrew the pool ends (runs nothing): its memory
+                self._update_from_output(plan, RunnerOutput())  # is free now, so plan again into it
+                plan = self.sched.schedule()
+            out = self.runner.execute(plan.run) if plan.run else RunnerOutput()
+            self._update_from_output(plan, out)
+        except Exception as e:  # noqa: BLE001 - a bug must not kill the engine: fail what ran
+            ended = [f.seq for f in plan.finished] if plan else []
+            for s in [*self.sched.running, *ended]:
+                self._finish(s, "error", f"internal error: {type(e).__name__}: {e}")
+            return
+        if plan.run:
+            self.stats.steps += 1
+            self.stats.busy_s += time.perf_counter() - t0
 
-    def _run(self, batch: list[tuple[_Seq, int]]) -> dict[_Seq, Any]:
-        toks, pos, ids, rows, want = [], [], [], [], []
-        n = 0
-        for s, k in batch:
-            start = s.n_computed
-            toks.extend(s.tokens[start : start + k])
-            pos.append(np.arange(start, start + k))
-            ids.append(np.full(k, s.slot))
-            n += k
-            if start + k == len(s.tokens):
-                rows.append(n - 1)
-                want.append(s)
-        args = (
-            np.asarray(toks, np.int64),
-            np.concatenate(pos).astype(np.int64),
-            np.concatenate(ids).astype(np.int64),
-            self.kv.cache,
-        )
-        if len(want) == n and all(s.sampler.is_greedy and not s.sampler.pre for s in want):
-            # all decode, all plain greedy: only the argmax ids leave the backend (a device keeps logits)
-            picked = self.model.decode_greedy(*args)
-            logits = [int(t) for t in picked]
-        elif len(want) == n:  # all decode: the backend's fast path
-            logits = self.model.decode_step(*args)  # (native: a captured plan replayed in one call)
-        else:
-            logits = self.model.forward(*args, logits_rows=np.asarray(rows, np.int64))
-        n_prompt = 0
-        for s, k in batch:
-            prompt_part = max(0, min(s.n_computed + k, s.n_prompt) - s.n_computed)
-            n_prompt += prompt_part
-            s.n_computed += k
+    def _update_from_output(self, plan: StepPlan, out: RunnerOutput) -> None:
+        """Apply a step: end what the plan ended and the rows that failed, append and stream the sampled
+        tokens (ending sequences at eog, a stop string or a limit), then let the scheduler advance the
+        computed positions and commit full blocks to the prefix cache."""
+        self.stats.preempted += len(plan.preempted)
+        self.stats.prompt_tokens += sum(a.seq.n_prompt for a in plan.admitted if not a.readmitted)
+        for f in plan.finished:
+            self._finish(f.seq, f.reason, f.error)
+        for s, error, status in out.failed:
+            self._finish(s, "error", error, status=status)
+        for s, tok in out.sampled.items():
+            self._accept(s, tok)
+        n_prompt = self.sched.update_from_output(plan, out.computed)
         self.stats.prompt_tokens_computed += n_prompt
-        self._rates.append((time.perf_counter(), n_prompt, len(want)))
-        while len(self._rates) > 4096:
-            self._rates.popleft()
-        return {s: logits[i] for i, s in enumerate(want)}
-
-    def _sample(self, seqs: list[_Seq], logits_of: dict[_Seq, Any]) -> None:
-        """Sample one token for each sequence in one batched pass (rows that fail fail alone). A sequence
-        whose value is already a token id (decode_greedy) takes it; -1 means its logits were not finite."""
-        picked = [s for s in seqs if isinstance(logits_of[s], int)]
-        for s in picked:
-            if logits_of[s] < 0:
-                self._finish(s, "error", "sampling failed: the logits are not finite", status=400)
-            else:
-                self._accept(s, logits_of[s])
-        seqs = [s for s in seqs if not isinstance(logits_of[s], int)]
-        if not seqs:
-            return
-        x = np.stack([logits_of[s] for s in seqs])
-        sampler = Sampler()
-        sampler.rows = [s.sampler for s in seqs]
-        hist = [s.tokens for s in seqs]
-        try:
-            toks: list[int | None] = [int(t) for t in sampler.sample(x, hist)]
-        except ValueError:
-            toks = []
-            for i, s in enumerate(seqs):
-                try:
-                    toks.append(int(s.sampler(x[i], s.tokens)))
-                except ValueError as e:
-                    toks.append(None)
-                    self._finish(s, "error", f"sampling failed: {e}", status=400)
-        for s, tok in zip(seqs, toks):
-            if tok is not None:
-                self._accept(s, tok)
+        if out.computed:
+            self._rates.append((time.perf_counter(), n_prompt, out.n_rows))
+            while len(self._rates) > 4096:
+                self._rates.popleft()
 
     def _accept(self, s: _Seq, tok: int) -> None:
         """Append a sampled token: stream its text, or end the sequence."""
@@ -598,3 +431,106 @@ class Engine:
             self._finish(s, "length")
             return
         s.stream._push(Event(text, tok))
+
+
+@dataclass
+class RunnerOutput:
+    """What one step's forward and sampling produced: the sequences whose fed tokens now have their K/V
+    in the cache, a token for each sequence whose fed tokens reached its end, and the rows that failed
+    (sequence, message, HTTP-like status)."""
+
+    computed: set[_Seq] = field(default_factory=set)
+    sampled: dict[_Seq, int] = field(default_factory=dict)
+    failed: list[tuple[_Seq, str, int]] = field(default_factory=list)
+    n_rows: int = 0  # logits rows the forward produced (tokens generated, sampled or not)
+
+
+class ModelRunner:
+    """Executes a plan's batch: one forward over every scheduled sequence's tokens (through the backend's
+    fast decode paths when every row decodes), then one batched sampling pass. It reads the sequences and
+    never changes them: the Engine applies its output."""
+
+    def __init__(self, model: Any, cache: Any):
+        self.model = model
+        self.cache = cache
+
+    def execute(self, batch: Sequence[Scheduled]) -> RunnerOutput:
+        out = RunnerOutput()
+        logits_of = self._forward(batch, out)
+        out.n_rows = len(logits_of)
+        self._sample([s for s, _ in batch if s in logits_of], logits_of, out)
+        return out
+
+    def _forward(self, batch: Sequence[Scheduled], out: RunnerOutput) -> dict[_Seq, Any]:
+        """One forward over the whole batch; logits for each sequence whose fed tokens reach its end.
+        If the forward raises, each sequence is retried alone so only the culprit fails."""
+        try:
+            logits_of = self._run(batch)
+            out.computed.update(s for s, _ in batch)
+            return logits_of
+        except Exception:  # noqa: BLE001 - isolate below
+            if len(batch) == 1:
+                out.failed.append((batch[0].seq, "the model failed on this request", 500))
+                return {}
+        logits_of = {}
+        for item in batch:
+            try:
+                logits_of.update(self._run([item]))
+                out.computed.add(item.seq)
+            except Exception as e:  # noqa: BLE001
+                out.failed.append((item.seq, f"the model failed on this request: {e}", 500))
+        return logits_of
+
+    def _run(self, batch: Sequence[Scheduled]) -> dict[_Seq, Any]:
+        toks, pos, ids, rows, want = [], [], [], [], []
+        n = 0
+        for s, k in batch:
+            start = s.n_computed
+            toks.extend(s.tokens[start : start + k])
+            pos.append(np.arange(start, start + k))
+            ids.append(np.full(k, s.slot))
+            n += k
+            if start + k == len(s.tokens):
+                rows.append(n - 1)
+                want.append(s)
+        args = (
+            np.asarray(toks, np.int64),
+            np.concatenate(pos).astype(np.int64),
+            np.concatenate(ids).astype(np.int64),
+            self.cache,
+        )
+        if len(want) == n and all(s.sampler.is_greedy and not s.sampler.pre for s in want):
+            # all decode, all plain greedy: only the argmax ids leave the backend (a device keeps logits)
+            picked = self.model.decode_greedy(*args)
+            logits = [int(t) for t in picked]
+        elif len(want) == n:  # all decode: the backend's fast path
+            logits = self.model.decode_step(*args)  # (native: a captured plan replayed in one call)
+        else:
+            logits = self.model.forward(*args, logits_rows=np.asarray(rows, np.int64))
+        return {s: logits[i] for i, s in enumerate(want)}
+
+    def _sample(self, seqs: list[_Seq], logits_of: dict[_Seq, Any], out: RunnerOutput) -> None:
+        """Sample one token for each sequence in one batched pass (rows that fail fail alone). A sequence
+        whose value is already a token id (decode_greedy) takes it; -1 means its logits were not finite."""
+        for s in seqs:
+            v = logits_of[s]
+            if isinstance(v, int) and v < 0:
+                out.failed.append((s, "sampling failed: the logits are not finite", 400))
+            elif isinstance(v, int):
+                out.sampled[s] = v
+        seqs = [s for s in seqs if not isinstance(logits_of[s], int)]
+        if not seqs:
+            return
+        x = np.stack([logits_of[s] for s in seqs])
+        sampler = Sampler()
+        sampler.rows = [s.sampler for s in seqs]
+        try:
+            toks = [int(t) for t in sampler.sample(x, [s.tokens for s in seqs])]
+        except ValueError:  # some row cannot be sampled: sample row by row so only it fails
+            for i, s in enumerate(seqs):
+                try:
+                    out.sampled[s] = int(s.sampler(x[i], s.tokens))
+                except ValueError as e:
+                    out.failed.append((s, f"sampling failed: {e}", 400))
+            return
+        out.sampled.update(zip(seqs, toks))
