@@ -93,6 +93,11 @@ class PrefixCache:
         self.lookup_tokens = 0  # prompt tokens looked up
         self.hit_tokens = 0  # of which served from the cache
         self.evicted = 0
+        # a finished sequence's last, partial block, parked under the node of its last full block (the
+        # root: None): its tokens, block and last use. The cache holds the sequence's reference; the next
+        # sequence that continues those tokens takes the block over and writes on in it (token-granular
+        # reuse of a conversation's own tail, free because nobody else holds the block)
+        self._tails: dict[_Node | None, tuple[tuple[int, ...], int, int]] = {}
 
     def _key(self, tokens: Sequence[int], i: int) -> tuple[int, ...]:
         return tuple(tokens[i * self.block_size : (i + 1) * self.block_size])
@@ -133,9 +138,30 @@ class PrefixCache:
         node.last_used = next(self._clock)
         return node
 
+    def park_tail(self, node: _Node | None, tokens: Sequence[int], block: int) -> None:
+        """Keep a finished sequence's partial last block (holding `tokens`, after the path ending at
+        `node`) for a continuation; the caller hands its reference on the block to the cache."""
+        old = self._tails.pop(node, None)
+        if old is not None:
+            self.pool.release(old[1])
+        self._tails[node] = (tuple(tokens), block, next(self._clock))
+
+    def take_tail(self, node: _Node | None, rest: Sequence[int]) -> tuple[int, int] | None:
+        """(block, tokens served) of the tail parked after `node` if `rest` continues its tokens and
+        leaves at least one token to compute; the reference on the block goes to the caller."""
+        tail = self._tails.get(node)
+        if tail is None:
+            return None
+        toks, block, _ = tail
+        if not (0 < len(toks) < len(rest)) or tuple(rest[: len(toks)]) != toks:
+            return None
+        del self._tails[node]
+        self.hit_tokens += len(toks)
+        return block, len(toks)
+
     def n_evictable(self) -> int:
-        """Blocks only the cache holds (all of them can be freed, leaves first)."""
-        return int(np.count_nonzero(self._in_trie & (self.pool.refs == 1)))
+        """Blocks only the cache holds (all of them can be freed, parked tails and trie leaves first)."""
+        return int(np.count_nonzero(self._in_trie & (self.pool.refs == 1))) + len(self._tails)
 
     def _nodes(self):
         stack = list(self.root.children.values())
@@ -145,10 +171,17 @@ class PrefixCache:
             stack.extend(n.children.values())
 
     def evict(self, n_wanted: int) -> int:
-        """Free up to n_wanted blocks that only the cache holds, least recently used leaves first."""
+        """Free up to n_wanted blocks that only the cache holds: parked tails, then least recently used
+        trie leaves (a leaf's parked tail goes with it)."""
+        freed = 0
+        for node, (_, block, _) in sorted(self._tails.items(), key=lambda kv: kv[1][2]):
+            if freed >= n_wanted:
+                return freed
+            del self._tails[node]
+            self.pool.release(block)
+            freed += 1
         heap = [(n.last_used, id(n), n) for n in self._nodes() if not n.children and self._idle(n)]
         heapq.heapify(heap)
-        freed = 0
         while heap and freed < n_wanted:
             _, _, n = heapq.heappop(heap)
             parent = n.parent
@@ -168,7 +201,7 @@ class PrefixCache:
 
     def clear(self) -> int:
         """Evict everything that no sequence holds."""
-        return self.evict(self.n_blocks)
+        return self.evict(self.n_blocks + len(self._tails))
 
     @property
     def hit_rate(self) -> float:
@@ -233,15 +266,21 @@ class PagedKV:
         slot = self._free_slots.pop()
         path: list[_Node] = []
         blocks: list[int] = []
+        served = 0
         if self.prefix is not None:
             path = self.prefix.match(tokens, (len(tokens) - 1) // self.block_size)
             blocks = self.prefix.acquire(path, len(tokens))
+            served = len(blocks) * self.block_size
+            tail = self.prefix.take_tail(path[-1] if path else None, tokens[served:])
+            if tail is not None:  # this sequence's own earlier tail: write on in its block
+                blocks.append(tail[0])
+                served += tail[1]
         self._seqs[slot] = _SeqBlocks(blocks, path[-1] if path else None, len(path))
         row = self.cache.block_table[slot]
         row[:] = -1
         row[: len(blocks)] = blocks
         self._written()
-        return slot, len(blocks) * self.block_size
+        return slot, served
 
     def ensure(self, slot: int, n_positions: int) -> None:
         """Map blocks for positions 0..n_positions-1 of a sequence, evicting from the prefix cache if the
@@ -282,11 +321,28 @@ class PagedKV:
             s.node = node
             s.n_cached = i + 1
 
-    def close(self, slot: int) -> None:
-        """Release a sequence's blocks (cached ones stay in the prefix cache) and free its slot."""
+    def close(self, slot: int, tokens: Sequence[int] | None = None, n_computed: int = 0) -> None:
+        """Release a sequence's blocks (cached ones stay in the prefix cache) and free its slot. Given
+        its tokens and how many of them have their K/V written, its full blocks are cached first and a
+        partial last block that only it holds is parked for a continuation (PrefixCache.take_tail)."""
+        keep = -1
+        if self.prefix is not None and tokens is not None and n_computed > 0:
+            self.commit(slot, tokens, n_computed)
+            s = self._seqs[slot]
+            start = s.n_cached * self.block_size
+            if (
+                s.n_cached == n_computed // self.block_size
+                and start < n_computed
+                and len(s.blocks) > s.n_cached
+            ):
+                b = s.blocks[s.n_cached]
+                if self.pool.refs[b] == 1:
+                    self.prefix.park_tail(s.node, tokens[start:n_computed], b)
+                    keep = s.n_cached
         s = self._seqs.pop(slot)
-        for b in s.blocks:
-            self.pool.release(b)
+        for i, b in enumerate(s.blocks):
+            if i != keep:  # the parked tail's reference went to the prefix cache
+                self.pool.release(b)
         self.cache.block_table[slot] = -1
         self._written()
         self._free_slots.append(slot)

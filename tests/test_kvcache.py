@@ -176,3 +176,49 @@ def test_prefix_caching_off_shares_nothing():
     kv.commit(s0, toks, 9)
     s1, hit = kv.open(toks)
     assert hit == 0 and kv.n_available() == 5
+
+
+def test_a_finished_sequences_partial_tail_is_reused_by_its_continuation():
+    """Token-granular reuse of a conversation's own tail: a sequence closed with its tokens parks its
+    partial last block; the next sequence that continues those tokens takes the block and is served up
+    to the last written position (not only to the last full block)."""
+    kv = _paged(16)  # blocks of 4
+    turn1 = list(range(1, 11))  # 10 tokens written: 2 full blocks + [9, 10]
+    s0, _ = kv.open(turn1)
+    kv.ensure(s0, 11)
+    kv.commit(s0, turn1, 10)
+    tail_block = kv.seq_blocks(s0)[2]
+    kv.close(s0, turn1 + [11], n_computed=10)  # token 11 was sampled but never fed
+    assert kv.pool.refs[tail_block] == 1 and kv.n_used() == 3  # 2 in the trie + the parked tail
+    assert kv.prefix.n_evictable() == 3
+    turn2 = turn1 + [11, 12, 13]
+    s1, served = kv.open(turn2)
+    assert served == 10 and kv.seq_blocks(s1) == [*kv.seq_blocks(s1)[:2], tail_block]
+    assert kv.cache.block_table[s1, :3].tolist() == kv.seq_blocks(s1)
+    kv.ensure(s1, len(turn2))  # the tail block is the sequence's own: it writes on in it
+    assert kv.seq_blocks(s1)[2] == tail_block and kv.pool.refs[tail_block] == 1
+    kv.close(s1)
+    # a continuation that diverges inside the tail gets the full blocks only
+    kv2 = _paged(16)
+    s0, _ = kv2.open(turn1)
+    kv2.ensure(s0, 10)
+    kv2.close(s0, turn1, n_computed=10)
+    s1, served = kv2.open(turn1[:9] + [77, 78])
+    assert served == 8
+    # the tail is taken at most once, and a prompt equal to the tail still computes its last token
+    s2, served = kv2.open(turn1)
+    assert served == 8  # the tail [9, 10] would leave nothing to compute: not taken
+
+
+def test_parked_tails_are_evicted_first_and_every_reference_comes_back():
+    kv = _paged(6)
+    a = list(range(1, 7))  # 1 full block + [5, 6]
+    s0, _ = kv.open(a)
+    kv.ensure(s0, 6)
+    kv.close(s0, a, n_computed=6)
+    assert kv.pool.n_free == 4 and kv.prefix.n_evictable() == 2
+    assert kv.prefix.evict(1) == 1 and kv.pool.n_free == 5  # the tail went first
+    s1, served = kv.open(a + [7])
+    assert served == 4  # the full block is still cached; the tail is gone
+    kv.close(s1)
+    assert kv.prefix.clear() == 1 and kv.pool.n_free == 6 and (kv.pool.refs == 0).all()
