@@ -18,7 +18,8 @@ from edgellm import store
 from edgellm.arch import load_model, matrices
 from edgellm.backends import get_backend
 from edgellm.chat import ChatTemplate
-from edgellm.generate import Chunk, Generator, Request, Timings
+from edgellm.engine import ContextOverflow, Engine, GenRequest, Stream
+from edgellm.generate import PREFILL_CHUNK, Chunk, Timings
 from edgellm.gguf import ModelFile
 from edgellm.sampler import SamplingParams
 from edgellm.tokenizer import Tokenizer
@@ -58,8 +59,16 @@ def _numba_kernels_cached() -> bool:
     return NumbaBackend.kernels_cached()
 
 
+# the engine an LLM makes for itself: a few sequences (a batch of prompts, or a chat and a side request)
+# sharing a pool of two contexts' worth of KV blocks, with the prefix cache on, so that the next turn of a
+# conversation, or a prompt sharing a system prompt with an earlier one, computes only what is new
+ENGINE_SEQS = 4
+ENGINE_CONTEXTS = 2
+
+
 class LLM:
-    """A loaded model with its tokenizer, chat template and a generator."""
+    """A loaded model with its tokenizer, chat template and one continuous-batching Engine: every call
+    (generate, stream, chat, the CLI's run and chat, the server) submits requests to it."""
 
     def __init__(
         self,
@@ -85,9 +94,29 @@ class LLM:
         self.n_ctx = int(n_ctx) if n_ctx else min(DEFAULT_CTX, n_train)
         if self.n_ctx <= 0:
             raise ValueError(f"context size must be positive, got {self.n_ctx}")
-        self.generator = Generator(self.model, self.tokenizer, self.n_ctx)
         self.default_params = SamplingParams.from_gguf_metadata(self.file.metadata)
+        self._engine: Engine | None = None
+        self.last_timings = Timings()  # of the last generate / stream / chat call
         self.load_s = time.perf_counter() - t0
+
+    # -- the engine ----------------------------------------------------------------------------------
+    def open_engine(self, **options: Any) -> Engine:
+        """Make this LLM's Engine with the given Engine options (max_seqs, kv_tokens, block_size,
+        max_batch_tokens, max_queue, prefix_caching); the server calls this before its first request.
+        Replaces an earlier engine (whose cached prefixes are dropped)."""
+        if self._engine is not None:
+            self._engine.shutdown(grace=0.0)
+        opts: dict[str, Any] = dict(
+            max_seqs=ENGINE_SEQS, kv_tokens=ENGINE_CONTEXTS * self.n_ctx, max_batch_tokens=PREFILL_CHUNK
+        )
+        opts.update({k: v for k, v in options.items() if v is not None})
+        self._engine = Engine(self.model, self.tokenizer, n_ctx=self.n_ctx, **opts)
+        return self._engine
+
+    @property
+    def engine(self) -> Engine:
+        """The Engine every generation goes through (made on first use with the defaults above)."""
+        return self._engine if self._engine is not None else self.open_engine()
 
     # -- text <-> tokens ---------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
@@ -113,33 +142,76 @@ class LLM:
         return p
 
     # -- generation ----------------------------------------------------------------------------------
-    def _requests(self, prompts, max_tokens, stop, raw_ids, sampling) -> list[Request]:
+    def _requests(self, prompts, max_tokens, stop, raw_ids, sampling) -> list[GenRequest]:
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError(
+                f"max_tokens must be at least 1 (or None: until the context is full), got {max_tokens}"
+            )
         reqs = []
         for i, p in enumerate(prompts):
             ids = p if raw_ids else self.tokenize(p, add_special=True, parse_special=False)
             params = self.params(**sampling)
             if params.seed is not None and len(prompts) > 1:
                 params = replace(params, seed=params.seed + i)  # distinct but reproducible streams
-            reqs.append(Request(list(ids), params, max_tokens, tuple(stop or ())))
+            reqs.append(GenRequest(list(ids), params, max_tokens, tuple(stop or ())))
         return reqs
+
+    def _run(self, reqs: list[GenRequest]) -> Iterator[Chunk]:
+        """Submit every request to the engine and yield their chunks as the engine produces them. The
+        caller's thread steps the engine unless a server thread already runs it. Leaving early (break,
+        Ctrl-C) cancels what is still running."""
+        engine = self.engine
+        for r in reqs:
+            engine.check(r)  # all or nothing: a bad request fails before any runs
+        t = self.last_timings = Timings()
+        t0 = time.perf_counter()
+        t_first: float | None = None
+        streams: list[Stream] = [engine.submit(r) for r in reqs]
+        threaded = engine.running
+        try:
+            while not all(st.done for st in streams):
+                if not threaded:
+                    engine.step()
+                for i, st in enumerate(streams):
+                    for ev in st.ready() if not threaded else _wait_one(st):
+                        if ev.token is not None and t_first is None:
+                            t_first = time.perf_counter()
+                        if ev.usage is not None:
+                            t.prompt_tokens += ev.usage.prompt_tokens - ev.usage.cached_tokens
+                            t.cached_tokens += ev.usage.cached_tokens
+                            t.generated_tokens += ev.usage.completion_tokens
+                        if ev.finish_reason == "error":
+                            raise RuntimeError(ev.error or "generation failed")
+                        if ev.text or ev.token is not None or ev.finish_reason:
+                            yield Chunk(i, ev.text, ev.token, ev.finish_reason)
+        finally:
+            live = [st for st in streams if not st.done]
+            for st in live:
+                st.cancel()
+            if live and not threaded:
+                engine.step()  # takes the cancellations in: their slots and blocks are free again
+            end = time.perf_counter()
+            t.prompt_s = (t_first or end) - t0
+            t.generation_s = end - t_first if t_first is not None else 0.0
 
     def stream(
         self,
         prompt: str | list[int],
         *,
-        max_tokens: int = 256,
+        max_tokens: int | None = 256,
         stop: Sequence[str] | None = None,
         **sampling: Any,
     ) -> Iterator[Chunk]:
-        """Plain completion of one prompt (text or token ids), streamed as chunks."""
+        """Plain completion of one prompt (text or token ids), streamed as chunks. max_tokens=None:
+        until end of generation or the context is full."""
         raw = not isinstance(prompt, str)
-        yield from self.generator.run(self._requests([prompt], max_tokens, stop, raw, sampling))
+        yield from self._run(self._requests([prompt], max_tokens, stop, raw, sampling))
 
     def generate(
         self,
         prompt: str | list[str] | list[int],
         *,
-        max_tokens: int = 256,
+        max_tokens: int | None = 256,
         stop: Sequence[str] | None = None,
         **sampling: Any,
     ) -> Completion | list[Completion]:
@@ -153,43 +225,61 @@ class LLM:
         self,
         messages: list[dict[str, Any]],
         *,
-        max_tokens: int = 256,
+        max_tokens: int | None = 256,
         stop: Sequence[str] | None = None,
         **sampling: Any,
     ) -> Completion:
-        """One assistant turn for a conversation, through the model's chat template."""
-        return self._collect(self._requests([self.chat_prompt(messages)], max_tokens, stop, True, sampling))[
-            0
-        ]
+        """One assistant turn for a conversation, through the model's chat template. The conversation's
+        earlier turns are read from the engine's prefix cache: a turn costs its new tokens."""
+        reqs = self._requests([self.chat_prompt(messages)], max_tokens, stop, True, sampling)
+        return self._collect(reqs)[0]
 
     def chat_stream(
         self,
         messages: list[dict[str, Any]],
         *,
-        max_tokens: int = 256,
+        max_tokens: int | None = 256,
         stop: Sequence[str] | None = None,
         **sampling: Any,
     ) -> Iterator[Chunk]:
-        yield from self.generator.run(
-            self._requests([self.chat_prompt(messages)], max_tokens, stop, True, sampling)
-        )
+        yield from self._run(self._requests([self.chat_prompt(messages)], max_tokens, stop, True, sampling))
 
-    def _collect(self, reqs: list[Request]) -> list[Completion]:
-        texts = [[] for _ in reqs]
+    def _collect(self, reqs: list[GenRequest]) -> list[Completion]:
+        texts: list[list[str]] = [[] for _ in reqs]
         toks: list[list[int]] = [[] for _ in reqs]
         reasons = ["length"] * len(reqs)
-        for c in self.generator.run(reqs):
+        for c in self._run(reqs):
             texts[c.index].append(c.text)
-            if c.token is not None and not (c.finish_reason == "stop" and c.token in self.tokenizer.eog_ids):
+            if c.token is not None:
                 toks[c.index].append(c.token)
             if c.finish_reason:
                 reasons[c.index] = c.finish_reason
-        t = self.generator.timings
+        t = self.last_timings
         return [
             Completion("".join(x), k, r, len(q.prompt_ids), t)
             for x, k, r, q in zip(texts, toks, reasons, reqs)
         ]
 
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
-        """Teacher-forced logits (N, V) for a token sequence, e.g. for perplexity or KL evaluation."""
-        return self.generator.logits(list(tokens))
+        """Teacher-forced logits (N, V) for a token sequence, e.g. for perplexity or KL evaluation: the
+        model's forward in chunks of PREFILL_CHUNK over a cache of its own (the engine's is untouched)."""
+        ids = np.asarray(list(tokens), np.int64)
+        if len(ids) == 0:
+            raise ValueError("empty token sequence: nothing to score")
+        if len(ids) > self.n_ctx:
+            raise ContextOverflow(
+                f"{len(ids)} tokens but the context holds {self.n_ctx} (raise -c/--ctx-size)"
+            )
+        kv = self.model.new_kv_cache(len(ids), 1)
+        out = []
+        for s in range(0, len(ids), PREFILL_CHUNK):
+            part = ids[s : s + PREFILL_CHUNK]
+            pos = np.arange(s, s + len(part), dtype=np.int64)
+            out.append(self.model.forward(part, pos, np.zeros(len(part), np.int64), kv))
+        return np.concatenate(out, axis=0)
+
+
+def _wait_one(st: Stream) -> list:
+    """The next event of a stream a server thread is feeding (blocking), as a list."""
+    ev = next(iter(st), None)
+    return [ev] if ev is not None else []

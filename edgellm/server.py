@@ -108,10 +108,7 @@ def load(state: State) -> None:
         else:  # every slot can fill its context, within 256 MiB unless one context alone needs more
             cap = max(llm.n_ctx, (256 << 20) // llm.model.kv_bytes_per_token())
             kv_tokens = min(c.parallel * llm.n_ctx, cap)
-        engine = Engine(
-            llm.model,
-            llm.tokenizer,
-            n_ctx=llm.n_ctx,
+        engine = llm.open_engine(  # the one engine of this LLM, run by its own thread here
             max_seqs=c.parallel,
             kv_tokens=kv_tokens,
             block_size=c.block_size,

@@ -25,10 +25,21 @@ def load_fixture(alias: str) -> dict:
     return json.loads((FIX / f"{alias}.json").read_text())
 
 
+def prefill(model, prompt_ids: list[int], kv, chunk: int = 512) -> np.ndarray:
+    """The prompt through model.forward in chunks of sequence 0; logits of its last token (V,)."""
+    ids = np.asarray(prompt_ids, np.int64)
+    for s in range(0, len(ids), chunk):
+        part = ids[s : s + chunk]
+        rows = np.array([len(part) - 1]) if s + len(part) == len(ids) else np.array([], np.int64)
+        logits = model.forward(part, np.arange(s, s + len(part)), np.zeros(len(part), np.int64), kv, rows)
+    return logits[-1]
+
+
 def greedy(llm, prompt_ids: list[int], n: int) -> tuple[list[int], list[float]]:
-    """Greedy continuation straight from the model (no EOG stop), with top-1/top-2 margins."""
+    """Greedy continuation straight from the model (no EOG stop), with top-1/top-2 margins: a loop of its
+    own, independent of the engine, as a cross-check of it."""
     kv = llm.model.new_kv_cache(len(prompt_ids) + n + 1, 1)
-    logits = llm.generator.prefill(prompt_ids, 0, kv)[-1]
+    logits = prefill(llm.model, prompt_ids, kv)
     ids, margins = [], []
     for i in range(n):
         top2 = np.argsort(-logits, kind="stable")[:2]

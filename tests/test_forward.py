@@ -125,7 +125,7 @@ def test_seeded_sampling_is_reproducible(llm_of):
 
 def test_prompt_longer_than_context_is_a_clear_error(smollm2_path):
     import edgellm
-    from edgellm.generate import ContextOverflow
+    from edgellm.engine import ContextOverflow
 
     small = edgellm.LLM(smollm2_path, backend="reference", n_ctx=16)
     with pytest.raises(ContextOverflow, match="context holds 16"):

@@ -14,7 +14,7 @@ import logging
 
 import numpy as np
 import pytest
-from forward_checks import check_forced_steps, check_greedy, load_fixture
+from forward_checks import check_forced_steps, check_greedy, load_fixture, prefill
 from gguf import GGMLQuantizationType as T
 from random_weights import (
     QUANTIZABLE,
@@ -332,9 +332,9 @@ def test_smollm2_plan_equals_eager_and_1_thread_equals_2(smollm2):
     for k in (1, 2):
         with threads(model.backend, k):
             kv = model.new_kv_cache(64, 1)
-            first = smollm2.generator.prefill(prompt, 0, kv)
+            first = prefill(model, prompt, kv)
             step = model.decode_step(
-                np.array([int(first[-1].argmax())]), np.array([len(prompt)]), np.zeros(1, np.int64), kv
+                np.array([int(first.argmax())]), np.array([len(prompt)]), np.zeros(1, np.int64), kv
             )
             outs.append((first, step))
     assert np.array_equal(outs[0][0], outs[1][0]) and np.array_equal(outs[0][1], outs[1][1])
