@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -96,14 +97,21 @@ def run_bench(
     reps: int = 5,
     n_ctx: int | None = None,
     log=None,
+    progress: Callable[[str], None] | None = None,
 ) -> BenchResult:
+    """Measure one model; `progress`, if given, is told each stage as it starts ("warm-up", "pp128 2/5")."""
     from edgellm.llm import LLM
+
+    def stage(what: str) -> None:
+        if progress is not None:
+            progress(what)
 
     ctx = n_ctx or (n_prompt + n_gen + 8)
     if n_prompt + n_gen + 1 > ctx:
         raise ValueError(f"-p {n_prompt} plus -n {n_gen} does not fit a context of {ctx}")
     llm = LLM(model, backend=backend, threads=threads, n_ctx=ctx, log=log)
     m = llm.model
+    stage("warm-up")
     if hasattr(llm.backend, "warmup"):
         llm.backend.warmup()
     n_vocab = m.config.n_vocab
@@ -117,8 +125,9 @@ def run_bench(
         m.decode_step(prompt[:1], np.array([8 + i]), one, kv)
 
     pp, tg, ttft = [], [], []
-    for _ in range(reps):
+    for rep in range(reps):
         if n_prompt > 0:
+            stage(f"pp{n_prompt} {rep + 1}/{reps}")
             t0 = time.perf_counter()
             logits = _prefill(m, kv, prompt)
             tok = int(np.argmax(logits[-1]))
@@ -128,6 +137,7 @@ def run_bench(
         else:
             tok = int(prompt[0])
         if n_gen > 0:
+            stage(f"tg{n_gen} {rep + 1}/{reps}")
             start = max(n_prompt, 1)
             tok_arr = np.array([tok], np.int64)
             t0 = time.perf_counter()

@@ -1,5 +1,5 @@
-"""The `edgellm` command line (typer). Errors a user can cause end as one line on stderr and exit 1;
-`--debug` shows the traceback."""
+"""The `edgellm` command line (typer). Errors a user can cause end as one line on stderr and exit 1 (2 for
+a mistake in the command line); `edgellm --debug COMMAND ...` shows the traceback."""
 
 from __future__ import annotations
 
@@ -24,8 +24,29 @@ class UserError(Exception):
     """An error to show as one line, without a traceback."""
 
 
+class UsageError(UserError):
+    """A mistake in the command line (an empty prompt, two models): one line, exit 2 like click's."""
+
+    exit_code = 2
+
+
+def _version(value: bool) -> None:
+    if value:
+        from edgellm import __version__
+
+        print(f"edgellm {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors.")) -> None:
+def _root(
+    debug: bool = typer.Option(
+        False, "--debug", help="Show tracebacks on errors (before the command: edgellm --debug run ...)."
+    ),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
     _state["debug"] = debug
 
 
@@ -45,15 +66,27 @@ ModelArg = typer.Argument(
 )
 
 
+def pick_model(positional: str | None, option: str | None) -> str | None:
+    """The model named by MODEL or by -m/--model; both, naming different models, is a usage error."""
+    if option is None:
+        return positional
+    if positional is not None and positional != option:
+        raise UsageError(f"two models given ({positional!r} and -m {option!r}); give one")
+    return option
+
+
 @app.command()
 def info(
     model: str | None = ModelArg,
+    model_opt: str | None = typer.Option(
+        None, "-m", "--model", help="Model, as llama.cpp spells it: same as MODEL."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     tensors: bool = typer.Option(False, "--tensors", help="Also list every tensor."),
     metadata: bool = typer.Option(False, "--metadata", help="Also print all metadata keys."),
 ) -> None:
     """Show a model's architecture, size, quant mix and tokenizer; exit 1 if it would not load."""
-    mf = open_model(model)
+    mf = open_model(pick_model(model, model_opt))
     s = modelinfo.summarize(mf)
     problem = modelinfo.load_problem(mf)
     if problem is not None:
@@ -181,9 +214,17 @@ def main(argv: list[str] | None = None) -> int:
         known = (GGUFError, store.ModelNotFound, UserError, ValueError, OSError, RuntimeError)
         if isinstance(e, known):
             print(f"error: {e}", file=sys.stderr)
-        else:
-            print(f"error: {type(e).__name__}: {e} (run with --debug for the traceback)", file=sys.stderr)
+            return int(getattr(e, "exit_code", 1))
+        # --debug is an option of `edgellm` itself: after the command it is an unknown option
+        command = _command_of(argv if argv is not None else sys.argv[1:])
+        hint = f"edgellm --debug {command} ..." if command else "edgellm --debug COMMAND ..."
+        print(f"error: {type(e).__name__}: {e} (for the traceback: {hint})", file=sys.stderr)
         return 1
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The subcommand named in argv (the first word that is not an option of `edgellm` itself)."""
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 def run_main() -> None:

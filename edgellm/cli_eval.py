@@ -4,28 +4,46 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import typer
 
+from edgellm.backends import names as backend_names
+
+BACKEND_HELP = f"Compute backend: {', '.join(backend_names())} (auto: the fastest that runs here)."
+MODEL_OPT_HELP = "Model, as llama.cpp spells it: same as MODEL."
+
+
+def _model_option():
+    return typer.Option(None, "-m", "--model", help=MODEL_OPT_HELP)
+
 
 def perplexity(
     model: str | None = typer.Argument(None, help="Model alias or .gguf path (default: smollm2-135m)."),
+    model_opt: str | None = _model_option(),
     file: Path = typer.Option(..., "-f", "--file", help="Text file to score."),
     ctx: int = typer.Option(512, "-c", "--ctx-size", help="Tokens per chunk (llama-perplexity's -c)."),
     chunks: int | None = typer.Option(None, "--chunks", help="Score at most this many chunks."),
-    backend: str = typer.Option("auto", "--backend"),
+    backend: str = typer.Option("auto", "--backend", help=BACKEND_HELP),
     threads: int | None = typer.Option(None, "-t", "--threads"),
     save_logits: Path | None = typer.Option(None, "--save-logits", help="Save scored log-probs (.npz)."),
     kl_base: Path | None = typer.Option(None, "--kl-base", help="Compare with a --save-logits file by KL."),
 ) -> None:
     """Perplexity of a text, by llama.cpp's method (second half of each -c chunk)."""
+    from edgellm.cli import pick_model
     from edgellm.llm import LLM
     from edgellm.perplexity import kl_divergence
     from edgellm.perplexity import perplexity as ppl_of
 
-    llm = LLM(model, backend=backend, threads=threads, n_ctx=ctx, log=lambda m: print(m, file=sys.stderr))
+    llm = LLM(
+        pick_model(model, model_opt),
+        backend=backend,
+        threads=threads,
+        n_ctx=ctx,
+        log=lambda m: print(m, file=sys.stderr),
+    )
     text = file.read_text(encoding="utf-8")
 
     def progress(i: int, n: int, ppl: float) -> None:
@@ -54,18 +72,24 @@ def perplexity(
 
 
 def tokenize(
-    model: str | None = typer.Argument(None, help="Model alias or .gguf path."),
-    text: str = typer.Argument(..., help="Text to tokenize."),
+    model: str | None = typer.Argument(None, help="Model alias or .gguf path (or -m, then TEXT alone)."),
+    text: str | None = typer.Argument(None, help="Text to tokenize."),
+    model_opt: str | None = _model_option(),
     ids_only: bool = typer.Option(False, "--ids-only", help="Print only the ids, as a JSON list."),
     no_bos: bool = typer.Option(False, "--no-bos", help="Do not add BOS/EOS even if the model does."),
     parse_special: bool = typer.Option(False, "--parse-special", help="Turn special-token text into ids."),
 ) -> None:
     """Print the token ids (and pieces) of a text."""
     from edgellm import store
+    from edgellm.cli import UsageError, pick_model
     from edgellm.gguf import ModelFile
     from edgellm.tokenizer import Tokenizer, format_tokens
 
-    mf = ModelFile(store.resolve(model))
+    if text is None and model_opt is not None:  # `tokenize -m MODEL TEXT`: the one positional is the text
+        model, text = None, model
+    if text is None:
+        raise UsageError("missing TEXT: edgellm tokenize MODEL TEXT (or -m MODEL TEXT)")
+    mf = ModelFile(store.resolve(pick_model(model, model_opt)))
     tok = Tokenizer.from_gguf(mf)
     ids = tok.encode(text, add_special=not no_bos, parse_special=parse_special)
     if ids_only:
@@ -78,25 +102,42 @@ def tokenize(
 
 def bench(
     model: str | None = typer.Argument(None, help="Model alias or .gguf path (default: smollm2-135m)."),
+    model_opt: str | None = _model_option(),
     n_prompt: int = typer.Option(128, "-p", "--n-prompt", min=0, help="Prompt tokens (pp test)."),
     n_gen: int = typer.Option(64, "-n", "--n-gen", min=0, help="Generated tokens (tg test)."),
     reps: int = typer.Option(5, "-r", "--repetitions", min=1, help="Repetitions; medians are reported."),
     threads: int | None = typer.Option(None, "-t", "--threads"),
-    backend: str = typer.Option("auto", "--backend"),
+    backend: str = typer.Option("auto", "--backend", help=BACKEND_HELP),
     ctx: int | None = typer.Option(None, "-c", "--ctx-size", help="KV cache size (default: -p + -n)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Prompt and generation speed, time to first token and peak memory, like llama-bench."""
     from edgellm.bench import format_result, run_bench
+    from edgellm.cli import pick_model
 
-    r = run_bench(
-        model,
-        backend=backend,
-        threads=threads,
-        n_prompt=n_prompt,
-        n_gen=n_gen,
-        reps=reps,
-        n_ctx=ctx,
-        log=lambda m: print(m, file=sys.stderr),
-    )
+    with _progress_line() as progress:
+        r = run_bench(
+            pick_model(model, model_opt),
+            backend=backend,
+            threads=threads,
+            n_prompt=n_prompt,
+            n_gen=n_gen,
+            reps=reps,
+            n_ctx=ctx,
+            log=lambda m: print(m, file=sys.stderr),
+            progress=progress,
+        )
     print(json.dumps(r.as_dict()) if as_json else format_result(r))
+
+
+@contextmanager
+def _progress_line():
+    """A transient spinner line on stderr saying what bench is doing, only when stderr is a terminal
+    (a log or a pipe gets nothing); yields the callback that updates it, or None."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+
+    with Console(stderr=True).status("bench: loading", spinner="dots") as status:
+        yield lambda what: status.update(f"bench: {what}")

@@ -1,23 +1,48 @@
-"""`edgellm run`: one answer streamed to stdout, or an interactive chat on a TTY (like `ollama run`)."""
+"""`edgellm run`: one answer streamed to stdout, or an interactive chat on a TTY (like `ollama run`).
+
+Flags and habits follow llama.cpp: -m/--model, `-n -1` (until the end of generation or the context is full),
+piped stdin appended to the prompt, a note on stderr when the context fills, readline in the chat.
+"""
 
 from __future__ import annotations
 
 import sys
+import time
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from edgellm import store
+from edgellm.backends import names as backend_names
+from edgellm.sampler import SamplingParams
+
+DEFAULT_N_PREDICT = 512
+HISTORY_LINES = 1000  # lines of chat input readline keeps (and saves in store.home() / "chat_history")
+_D = SamplingParams()  # llama.cpp's defaults, for --help (a model file's general.sampling.* may override)
 
 
 class RunError(ValueError):
     pass
 
 
-def _split_model_and_prompt(model: str | None, prompt_pos: str | None, prompt_opt: str | None):
-    """`run [MODEL] [PROMPT]` plus `-p`: the first positional must be a model, never a prompt in disguise."""
-    if model is not None and store.spec_for(model) is None and not Path(model).expanduser().is_file():
+def _usage_error(msg: str) -> Exception:
+    from edgellm.cli import UsageError  # edgellm.cli imports this module: import it when it runs
+
+    return UsageError(msg)
+
+
+def _split_model_and_prompt(
+    model: str | None, model_opt: str | None, prompt_pos: str | None, prompt_opt: str | None
+):
+    """`run [MODEL] [PROMPT]`, `-m MODEL [PROMPT]` plus `-p`: the first positional is a model unless -m
+    names one, and never a prompt in disguise."""
+    if model_opt is not None:
+        if prompt_pos is not None:
+            raise _usage_error("with -m/--model, give at most one positional argument: the prompt")
+        model, prompt_pos = model_opt, model
+    elif model is not None and store.spec_for(model) is None and not Path(model).expanduser().is_file():
         cached = store.models_dir() / model
         if not cached.is_file():
             raise RunError(
@@ -29,42 +54,140 @@ def _split_model_and_prompt(model: str | None, prompt_pos: str | None, prompt_op
     return model, prompt_pos if prompt_pos is not None else prompt_opt
 
 
-def run(
-    model: str | None = typer.Argument(None, help="Model alias or .gguf path (default: smollm2-135m)."),
-    prompt_arg: str | None = typer.Argument(None, metavar="[PROMPT]", help="Prompt (or use -p)."),
-    prompt: str | None = typer.Option(None, "-p", "--prompt", help="Prompt text."),
-    file: Path | None = typer.Option(None, "-f", "--file", help="Read the prompt from a file."),
-    raw: bool = typer.Option(False, "--raw", help="Plain completion: no chat template."),
-    system: str | None = typer.Option(None, "-s", "--system", help="System message."),
-    n_predict: int = typer.Option(512, "-n", "--n-predict", help="Maximum tokens to generate."),
-    ctx_size: int | None = typer.Option(
-        None, "-c", "--ctx-size", help="Context size (default: min(4096, model's))."
-    ),
-    threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads."),
-    temp: float | None = typer.Option(None, "--temp", help="Temperature (0 = greedy; default 0.8)."),
-    top_k: int | None = typer.Option(None, "--top-k"),
-    top_p: float | None = typer.Option(None, "--top-p"),
-    min_p: float | None = typer.Option(None, "--min-p"),
-    repeat_penalty: float | None = typer.Option(None, "--repeat-penalty"),
-    repeat_last_n: int | None = typer.Option(None, "--repeat-last-n"),
-    seed: int | None = typer.Option(None, "--seed", help="RNG seed (same seed, same text)."),
-    stop: list[str] | None = typer.Option(None, "--stop", help="Stop string (repeatable)."),
-    backend: str = typer.Option("auto", "--backend", help="auto, reference, ..."),
-    chat_template: str | None = typer.Option(None, "--chat-template", help="Built-in name or .jinja file."),
-    no_mmap: bool = typer.Option(False, "--no-mmap", help="Read the file into memory instead of mapping it."),
-    mlock: bool = typer.Option(False, "--mlock", help="Lock the model in RAM (needs the privilege)."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Print load time and tokens/s."),
-) -> None:
-    """Answer a prompt (streamed), or chat interactively when no prompt is given on a terminal."""
-    from edgellm.llm import LLM
+def _piped(stdin: Any) -> str | None:
+    """All of stdin when it is a pipe or a file; None on a terminal (or a stdin that cannot be read)."""
+    try:
+        if stdin is None or stdin.isatty() or not stdin.readable():
+            return None
+        return stdin.read()
+    except (OSError, ValueError):  # closed, or a pseudo-file that refuses (pytest's)
+        return None
 
-    model, text = _split_model_and_prompt(model, prompt_arg, prompt)
+
+def _gather_prompt(text: str | None, file: Path | None, stdin: Any) -> str | None:
+    """The prompt: -p/PROMPT or -f, then piped stdin after a blank line, as llama.cpp's llama-run does
+    (tools/run/run.cpp, main: `opt.user += "\\n\\n"; opt.user += read_pipe_data();`). None when there is
+    no prompt at all (stdin is a terminal: chat). A prompt with no text is a usage error."""
+    sources = []
     if file is not None:
         if text is not None:
             raise RunError("give the prompt once: -f FILE or a prompt, not both")
         text = file.read_text(encoding="utf-8")
-    elif text is None and not sys.stdin.isatty():
-        text = sys.stdin.read()
+        sources.append(f"-f {file}")
+    elif text is not None:
+        sources.append("-p/PROMPT")
+    piped = _piped(stdin)
+    if piped is not None:
+        sources.append("stdin")
+    if text is None and piped is None:
+        return None
+    prompt = "\n\n".join(t for t in (text, piped) if t and t.strip())
+    if not prompt:
+        raise _usage_error(
+            f"empty prompt ({' and '.join(sources)} gave no text); to chat, run it on a terminal"
+        )
+    return prompt
+
+
+def _max_tokens(n_predict: int) -> int | None:
+    """-n as LLM.stream takes it: -1 means until the end of generation or the context is full."""
+    if n_predict == -1:
+        return None
+    if n_predict < 1:
+        raise _usage_error(
+            f"-n/--n-predict {n_predict}: give a number of tokens, or -1 (until the end of generation "
+            "or the context is full)"
+        )
+    return n_predict
+
+
+def _warn_long_context(llm: Any, log) -> None:
+    """-c past the trained context: said once, with what it costs."""
+    from edgellm.modelinfo import human_bytes
+
+    n_train = llm.model.config.n_ctx_train
+    if llm.n_ctx > n_train:
+        kv = llm.model.kv_bytes_per_token() * llm.n_ctx
+        log(
+            f"warning: -c {llm.n_ctx} is above the {n_train} tokens this model was trained on: past "
+            f"{n_train} its output degrades, and the KV cache of one context takes {human_bytes(kv)}"
+        )
+
+
+def _template_label(llm: Any, raw: bool) -> str:
+    """The chat template in use, as --verbose and /show say it."""
+    if raw:
+        return "none (--raw: plain completion)"
+    t = llm.template
+    name = {"gguf": "from the file", "file": "from a .jinja file", "inline": "inline"}.get(t.name, t.name)
+    return f"{name} ({t.reason})" if t.reason else name
+
+
+BACKEND_HELP = f"Compute backend: {', '.join(backend_names())} (auto: the fastest that runs here)."
+
+
+def run(
+    model: str | None = typer.Argument(None, help="Model alias or .gguf path (default: smollm2-135m)."),
+    prompt_arg: str | None = typer.Argument(None, metavar="[PROMPT]", help="Prompt (or use -p)."),
+    model_opt: str | None = typer.Option(
+        None, "-m", "--model", help="Model, as llama.cpp spells it (then PROMPT may be the one positional)."
+    ),
+    prompt: str | None = typer.Option(
+        None, "-p", "--prompt", help="Prompt text. Piped stdin is appended to it after a blank line."
+    ),
+    file: Path | None = typer.Option(None, "-f", "--file", help="Read the prompt from a file."),
+    raw: bool = typer.Option(False, "--raw", help="Plain completion: no chat template."),
+    system: str | None = typer.Option(None, "-s", "--system", help="System message (default: none)."),
+    n_predict: int = typer.Option(
+        DEFAULT_N_PREDICT,
+        "-n",
+        "--n-predict",
+        help="Tokens to generate at most; -1: until the end of generation or the context is full.",
+    ),
+    ctx_size: int | None = typer.Option(
+        None, "-c", "--ctx-size", help="Context size in tokens (default: min(4096, the model's trained))."
+    ),
+    threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads (default: the cores)."),
+    temp: float | None = typer.Option(
+        None, "--temp", help=f"Temperature; 0 = greedy (default {_D.temperature})."
+    ),
+    top_k: int | None = typer.Option(
+        None, "--top-k", help=f"Sample from the k likeliest tokens; 0 = off (default {_D.top_k})."
+    ),
+    top_p: float | None = typer.Option(
+        None, "--top-p", help=f"Nucleus: the likeliest tokens up to mass p; 1 = off (default {_D.top_p})."
+    ),
+    min_p: float | None = typer.Option(
+        None, "--min-p", help=f"Drop tokens under p x the top one's probability (default {_D.min_p})."
+    ),
+    repeat_penalty: float | None = typer.Option(
+        None, "--repeat-penalty", help=f"Penalty on repeated tokens; 1 = off (default {_D.repeat_penalty})."
+    ),
+    repeat_last_n: int | None = typer.Option(
+        None,
+        "--repeat-last-n",
+        help=f"Tokens the penalty looks back over; -1 = all (default {_D.repeat_last_n}).",
+    ),
+    seed: int | None = typer.Option(None, "--seed", help="RNG seed: same seed, same text (default: random)."),
+    stop: list[str] | None = typer.Option(None, "--stop", help="Stop string (repeatable; default: none)."),
+    backend: str = typer.Option("auto", "--backend", help=BACKEND_HELP),
+    chat_template: str | None = typer.Option(
+        None, "--chat-template", help="Built-in name or .jinja file (default: the file's own)."
+    ),
+    no_mmap: bool = typer.Option(False, "--no-mmap", help="Read the file into memory instead of mapping it."),
+    mlock: bool = typer.Option(False, "--mlock", help="Lock the model in RAM (needs the privilege)."),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="Print load time, the chat template and tokens/s."
+    ),
+) -> None:
+    """Answer a prompt (streamed), or chat interactively when no prompt is given on a terminal.
+
+    Sampling defaults are llama.cpp's unless the model sets general.sampling.* (/show lists them)."""
+    from edgellm.llm import LLM
+
+    model, text = _split_model_and_prompt(model, model_opt, prompt_arg, prompt)
+    text = _gather_prompt(text, file, sys.stdin)
+    max_tokens = _max_tokens(n_predict)
 
     def log(m: str) -> None:
         print(m, file=sys.stderr, flush=True)
@@ -80,9 +203,10 @@ def run(
     )
     if mlock:
         _mlock(llm)
+    _warn_long_context(llm, log)
     if verbose:
         log(f"loaded {llm.path.name} in {llm.load_s:.2f} s (backend {llm.backend.name}, ctx {llm.n_ctx})")
-        log(f"chat template: {llm.template.name} ({llm.template.reason})")
+        log(f"chat template: {_template_label(llm, raw and text is not None)}")
     sampling = dict(
         temperature=temp,
         top_k=top_k,
@@ -93,48 +217,141 @@ def run(
         seed=seed,
     )
     llm.params(**sampling)  # validate flags before any work
-    opts = dict(max_tokens=n_predict, stop=stop or None, **sampling)
+    opts = dict(max_tokens=max_tokens, stop=stop or None, **sampling)
     if text is None:
-        _interactive(llm, system, opts, verbose)
+        _interactive(llm, system, opts, verbose, history_file=store.home() / "chat_history")
         return
     if raw:
-        chunks = llm.stream(text, **opts)
+        ids = llm.tokenize(text)
     else:
         msgs = ([{"role": "system", "content": system}] if system else []) + [
             {"role": "user", "content": text}
         ]
-        chunks = llm.chat_stream(msgs, **opts)
-    _print_stream(chunks)
+        ids = llm.chat_prompt(msgs)
+    seen = Seen(len(ids))
+    try:
+        _print_stream(llm.stream(ids, **opts), seen)
+    except KeyboardInterrupt:
+        print()
+        if verbose:
+            _print_timings(llm, seen)
+        raise
     print()
+    if _context_full(llm, seen):
+        log(f"context full ({llm.n_ctx} tokens): stopped; raise -c/--ctx-size")
     if verbose:
-        _print_timings(llm)
+        _print_timings(llm, seen)
 
 
-def _print_stream(chunks) -> str:
+@dataclass
+class Seen:
+    """What the CLI saw of one answer. The context-full note and the rates come from it, so that they hold
+    after Ctrl-C too, when the engine's own figures are cut short."""
+
+    prompt_tokens: int
+    started: float = field(default_factory=time.perf_counter)
+    first: float | None = None  # when the first generated token arrived
+    last: float | None = None  # when the last one did
+    tokens: int = 0
+    finish: str | None = None
+    text: str = ""
+
+
+def _print_stream(chunks, seen: Seen) -> str:
     out = []
-    for c in chunks:
-        if c.text:
-            sys.stdout.write(c.text)
-            sys.stdout.flush()
-            out.append(c.text)
-    return "".join(out)
+    try:
+        for c in chunks:
+            if c.token is not None:
+                seen.last = time.perf_counter()
+                seen.first = seen.first if seen.first is not None else seen.last
+                seen.tokens += 1
+            if c.finish_reason:
+                seen.finish = c.finish_reason
+            if c.text:
+                sys.stdout.write(c.text)
+                sys.stdout.flush()
+                out.append(c.text)
+    finally:
+        chunks.close()  # after Ctrl-C: cancel the request now, not when the generator is collected
+        seen.text = "".join(out)
+    return seen.text
 
 
-def _print_timings(llm: Any) -> None:
-    t = llm.generator.timings
+def _context_full(llm: Any, seen: Seen) -> bool:
+    return seen.finish == "length" and seen.prompt_tokens + seen.tokens >= llm.n_ctx
+
+
+def _rate(n: int, s: float) -> str:
+    # under a millisecond the clock says nothing about speed: no 1e6 tokens/s from one token
+    return f"{n / s:.1f} tokens/s" if n > 0 and s >= 1e-3 else "- tokens/s"
+
+
+def _print_timings(llm: Any, seen: Seen) -> None:
+    """Prompt and generation speed from the tokens that arrived and the time they took: the prompt up to
+    the first token, the generation from the first token to the last (so one token has no rate)."""
+    t = getattr(llm, "last_timings", None) or llm.generator.timings
+    cached = int(getattr(t, "cached_tokens", 0)) if seen.finish else 0
+    computed = seen.prompt_tokens - cached
+    note = f" ({cached} from the prefix cache)" if cached else ""
+    stopped = "" if seen.finish else " (interrupted)"
+    if seen.first is None:
+        s = time.perf_counter() - seen.started
+        print(f"prompt eval: {seen.prompt_tokens} tokens{note}, {s:.2f} s{stopped}", file=sys.stderr)
+        print("generation:  0 tokens", file=sys.stderr)
+        return
+    prompt_s = seen.first - seen.started
+    gen_s = (seen.last or seen.first) - seen.first
     print(
-        f"prompt eval: {t.prompt_tokens} tokens, {t.prompt_s:.2f} s, {t.prompt_tps:.1f} tokens/s\n"
-        f"generation:  {t.generated_tokens} tokens, {t.generation_s:.2f} s, {t.generation_tps:.1f} tokens/s",
+        f"prompt eval: {seen.prompt_tokens} tokens{note}, {prompt_s:.2f} s, {_rate(computed, prompt_s)}\n"
+        f"generation:  {seen.tokens} tokens, {gen_s:.2f} s after the first, "
+        f"{_rate(seen.tokens - 1, gen_s)}{stopped}",
         file=sys.stderr,
     )
 
 
 HELP = """commands: /bye (or Ctrl-D) exit, /clear forget the conversation, /set temp 0.2 (also top_k, top_p,
-min_p, repeat_penalty, seed, n_predict), /show current settings, \"\"\" starts and ends multi-line input,
-Ctrl-C stops the current answer."""
+min_p, repeat_penalty, repeat_last_n, seed, n_predict), /show current settings, \"\"\" starts and ends
+multi-line input, Ctrl-C stops the current answer; arrow keys edit the line and recall earlier ones."""
 
 
-def _interactive(llm: Any, system: str | None, opts: dict, verbose: bool) -> None:
+def _line_editing(history_file: Path | None):
+    """Line editing and history for input() through readline, where it imports (not on every platform:
+    then input() stays plain). History lives for the session and, with `history_file`, across sessions.
+    Returns the function that saves it; a file that cannot be read or written is skipped silently."""
+    try:
+        import readline
+    except ImportError:
+        return lambda: None
+    readline.set_history_length(HISTORY_LINES)
+    if history_file is not None:
+        try:
+            readline.read_history_file(history_file)
+        except OSError:
+            pass
+
+    def save() -> None:
+        if history_file is None:
+            return
+        try:
+            history_file.parent.mkdir(parents=True, exist_ok=True)
+            readline.write_history_file(history_file)
+        except OSError:
+            pass
+
+    return save
+
+
+def _interactive(
+    llm: Any, system: str | None, opts: dict, verbose: bool, history_file: Path | None = None
+) -> None:
+    save_history = _line_editing(history_file)
+    try:
+        _chat(llm, system, opts, verbose)
+    finally:
+        save_history()
+
+
+def _chat(llm: Any, system: str | None, opts: dict, verbose: bool) -> None:
     history: list[dict[str, str]] = []
     print(f">>> chatting with {llm.path.name}; /? for help", file=sys.stderr)
     while True:
@@ -168,8 +385,7 @@ def _interactive(llm: Any, system: str | None, opts: dict, verbose: bool) -> Non
             print("(conversation cleared)")
             continue
         if cmd == "/show":
-            shown = {k: v for k, v in opts.items() if v is not None}
-            print(f"model {llm.path.name}, ctx {llm.n_ctx}, template {llm.template.name}, {shown}")
+            _show(llm, system, opts)
             continue
         if cmd.startswith("/set"):
             _set(opts, cmd.split()[1:], llm)
@@ -179,19 +395,60 @@ def _interactive(llm: Any, system: str | None, opts: dict, verbose: bool) -> Non
             continue
         history.append({"role": "user", "content": line})
         msgs = ([{"role": "system", "content": system}] if system else []) + history
-        answer = ""
+        seen = None
         try:
-            answer = _print_stream(llm.chat_stream(msgs, **opts))
+            ids = llm.chat_prompt(msgs)
+            seen = Seen(len(ids))
+            _print_stream(llm.stream(ids, **opts), seen)
         except KeyboardInterrupt:
             print(" [stopped]", end="")
         except ValueError as e:  # e.g. the conversation outgrew the context
             history.pop()
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {e} (/clear starts over)", file=sys.stderr)
             continue
         print()
-        history.append({"role": "assistant", "content": answer})
+        if seen is None:  # interrupted before the answer began
+            history.pop()
+            continue
+        history.append({"role": "assistant", "content": seen.text})
+        if _context_full(llm, seen):
+            print(
+                f"context full ({llm.n_ctx} tokens): stopped; /clear starts over, or raise -c/--ctx-size",
+                file=sys.stderr,
+            )
         if verbose:
-            _print_timings(llm)
+            _print_timings(llm, seen)
+
+
+def _show(llm: Any, system: str | None, opts: dict) -> None:
+    """/show: every setting in effect, sampling defaults (llama.cpp's, then the file's) included."""
+    p = llm.params(**{k: v for k, v in opts.items() if k not in ("max_tokens", "stop")})
+    n = opts.get("max_tokens")
+    rows: list[tuple[str, Any]] = [
+        ("model", llm.path.name),
+        ("backend", llm.backend.name),
+        ("threads", int(getattr(llm.backend, "threads", None) or 1)),
+        ("context", f"{llm.n_ctx} tokens"),
+        ("n_predict", "-1 (until the end or the context is full)" if n is None else n),
+        ("stop", ", ".join(map(repr, opts.get("stop") or ())) or "none"),
+    ]
+    for f in fields(p):
+        v = getattr(p, f.name)
+        if v is None:
+            v = "random" if f.name == "seed" else "none"
+        rows.append((f.name, dict(v) if f.name == "logit_bias" and v != "none" else v))
+    rows += [("system", repr(system) if system else "none"), ("template", _template_label(llm, raw=False))]
+    for k, v in rows:
+        print(f"  {k:<18} {v}")
+
+
+def _n_predict(value: str) -> int | None:
+    n = int(value)
+    if n != -1 and n < 1:
+        raise ValueError(
+            f"n_predict {n}: give a number of tokens, or -1 (until the end or the context is full)"
+        )
+    return None if n == -1 else n
 
 
 _SETTABLE = {
@@ -201,8 +458,9 @@ _SETTABLE = {
     "top_p": ("top_p", float),
     "min_p": ("min_p", float),
     "repeat_penalty": ("repeat_penalty", float),
+    "repeat_last_n": ("repeat_last_n", int),
     "seed": ("seed", int),
-    "n_predict": ("max_tokens", int),
+    "n_predict": ("max_tokens", _n_predict),
 }
 
 

@@ -16,6 +16,9 @@ class ServeError(ValueError):
 
 def serve(
     model: str | None = typer.Argument(None, help="Model alias or .gguf path (default: smollm2-135m)."),
+    model_opt: str | None = typer.Option(
+        None, "-m", "--model", help="Model, as llama.cpp spells it: same as MODEL."
+    ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default)."),
     port: int = typer.Option(8080, "--port", help="TCP port."),
     api_key: str | None = typer.Option(
@@ -40,6 +43,9 @@ def serve(
     alias: str | None = typer.Option(None, "--alias", help="Model id reported by /v1/models."),
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API with continuous batching and prefix caching."""
+    from edgellm.cli import pick_model
+
+    model = pick_model(model, model_opt)
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401

@@ -236,3 +236,59 @@ def test_python_dash_m_edgellm_help():
     )
     assert proc.returncode == 0 and "Usage" in proc.stdout and "info" in proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+def help_text(capsys, *args: str) -> str:
+    """`--help` output with the box drawing and line wrapping taken out, so phrases can be searched."""
+    rc, out, _ = run(capsys, *args, "--help")
+    assert rc == 0
+    return " ".join(out.replace("│", " ").split())
+
+
+def test_version_prints_the_package_version(capsys):
+    from edgellm import __version__
+
+    rc, out, err = run(capsys, "--version")
+    assert rc == 0 and out.strip() == f"edgellm {__version__}" and err == ""
+
+
+def test_dash_m_names_the_model_like_the_positional(capsys, smollm2_path, gemma3_path):
+    by_option = json.loads(run(capsys, "info", "-m", "smollm2-135m", "--json")[1])
+    assert by_option == json.loads(run(capsys, "info", str(smollm2_path), "--json")[1])
+    assert (
+        json.loads(run(capsys, "info", "--model", str(gemma3_path), "--json")[1])["architecture"] == "gemma3"
+    )
+    rc, out, err = run(capsys, "info", "smollm2-135m", "-m", "gemma3-270m")
+    assert (
+        rc == 2
+        and out == ""
+        and err.strip() == ("error: two models given ('smollm2-135m' and -m 'gemma3-270m'); give one")
+    )
+    for command in ("run", "bench", "perplexity", "tokenize", "serve"):
+        assert "--model -m <str> Model, as llama.cpp spells it" in help_text(capsys, command), command
+    rc, _, err = run(capsys, "serve", "smollm2-135m", "-m", "gemma3-270m")
+    assert rc == 2 and "two models given" in err
+
+
+def test_backend_help_lists_the_real_backends(capsys):
+    from edgellm.backends import names
+
+    assert names() == ["auto", "reference", "numba", "native"]
+    for command in ("run", "bench", "perplexity"):
+        assert "Compute backend: auto, reference, numba, native" in help_text(capsys, command), command
+
+
+def test_unexpected_error_hint_names_the_debug_form_that_works(capsys, monkeypatch, smollm2_path):
+    from edgellm import modelinfo
+
+    def broken(mf):
+        raise LookupError("boom")
+
+    monkeypatch.setattr(modelinfo, "summarize", broken)
+    rc, out, err = run(capsys, "info", str(smollm2_path))
+    assert rc == 1 and out == ""
+    assert err.strip() == "error: LookupError: boom (for the traceback: edgellm --debug info ...)"
+    rc, _, err = run(capsys, "info", str(smollm2_path), "--debug")  # after the command: not an option there
+    assert rc == 2 and "No such option: --debug" in err
+    rc, _, err = run(capsys, "--debug", "info", str(smollm2_path))  # the form the hint names
+    assert rc == 1 and "Traceback (most recent call last)" in err and "LookupError: boom" in err
