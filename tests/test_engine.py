@@ -172,3 +172,25 @@ def test_a_sequence_outgrowing_the_whole_pool_ends_with_length(llm):
     # 16 positions of K/V: the prompt's, then one per generated token but the last (never fed back)
     assert evs[-1].finish_reason == "length" and evs[-1].usage.completion_tokens == 16 - len(prompt) + 1
     assert eng.kv.pool.n_free + eng.kv.prefix.n_evictable() == 4
+
+
+def test_the_llm_api_steps_its_engine_or_waits_on_a_server_thread_running_it(llm):
+    """LLM calls step the LLM's own engine from the caller's thread; while a thread runs it (serve), they
+    wait on its streams instead, with the same tokens. Leaving a stream early cancels the request."""
+    alone = llm.generate(PROMPTS[1], max_tokens=6, temperature=0).tokens
+    cancelled = llm.engine.stats.finished["cancelled"]
+    for c in llm.stream(PROMPTS[3], max_tokens=50, temperature=0):
+        if c.token is not None:
+            break  # the request is cancelled and its slot and blocks freed
+    assert not llm.engine.sched.running and not llm.engine.sched.waiting
+    assert llm.engine.stats.finished["cancelled"] == cancelled + 1
+    eng = llm.open_engine(max_seqs=2)
+    eng.start()
+    try:
+        assert eng.running
+        assert llm.generate(PROMPTS[1], max_tokens=6, temperature=0).tokens == alone
+        chunks = list(llm.stream(PROMPTS[0], max_tokens=4, temperature=0))
+        assert chunks[-1].finish_reason == "length" and sum(c.token is not None for c in chunks) == 4
+    finally:
+        eng.shutdown()
+        llm.open_engine()  # a stepped engine again for the other tests
