@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -445,6 +445,17 @@ class RunnerOutput:
     n_rows: int = 0  # logits rows the forward produced (tokens generated, sampled or not)
 
 
+class _TopK(NamedTuple):
+    """A decode row as its top-k candidates (Backend.decode_top_k)."""
+
+    ids: np.ndarray
+    logits: np.ndarray
+
+
+def _keeps_logits(model: Any) -> bool:
+    return bool(getattr(getattr(model, "backend", None), "keeps_logits", False))
+
+
 class ModelRunner:
     """Executes a plan's batch: one forward over every scheduled sequence's tokens (through the backend's
     fast decode paths when every row decodes), then one batched sampling pass. It reads the sequences and
@@ -503,6 +514,11 @@ class ModelRunner:
             # all decode, all plain greedy: only the argmax ids leave the backend (a device keeps logits)
             picked = self.model.decode_greedy(*args)
             logits = [int(t) for t in picked]
+        elif len(want) == n and _keeps_logits(self.model) and all(s.sampler.top_k_first for s in want):
+            # all decode on a device, every chain starting with top-k: only k candidates per row cross
+            k = max([s.sampler.params.top_k for s in want if not s.sampler.is_greedy] or [1])
+            ids, vals = self.model.decode_top_k(*args, k)
+            logits = [_TopK(ids[i], vals[i]) for i in range(len(want))]
         elif len(want) == n:  # all decode: the backend's fast path
             logits = self.model.decode_step(*args)  # (native: a captured plan replayed in one call)
         else:
@@ -518,7 +534,14 @@ class ModelRunner:
                 out.failed.append((s, "sampling failed: the logits are not finite", 400))
             elif isinstance(v, int):
                 out.sampled[s] = v
-        seqs = [s for s in seqs if not isinstance(logits_of[s], int)]
+        for s in seqs:
+            v = logits_of[s]
+            if isinstance(v, _TopK):
+                try:
+                    out.sampled[s] = int(s.sampler.from_top(v.ids, v.logits))
+                except ValueError as e:
+                    out.failed.append((s, f"sampling failed: {e}", 400))
+        seqs = [s for s in seqs if not isinstance(logits_of[s], (int, _TopK))]
         if not seqs:
             return
         x = np.stack([logits_of[s] for s in seqs])

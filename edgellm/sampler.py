@@ -408,6 +408,28 @@ class RowSampler:
             c = step(c)
         return draw(c, self.rng)
 
+    @property
+    def top_k_first(self) -> bool:
+        """Whether the chain can start from the row's top-k candidates (greedy, or top-k is its first
+        step and nothing is added to the logits before it): then `from_top` gives __call__'s token."""
+        return not self.pre and (self.is_greedy or self.params.top_k > 0)
+
+    def from_top(self, ids: np.ndarray, logits: np.ndarray) -> int:
+        """The token __call__ would pick, from the row's largest candidates (at least top_k of them,
+        largest first, ties by lowest id: backends.base.top_k_rows) instead of the whole row. (A NaN
+        outside the candidates goes unseen here, where __call__ would refuse the row.)"""
+        if not self.top_k_first:
+            raise ValueError("this row's sampler needs the whole row of logits")
+        x = np.asarray(logits, dtype=np.float32)
+        if x.size == 0 or not np.isfinite(x[0]):
+            raise ValueError(_NO_TOKEN)
+        if self.is_greedy:
+            return int(ids[0])
+        c = Candidates(np.asarray(ids, np.int64), x, True)
+        for step in self.filters:
+            c = step(c)
+        return draw(c, self.rng)
+
 
 def make_sampler(params: SamplingParams, rng: np.random.Generator | None = None) -> RowSampler:
     """Compose one row's chain: logit bias -> penalties -> top_k -> typical_p -> top_p -> min_p ->

@@ -97,3 +97,4 @@ def test_engine_runs_end_to_end_on_the_device_and_syncs_the_block_table(tmp_path
     got = tokens(toy)
     assert got == want and all(len(t) == 6 for t in got)
     assert toy.backend.uploads == 0
+    assert toy.backend.top_k_steps > 0  # the sampled row came back as top-k candidates: same tokens

@@ -423,3 +423,40 @@ def test_from_gguf_metadata_names_the_key_of_an_invalid_value():
     # an explicit override of the bad key makes the file's value irrelevant
     p = SamplingParams.from_gguf_metadata({"general.sampling.temp": math.nan}, temperature=0.0)
     assert p.temperature == 0.0
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.8, seed=11),  # llama.cpp's defaults: top_k 40, top_p 0.95, min_p 0.05
+        SamplingParams(temperature=1.3, top_k=5, top_p=1.0, min_p=0.0, seed=2),
+        SamplingParams(temperature=0.7, top_k=64, typical_p=0.9, seed=5),
+        SamplingParams(temperature=0.0),
+    ],
+    ids=["defaults", "top-k-only", "typical", "greedy"],
+)
+def test_sampling_from_top_k_candidates_picks_the_whole_rows_token(params):
+    """A device hands the sampler each row's top-k candidates (backends.base.top_k_rows) instead of the
+    row: the chain gives the same token, ties included, draw after draw."""
+    from edgellm.backends.base import top_k_rows
+    from edgellm.sampler import RowSampler
+
+    rng = np.random.default_rng(8)
+    full, top = RowSampler(params), RowSampler(params)
+    assert top.top_k_first
+    for _ in range(50):
+        row = rng.standard_normal(3000).astype(np.float32) * 3
+        row[rng.integers(0, 3000, 40)] = row.max()  # ties at the top and around the k-th
+        ids, vals = top_k_rows(row[None], max(params.top_k, 1) + 7)  # more than needed is fine
+        assert top.from_top(ids[0], vals[0]) == full(row)
+
+
+def test_a_row_with_penalties_or_no_top_k_needs_the_whole_row():
+    from edgellm.sampler import RowSampler
+
+    whole = [SamplingParams(repeat_penalty=1.1), SamplingParams(top_k=0), SamplingParams(logit_bias={3: 1.0})]
+    for p in whole:
+        s = RowSampler(p)
+        assert not s.top_k_first
+        with pytest.raises(ValueError, match="whole row"):
+            s.from_top(np.array([1]), np.array([0.0], np.float32))

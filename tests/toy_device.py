@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from edgellm.backends.base import Backend, greedy_ids
+from edgellm.backends.base import Backend, greedy_ids, top_k_rows
 from edgellm.backends.paged_kv import KVCache
 from edgellm.backends.reference import ReferenceBackend
 
@@ -88,11 +88,13 @@ class ToyDeviceBackend(Backend):
     """The reference backend behind a device boundary."""
 
     name = "toy-device"
+    keeps_logits = True
 
     def __init__(self, threads: int | None = None):
         self.ref = ReferenceBackend()
         self.uploads = 0  # host -> device copies of activations (from_host): a forward needs none
         self.downloads = 0
+        self.top_k_steps = 0  # decode steps that moved top-k candidates instead of logits
 
     def supports(self, op: str, qtype: Any = None) -> bool:
         return self.ref.supports(op, qtype)
@@ -157,6 +159,12 @@ class ToyDeviceBackend(Backend):
 
     def columns(self, x, start, stop):
         return DeviceArray(self.ref.columns(dev(x), start, stop))
+
+    def decode_top_k(self, model, tokens, positions, seq_ids, kv, k):
+        logits = model.logits(model.hidden(tokens, positions, seq_ids, kv))  # stays on the device
+        self.downloads += 1  # k candidates per row cross
+        self.top_k_steps += 1
+        return top_k_rows(dev(logits), k)
 
     def decode_greedy(self, model, tokens, positions, seq_ids, kv):
         logits = model.logits(model.hidden(tokens, positions, seq_ids, kv))  # stays on the device

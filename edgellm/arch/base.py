@@ -53,6 +53,12 @@ class DecoderModel:
         path (which may replay a captured plan instead of calling the ops one by one)."""
         return self.backend.decode_step(self, tokens, positions, seq_ids, kv)
 
+    def decode_top_k(
+        self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, kv: Any, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """decode_step's k best candidates per row (ids, logits), largest first (Backend.decode_top_k)."""
+        return self.backend.decode_top_k(self, tokens, positions, seq_ids, kv, k)
+
     def hidden(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, kv: Any) -> Any:
         """The architecture's blocks: hidden states (N, D) on the backend, before the logits step."""
         raise NotImplementedError

@@ -85,6 +85,9 @@ class Backend(ABC):
     """
 
     name: str = "?"
+    # True for a backend whose logits are expensive to move (a device): the engine then asks decode
+    # steps for argmax ids or top-k candidates instead of whole (B, V) rows where the sampler allows it
+    keeps_logits: bool = False
 
     # -- what runs here --------------------------------------------------------------------------------
     def supports(self, op: str, qtype: Any = None) -> bool:
@@ -232,6 +235,22 @@ class Backend(ABC):
         sampler's greedy; -1 for a row whose logits are not all finite) instead of its logits: a device
         keeps the logits where they are and moves B ids."""
         return greedy_ids(self.decode_step(model, tokens, positions, seq_ids, kv))
+
+    def decode_top_k(
+        self, model: Any, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, kv: Any, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """A decode step that returns each row's top-k candidates (top_k_rows) instead of its logits, for
+        rows whose sampler starts with top-k and adds nothing to the logits: the chain finishes on the
+        host over k values, the same token as over the whole row."""
+        return top_k_rows(self.decode_step(model, tokens, positions, seq_ids, kv), k)
+
+
+def top_k_rows(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids (B, k) int64, logits (B, k) float32): each row's k largest logits, largest first, ties by the
+    lowest id: exactly the candidates (and their order) the sampler's top_k keeps."""
+    k = max(1, min(int(k), logits.shape[-1]))
+    ids = np.argsort(-logits, axis=-1, kind="stable")[:, :k].astype(np.int64)
+    return ids, np.take_along_axis(logits, ids, axis=-1)
 
 
 def greedy_ids(logits: np.ndarray) -> np.ndarray:
