@@ -175,6 +175,7 @@ def create_app(state: State) -> FastAPI:
         return {"status": "ok"}
 
     @app.get("/v1/models")
+    @app.get("/models")  # llama-server's alias (an OpenAI client whose base_url has no /v1 asks here)
     async def models():
         state.ready()
         llm = state.llm
@@ -213,6 +214,7 @@ def create_app(state: State) -> FastAPI:
         return await _generate(state, request, chat=False)
 
     @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")  # llama-server's alias; its /completions is its own native API
     async def chat_completions(request: Request):
         return await _generate(state, request, chat=True)
 

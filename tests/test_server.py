@@ -183,6 +183,17 @@ def test_openai_client_whole_and_streamed_answers_agree(server):
     assert stop.choices[0].finish_reason == "stop" and "return" not in stop.choices[0].text
 
 
+def test_an_openai_client_without_v1_in_its_base_url_gets_llama_servers_aliases(server):
+    """llama-server also answers /models and /chat/completions (its /completions is its own native API,
+    not OpenAI's): an OpenAI client configured with base_url = the bare server URL works."""
+    client = openai.OpenAI(base_url=server.url, api_key="none")
+    [model] = client.models.list().data
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    bare = client.chat.completions.create(model=model.id, messages=msgs, max_tokens=6, temperature=0)
+    v1 = _client(server).chat.completions.create(model=model.id, messages=msgs, max_tokens=6, temperature=0)
+    assert bare.choices[0].message.content == v1.choices[0].message.content
+
+
 def test_sixteen_concurrent_streams_each_get_their_single_stream_tokens(server):
     """Different prompts and parameters (greedy, seeded sampling, top_k/min_p/penalties); each stream
     alone first, then all 16 at once: batch composition must not change a single token."""
