@@ -9,6 +9,7 @@ import sys
 import typer
 
 from edgellm import modelinfo, store
+from edgellm.cli_eval import model_option
 from edgellm.gguf import GGUFError, ModelFile
 
 app = typer.Typer(
@@ -78,9 +79,7 @@ def pick_model(positional: str | None, option: str | None) -> str | None:
 @app.command()
 def info(
     model: str | None = ModelArg,
-    model_opt: str | None = typer.Option(
-        None, "-m", "--model", help="Model, as llama.cpp spells it: same as MODEL."
-    ),
+    model_opt: str | None = model_option(),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     tensors: bool = typer.Option(False, "--tensors", help="Also list every tensor."),
     metadata: bool = typer.Option(False, "--metadata", help="Also print all metadata keys."),

@@ -16,13 +16,14 @@ BACKEND_HELP = f"Compute backend: {', '.join(backend_names())} (auto: the fastes
 MODEL_OPT_HELP = "Model, as llama.cpp spells it: same as MODEL."
 
 
-def _model_option():
+def model_option():
+    """`-m/--model`, llama.cpp's spelling of the positional MODEL (every command that takes one)."""
     return typer.Option(None, "-m", "--model", help=MODEL_OPT_HELP)
 
 
 def perplexity(
     model: str | None = typer.Argument(None, help="Model alias or .gguf path (default: smollm2-135m)."),
-    model_opt: str | None = _model_option(),
+    model_opt: str | None = model_option(),
     file: Path = typer.Option(..., "-f", "--file", help="Text file to score."),
     ctx: int = typer.Option(512, "-c", "--ctx-size", help="Tokens per chunk (llama-perplexity's -c)."),
     chunks: int | None = typer.Option(None, "--chunks", help="Score at most this many chunks."),
@@ -74,7 +75,7 @@ def perplexity(
 def tokenize(
     model: str | None = typer.Argument(None, help="Model alias or .gguf path (or -m, then TEXT alone)."),
     text: str | None = typer.Argument(None, help="Text to tokenize."),
-    model_opt: str | None = _model_option(),
+    model_opt: str | None = model_option(),
     ids_only: bool = typer.Option(False, "--ids-only", help="Print only the ids, as a JSON list."),
     no_bos: bool = typer.Option(False, "--no-bos", help="Do not add BOS/EOS even if the model does."),
     parse_special: bool = typer.Option(False, "--parse-special", help="Turn special-token text into ids."),
@@ -102,7 +103,7 @@ def tokenize(
 
 def bench(
     model: str | None = typer.Argument(None, help="Model alias or .gguf path (default: smollm2-135m)."),
-    model_opt: str | None = _model_option(),
+    model_opt: str | None = model_option(),
     n_prompt: int = typer.Option(128, "-p", "--n-prompt", min=0, help="Prompt tokens (pp test)."),
     n_gen: int = typer.Option(64, "-n", "--n-gen", min=0, help="Generated tokens (tg test)."),
     reps: int = typer.Option(5, "-r", "--repetitions", min=1, help="Repetitions; medians are reported."),

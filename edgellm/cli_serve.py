@@ -8,6 +8,7 @@ import sys
 import typer
 
 from edgellm import store
+from edgellm.cli_eval import model_option
 
 
 class ServeError(ValueError):
@@ -16,9 +17,7 @@ class ServeError(ValueError):
 
 def serve(
     model: str | None = typer.Argument(None, help="Model alias or .gguf path (default: smollm2-135m)."),
-    model_opt: str | None = typer.Option(
-        None, "-m", "--model", help="Model, as llama.cpp spells it: same as MODEL."
-    ),
+    model_opt: str | None = model_option(),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default)."),
     port: int = typer.Option(8080, "--port", help="TCP port."),
     api_key: str | None = typer.Option(

@@ -236,6 +236,7 @@ def test_a_weight_without_a_kernel_is_named_at_load_with_its_memory_cost(tmp_pat
     mf = ModelFile(next(tmp_path.glob("*.gguf")))
     assert fallback_report(mf, nb) is None  # F32 everywhere: covered
     monkeypatch.setattr(NativeBackend, "kernel_types", lambda self, op: frozenset())
+    nb = NativeBackend(threads=1)  # a backend asks kernel_types once: a new one sees the patch
     report = fallback_report(mf, nb)
     n_matrices = 2 + 7 * spec.n_layer  # embedding, output, q/k/v/o/gate/up/down per layer
     assert report.startswith(f"native: {n_matrices} of {n_matrices} weight matrices (F32 x{n_matrices})")

@@ -10,7 +10,6 @@ not the exact oracle: a fallback is for speed, not for checking).
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Sequence
 from typing import Any
 
 from edgellm.backends.base import WEIGHT_OPS, Backend
@@ -24,6 +23,7 @@ class HostBackend(Backend):
 
     def __init__(self) -> None:
         self.fallback = ReferenceBackend(exact=False)
+        self._covered: dict[str, frozenset[int]] = {}
 
     @abstractmethod
     def kernel_types(self, op: str) -> frozenset[int]:
@@ -32,7 +32,10 @@ class HostBackend(Backend):
 
     def supports(self, op: str, qtype: Any = None) -> bool:
         if op in WEIGHT_OPS:
-            return qtype is not None and int(qtype) in self.kernel_types(op)
+            types = self._covered.get(op)
+            if types is None:  # asked once per op: the load report asks for every tensor
+                types = self._covered[op] = self.kernel_types(op)
+            return qtype is not None and int(qtype) in types
         return True
 
     def vector(self, t: QTensor):
@@ -41,18 +44,6 @@ class HostBackend(Backend):
     def get_rows(self, w, ids):
         return self.fallback.get_rows(w, ids)
 
-    def new_kv_cache(
-        self,
-        n_layers: int,
-        n_kv_heads: int,
-        head_dim: int,
-        n_ctx: int,
-        n_seqs: int,
-        block_size: int | None = None,
-        n_blocks: int | None = None,
-        window_layers: Sequence[int] = (),
-        window: int | None = None,
-    ) -> KVCache:
-        return KVCache(
-            n_layers, n_kv_heads, head_dim, n_ctx, n_seqs, block_size, n_blocks, window_layers, window
-        )
+    def new_kv_cache(self, *args: Any, **kwargs: Any) -> KVCache:
+        # Backend.new_kv_cache's arguments are paged_kv.KVCache's
+        return KVCache(*args, **kwargs)

@@ -15,6 +15,7 @@ sum in other orders) by ~1e-4 relative, enough to cross a Q8_0 rounding boundary
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -158,10 +159,9 @@ class ReferenceBackend(Backend):
         return quants.dequantize(rows, w.qt.type, (len(ids), w.qt.ne[0]))
 
     def matmul(self, w: RefWeight, x: np.ndarray) -> np.ndarray:
-        if not self.exact and w.qt.type not in (T.Q4_1, T.Q5_1):
-            return activation_roundtrip(x, w.qt.type) @ w.f32.T
         if w.qt.type not in (T.Q4_1, T.Q5_1):
-            return exact_dot(activation_roundtrip(x, w.qt.type), w.f64.T)
+            xa = activation_roundtrip(x, w.qt.type)
+            return exact_dot(xa, w.f64.T) if self.exact else xa @ w.f32.T
         # Q8_1 activations. ggml's q4_1 x q8_1 dot adds m * s with s = f16(d * sum(q)) precomputed per
         # activation block, not m * f16(d) * sum(q) as the dequantized product would: add the difference.
         d, q = _q8_blocks(x)
@@ -195,21 +195,9 @@ class ReferenceBackend(Backend):
             out[..., 1 : spec.n_dims : 2] = a * sin + b * cos
         return out
 
-    def new_kv_cache(
-        self,
-        n_layers,
-        n_kv_heads,
-        head_dim,
-        n_ctx,
-        n_seqs,
-        block_size=None,
-        n_blocks=None,
-        window_layers=(),
-        window=None,
-    ) -> KVCache:
-        return KVCache(
-            n_layers, n_kv_heads, head_dim, n_ctx, n_seqs, block_size, n_blocks, window_layers, window
-        )
+    def new_kv_cache(self, *args: Any, **kwargs: Any) -> KVCache:
+        # Backend.new_kv_cache's arguments are paged_kv.KVCache's
+        return KVCache(*args, **kwargs)
 
     def attention(self, q, k, v, kv: KVCache, layer, seq_ids, positions, scale, window=None, softcap=None):
         n, n_head, dh = q.shape
