@@ -12,6 +12,8 @@ BACKENDS = {
     "reference": "edgellm.backends.reference:ReferenceBackend",
     "numba": "edgellm.backends.numba_cpu:NumbaBackend",
     "native": "edgellm.backends.native:NativeBackend",
+    "vulkan": "edgellm.backends.webgpu:VulkanBackend",
+    "metal": "edgellm.backends.webgpu:MetalBackend",
 }
 AUTO_ORDER = ["native", "numba", "reference"]
 _SAID: set[str] = set()

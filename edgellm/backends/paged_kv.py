@@ -42,6 +42,7 @@ class KVCache:
         window_layers: Sequence[int] = (),
         window: int | None = None,
         window_chunk: int = WINDOW_CHUNK,
+        host_storage: bool = True,
     ):
         bs = int(block_size or DEFAULT_BLOCK_SIZE)
         if bs <= 0 or n_ctx <= 0 or n_seqs <= 0:
@@ -57,7 +58,11 @@ class KVCache:
         ring = sorted({int(i) for i in window_layers}) if window and ring_blocks < per_seq else []
         full = [i for i in range(n_layers) if i not in set(ring)]
         self._where = [(i in ring, (ring if i in ring else full).index(i)) for i in range(n_layers)]
-        self.k = np.zeros((len(full), int(n_blocks) * bs, n_kv_heads, head_dim), np.float16)
+        self.n_slots = int(n_blocks) * bs
+        self.full_layers = full
+        # a device cache (host_storage=False) keeps only the tables here
+        keep = 1 if host_storage else 0
+        self.k = np.zeros((len(full) * keep, self.n_slots * keep, n_kv_heads, head_dim), np.float16)
         self.v = np.zeros_like(self.k)
         self.ring_layers = ring
         self.ring_blocks = ring_blocks if ring else 0
@@ -68,7 +73,8 @@ class KVCache:
             if ring
             else None
         )
-        ring_shape = (len(ring), n_seqs * ring_blocks * bs if ring else 0, n_kv_heads, head_dim)
+        self.n_ring_slots = n_seqs * ring_blocks * bs if ring else 0
+        ring_shape = (len(ring) * keep, self.n_ring_slots * keep, n_kv_heads, head_dim)
         self.k_ring = np.zeros(ring_shape, np.float16)
         self.v_ring = np.zeros_like(self.k_ring)
         self.block_table = table
