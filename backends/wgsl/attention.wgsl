@@ -68,14 +68,22 @@ var<workgroup> wts: array<f32, 512>;            // GMAX * WG weights of one tile
 var<workgroup> red: array<vec2<f32>, 512>;      // GMAX * WG partial maxima / double-float sums
 var<workgroup> stat: array<vec2<f32>, 8>;       // per head: (max, sum)
 
+// q . k as the native backend sums it (native/runtime/attention.c qk): 8 lanes, lane l taking elements
+// l, l + 8, ... (each product rounded, then added), combined ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))
 fn score(g: u32, slot: u32, h: u32) -> f32 {
-    let half = p.dh / 2u;
-    let kb = (slot * p.hkv + h) * half;
-    var s = 0.0;
-    for (var j = 0u; j < half; j++) {
-        let k = unpack2x16float(KC[kb + j]);
-        s += qs[g * DMAX + 2u * j] * k.x + qs[g * DMAX + 2u * j + 1u] * k.y;
+    let kb = (slot * p.hkv + h) * (p.dh / 2u);
+    let z = p.zero;
+    var a = vec4<f32>(0.0);
+    var b = vec4<f32>(0.0);
+    for (var j = 0u; j < p.dh / 8u; j++) {
+        let qb = g * DMAX + 8u * j;
+        let k0 = vec4<f32>(unpack2x16float(KC[kb + 4u * j]), unpack2x16float(KC[kb + 4u * j + 1u]));
+        let k1 = vec4<f32>(unpack2x16float(KC[kb + 4u * j + 2u]), unpack2x16float(KC[kb + 4u * j + 3u]));
+        a += opaque4(vec4<f32>(qs[qb], qs[qb + 1u], qs[qb + 2u], qs[qb + 3u]) * k0, z);
+        b += opaque4(vec4<f32>(qs[qb + 4u], qs[qb + 5u], qs[qb + 6u], qs[qb + 7u]) * k1, z);
     }
+    var s = opaque(opaque(a.x + a.y, z) + opaque(a.z + a.w, z), z);
+    s = s + opaque(opaque(b.x + b.y, z) + opaque(b.z + b.w, z), z);
     s = s * p.scale;
     if (p.softcap > 0.0) {
         s = p.softcap * tanh_cephes(s / p.softcap, p.zero);

@@ -8,6 +8,10 @@ fn opaque(x: f32, zero: u32) -> f32 {
     return bitcast<f32>(bitcast<u32>(x) | zero);
 }
 
+fn opaque4(x: vec4<f32>, zero: u32) -> vec4<f32> {
+    return bitcast<vec4<f32>>(bitcast<vec4<u32>>(x) | vec4<u32>(zero));
+}
+
 // float32 -> float16 -> float32, round to nearest even (what ggml's FP32_TO_FP16 does)
 fn f16_round(x: f32) -> f32 {
     return unpack2x16float(pack2x16float(vec2<f32>(x, 0.0))).x;

@@ -32,57 +32,31 @@ const R: u32 = ${R}u;
 const NT: u32 = ${NT}u;
 const QPB: u32 = ${QPB}u;  // quads (4 values) per block
 const BW: u32 = ${BW}u;    // words per repacked block
-var<workgroup> red: array<f32, 2048>;  // R * NT * WG
+var<workgroup> red: array<f32, 2048>;  // R * NT * WG partial sums (TPR > 1)
+
+// TPR invocations share a row (striding over its quads, then summed through `red`): 16 on a GPU, for
+// coalesced reads; 1 on a CPU driver (lavapipe), where a workgroup must carry many rows to pay for itself.
+// Each invocation keeps R rows x NT tokens of scalar accumulators `acc_r_t`, written out by the driver:
+// a dynamically indexed private array is slow or spilled on several drivers.
+const TPR: u32 = ${TPR}u;
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let row0 = (wid.y * p.gx + wid.x) * R;
-    if (row0 >= p.m) {
-        return;
-    }
+    let sub = lid % TPR;
+    let row0 = ((wid.y * p.gx + wid.x) * (WG / TPR) + lid / TPR) * R;
     let kq = p.k / 4u;
+    let last_row = p.m - 1u;
+    let last_tok = p.n - 1u;
     for (var n0 = 0u; n0 < p.n; n0 += NT) {
-        var acc: array<f32, R * NT>;  // zeroed by hand: naga hoists a loop's local declarations
-        for (var j = 0u; j < R * NT; j++) {
-            acc[j] = 0.0;
-        }
-        for (var qi = lid; qi < kq; qi += WG) {
-            let blk = qi / QPB;
-            let q = qi % QPB;
-            var xs: array<vec4<f32>, NT>;
-            for (var t = 0u; t < NT; t++) {
-                if (n0 + t < p.n) {
-                    xs[t] = XR[(n0 + t) * kq + qi];
-                }
-            }
-            for (var r = 0u; r < R; r++) {
-                let row = row0 + r;
-                if (row < p.m) {
-                    let bw = row * p.row_words + blk * BW;
-                    let w = DEQ4(bw, q);
-                    for (var t = 0u; t < NT; t++) {
-                        acc[r * NT + t] += dot(w, xs[t]);
-                    }
-                    //$MIN_TERM
-                }
+${DECLARE}
+        if (row0 < p.m) {
+            for (var qi = sub; qi < kq; qi += TPR) {
+                let blk = qi / QPB;
+                let q = qi % QPB;
+${BODY}
             }
         }
-        for (var j = 0u; j < R * NT; j++) {
-            red[j * WG + lid] = acc[j];
-        }
-        workgroupBarrier();
-        if (lid < R * NT) {
-            let r = lid / NT;
-            let t = lid % NT;
-            var s = 0.0;
-            for (var j = 0u; j < WG; j++) {
-                s += red[lid * WG + j];
-            }
-            if (row0 + r < p.m && n0 + t < p.n) {
-                Y[(n0 + t) * p.ld + p.col0 + row0 + r] = s;
-            }
-        }
-        workgroupBarrier();
+${FINISH}
     }
 }
 

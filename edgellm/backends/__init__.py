@@ -15,7 +15,10 @@ BACKENDS = {
     "vulkan": "edgellm.backends.webgpu:VulkanBackend",
     "metal": "edgellm.backends.webgpu:MetalBackend",
 }
-AUTO_ORDER = ["native", "numba", "reference"]
+AUTO_ORDER = ["metal", "vulkan", "native", "numba", "reference"]
+# device backends `auto` takes only on a real GPU (webgpu.auto_refusal): never on a software driver such as
+# lavapipe, which is slower than the CPU backends; why one is not taken is not worth a warning
+DEVICE_BACKENDS = ("metal", "vulkan")
 _SAID: set[str] = set()
 
 
@@ -45,6 +48,11 @@ def get_backend(name: str = "auto", threads: int | None = None, weight_types: It
         chosen, first = None, None  # the first fast backend that covers the file; the first that runs
         types = sorted({int(t) for t in weight_types})
         for n in AUTO_ORDER:
+            if n in DEVICE_BACKENDS:
+                from edgellm.backends.webgpu import auto_refusal
+
+                if auto_refusal(n) is not None:
+                    continue
             try:
                 backend = get_backend(n, threads)
             except BackendUnavailable as e:

@@ -16,8 +16,10 @@ the reference backend's float32 operations; attention follows it with the native
 
 from __future__ import annotations
 
+import os
 import string
 import sys
+import tempfile
 import weakref
 from pathlib import Path
 from typing import Any
@@ -93,6 +95,10 @@ def find_adapter(kind: str):
     in one line when wgpu, the platform or a driver is missing."""
     if kind == "metal" and sys.platform != "darwin":
         raise BackendUnavailable(f"metal: needs macOS (this is {sys.platform}); use --backend vulkan here")
+    if not os.environ.get("XDG_RUNTIME_DIR"):  # Mesa's drivers print an error at every start without one
+        d = Path(tempfile.gettempdir()) / f"edgellm-xdg-{os.getuid() if hasattr(os, 'getuid') else 0}"
+        d.mkdir(mode=0o700, exist_ok=True)
+        os.environ["XDG_RUNTIME_DIR"] = str(d)
     try:
         import wgpu
     except ImportError:
@@ -108,12 +114,75 @@ def find_adapter(kind: str):
     return min(adapters, key=lambda a: ADAPTER_ORDER.get(a.info.get("adapter_type", "Unknown"), 3))
 
 
+_AUTO: dict[str, str | None] = {}
+
+
+def auto_refusal(kind: str) -> str | None:
+    """Why `--backend auto` should not take this kind here (None: a real GPU it may take); probes the
+    adapter once per process without opening a device."""
+    if kind not in _AUTO:
+        try:
+            info = find_adapter(kind).info
+            kind_of = info.get("adapter_type", "Unknown")
+            _AUTO[kind] = (
+                None
+                if kind_of in ("DiscreteGPU", "IntegratedGPU")
+                else f"{kind}: {info.get('device', '?')} is a {kind_of} adapter (slower than the CPU backends)"
+            )
+        except BackendUnavailable as e:
+            _AUTO[kind] = str(e)
+    return _AUTO[kind]
+
+
 def _grid(n: int, limit: int = 65535) -> tuple[int, int]:
     """n workgroups as a 2-D grid (x, y) within the per-dimension limit."""
     n = max(int(n), 1)
     if n <= limit:
         return n, 1
     return limit, -(-n // limit)
+
+
+def _matvec_body(rows: int, tokens: int, tpr: int, has_min: bool, fmt: str) -> dict[str, str]:
+    """matmul.wgsl's matvec written out for R rows x NT tokens of scalar accumulators: their declarations,
+    the loop body (rows and tokens past the end are clamped to the last one and their sums dropped), and
+    the finish: stores, after a sum over the TPR invocations of a row when there are several."""
+    pad = " " * 16
+    acc = [(r, t) for r in range(rows) for t in range(tokens)]
+    declare = "\n".join(f"        var acc_{r}_{t} = 0.0;\n        var part_{r}_{t} = 0.0;" for r, t in acc)
+    body = [f"{pad}let x_{t} = XR[min(n0 + {t}u, last_tok) * kq + qi];" for t in range(tokens)]
+    for r in range(rows):
+        body.append(f"{pad}let bw_{r} = min(row0 + {r}u, last_row) * p.row_words + blk * BW;")
+        body.append(f"{pad}let w_{r} = deq4_{fmt}(bw_{r}, q);")
+        body += [f"{pad}part_{r}_{t} += dot(w_{r}, x_{t});" for t in range(tokens)]
+        if has_min:  # ggml's f16(d * sum q) instead of f16(d) * sum q, once per block (reference.py)
+            body.append(f"{pad}if (q == 0u) {{")
+            body.append(f"{pad}    let mn_{r} = min_{fmt}(bw_{r});")
+            for t in range(tokens):
+                c = f"CORR[min(n0 + {t}u, last_tok) * (p.k / 32u) + blk]"
+                body.append(f"{pad}    part_{r}_{t} += opaque(mn_{r} * {c}, p.zero);")
+            body.append(f"{pad}}}")
+    # each block's sum apart, then added to the row's (as the CPU kernels sum per block): the rounding
+    # error grows with the blocks of a row, not its elements
+    body.append(f"{pad}if ((qi + TPR) / QPB != blk) {{")
+    body += [f"{pad}    acc_{r}_{t} += part_{r}_{t};\n{pad}    part_{r}_{t} = 0.0;" for r, t in acc]
+    body.append(f"{pad}}}")
+    out = "Y[(n0 + {t}u) * p.ld + p.col0 + row0 + {r}u]"
+    cond = "row0 + {r}u < p.m && n0 + {t}u < p.n"
+    if tpr == 1:
+        finish = "\n".join(f"        if ({cond.format(r=r, t=t)}) {{ {out.format(r=r, t=t)} = acc_{r}_{t}; }}" for r, t in acc)
+    else:
+        k = rows * tokens
+        lines = [f"        red[lid * {k}u + {r * tokens + t}u] = acc_{r}_{t};" for r, t in acc]
+        lines.append("        workgroupBarrier();")
+        lines.append("        if (sub == 0u) {")
+        for r, t in acc:
+            j = r * tokens + t
+            lines.append(f"            var s_{j} = 0.0;")
+            lines.append(f"            for (var i = 0u; i < TPR; i++) {{ s_{j} += red[(lid + i) * {k}u + {j}u]; }}")
+            lines.append(f"            if ({cond.format(r=r, t=t)}) {{ {out.format(r=r, t=t)} = s_{j}; }}")
+        lines += ["        }", "        workgroupBarrier();"]
+        finish = "\n".join(lines)
+    return {"DECLARE": declare, "BODY": "\n".join(body), "FINISH": finish}
 
 
 class _Memory:
@@ -183,8 +252,8 @@ class WebGPUKV(KVCache):
         super().__init__(*args, host_storage=False, **kwargs)
         self.backend = backend
         n_layers, n_kv_heads, head_dim = args[:3]
-        if head_dim > MAX_HEAD_DIM or head_dim % 2:
-            raise ValueError(f"{backend.name}: head width {head_dim} is not supported (even, at most 256)")
+        if head_dim > MAX_HEAD_DIM or head_dim % 8:
+            raise ValueError(f"{backend.name}: head width {head_dim} is not supported (a multiple of 8, <= 256)")
         self.head_dim, self.n_kv_heads = head_dim, n_kv_heads
         ring = set(self.ring_layers)
         self.layers = []
@@ -272,7 +341,7 @@ class WebGPUBackend(Backend):
                 raise BackendUnavailable(f"{self.kind}: {self.device_name} has {key} {limits.get(key)}; need {least}")
         self.device = adapter.request_device_sync(required_limits={k: limits[k] for k in LIMITS if k in limits})
         self.max_binding = int(limits["max-storage-buffer-binding-size"])
-        self.max_buffer = int(limits.get("max-buffer-size", self.max_binding))
+        self.max_buffer = max(int(limits.get("max-buffer-size", self.max_binding)), self.max_binding)
         self.max_groups = int(limits.get("max-compute-workgroups-per-dimension", 65535))
         self._pool: dict[int, list[Any]] = {}
         self._pending: list[tuple[Any, Any, tuple[int, int, int]]] = []
@@ -295,6 +364,11 @@ class WebGPUBackend(Backend):
             )
 
     def storage(self, nbytes: int, extra: int = 0) -> Any:
+        if nbytes > self.max_buffer:
+            raise ValueError(
+                f"{self.name}: an array of {nbytes / 2**20:.0f} MiB exceeds this device's largest buffer "
+                f"({self.max_buffer / 2**20:.0f} MiB); use a smaller batch or context"
+            )
         u = self.wgpu.BufferUsage
         return self.device.create_buffer(size=max(int(nbytes), 16), usage=u.STORAGE | u.COPY_SRC | u.COPY_DST | extra)
 
@@ -345,16 +419,13 @@ class WebGPUBackend(Backend):
                 body = _part(body, entry)
                 has_min = qtype in (T.Q4_1, T.Q5_1)
                 subst = dict(QPB=block_elems // 4, BW=block_words, **consts)
-                corr_binding = min_term = ""
+                corr_binding = ""
                 if has_min:  # Q4_1 / Q5_1 keep (d, m) as the f16 pair of the block's first word
                     src += f"\nfn min_{fmt}(bw: u32) -> f32 {{ return unpack2x16float(W[bw]).y; }}\n"
                     corr_binding = "@group(0) @binding(4) var<storage, read> CORR: array<f32>;"
-                    min_term = (
-                        f"if (q == 0u) {{ let mn = min_{fmt}(bw); for (var t = 0u; t < NT; t++) {{ "
-                        "if (n0 + t < p.n) { acc[r * NT + t] += opaque(mn * CORR[(n0 + t) * (p.k / 32u) + blk], "
-                        "p.zero); } } }"
-                    )
-                body = body.replace("//$CORR_BINDING", corr_binding).replace("//$MIN_TERM", min_term)
+                body = body.replace("//$CORR_BINDING", corr_binding)
+                if entry == "matvec":
+                    subst.update(_matvec_body(consts["R"], consts["NT"], consts["TPR"], has_min, fmt))
                 body = string.Template(body).substitute({k: str(v) for k, v in subst.items()})
                 body = body.replace("DEQ4(", f"deq4_{fmt}(")
                 entry = "main" if entry == "matvec" else entry
@@ -368,7 +439,11 @@ class WebGPUBackend(Backend):
         return pipe
 
     def _dispatch(self, pipe: Any, buffers: dict[int, Any], groups: int, z: int = 1) -> None:
-        entries = [{"binding": b, "resource": {"buffer": buf, "offset": 0, "size": buf.size}} for b, buf in buffers.items()]
+        """Record one dispatch; a binding is a buffer, or (buffer, byte offset, bytes) for part of one."""
+        entries = []
+        for b, buf in buffers.items():
+            buf, offset, size = buf if isinstance(buf, tuple) else (buf, 0, buf.size)
+            entries.append({"binding": b, "resource": {"buffer": buf, "offset": offset, "size": size}})
         bg = self.device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=entries)
         gx, gy = _grid(groups, self.max_groups)
         d = (pipe, bg, (gx, gy, z))
@@ -497,6 +572,13 @@ class WebGPUBackend(Backend):
         self._acts[id(x.mem)] = (weakref.ref(x.mem), act, xr, corr)
         return xr, corr
 
+    def matvec_shape(self, tokens: int) -> tuple[int, int]:
+        """(rows per invocation R, invocations per row TPR) of the matmul kernel: a CPU driver wants many
+        rows per workgroup and no reduction, a GPU coalesced reads."""
+        if self.software:
+            return 4, 1
+        return (2 if tokens == 1 else 1), 16
+
     def matmul(self, w: GWeight, x: GArray) -> GArray:
         n, k = x.shape[0], x.shape[-1]
         if x.ndim != 2 or k != w.cols:
@@ -504,14 +586,24 @@ class WebGPUBackend(Backend):
         xr, corr = self._activations(x, w.type)
         out = self._alloc((n, w.rows))
         nt = 1 if n == 1 else PREFILL_TOKENS
-        pipe = self._pipeline("matmul", "matvec", w.type, R=ROWS, NT=nt)
-        for buf, r0, m in w.chunks:
-            groups = -(-m // ROWS)
-            u = self._uniform(m, k, n, w.row_words, _grid(groups)[0], w.rows, r0, 0)
-            buffers = {0: buf, 1: xr.buf, 2: out.buf, 3: u}
-            if corr is not None:
-                buffers[4] = corr.buf
-            self._dispatch(pipe, buffers, groups)
+        rows, tpr = self.matvec_shape(nt)
+        pipe = self._pipeline("matmul", "matvec", w.type, R=rows, NT=nt, TPR=tpr)
+        # tokens in groups whose output fits one binding (logits of a long prompt over a large vocabulary);
+        # groups of 64 tokens keep every binding offset 256-byte aligned
+        per_group = n if 4 * n * w.rows <= self.max_binding else self.max_binding // (4 * w.rows) // 64 * 64
+        if per_group == 0:
+            raise ValueError(f"{self.name}: one token's {w.rows} outputs exceed 64 of this device's bindings")
+        for t0 in range(0, n, per_group):
+            g = min(per_group, n - t0)
+            y = (out.buf, 4 * t0 * w.rows, 4 * g * w.rows) if per_group < n else out.buf
+            xg = (xr.buf, 4 * t0 * k, 4 * g * k) if per_group < n else xr.buf
+            for buf, r0, m in w.chunks:
+                groups = -(-m // (rows * WG // tpr))
+                u = self._uniform(m, k, g, w.row_words, _grid(groups)[0], w.rows, r0, 0)
+                buffers = {0: buf, 1: xg, 2: y, 3: u}
+                if corr is not None:
+                    buffers[4] = (corr.buf, 4 * t0 * (k // 32), 4 * g * (k // 32)) if per_group < n else corr.buf
+                self._dispatch(pipe, buffers, groups)
         return out
 
     def rms_norm(self, x: GArray, weight: GArray | None, eps: float) -> GArray:
