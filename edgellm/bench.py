@@ -64,7 +64,7 @@ def weight_bytes_per_token(model) -> int:
         qt = getattr(obj, "qt", None)
         if qt is not None:
             seen[id(qt)] = int(qt.data.nbytes)
-        elif isinstance(obj, np.ndarray):
+        elif isinstance(obj, np.ndarray) or hasattr(obj, "mem"):  # a host or a device vector
             seen[id(obj)] = int(obj.nbytes)
 
     for layer in model.layers:

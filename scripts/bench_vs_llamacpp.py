@@ -2,7 +2,7 @@
 
     python scripts/bench_vs_llamacpp.py --llama-bench PATH [--llama-quantize PATH]
         [--models smollm2-135m gemma3-270m] [--variants Q4_0 Q8_0 F16] [--threads 1 2]
-        [--backends native numba] [-p 128] [-n 64] [--rounds 3] [--json OUT]
+        [--backends native numba] [-p 128] [-n 64] [--rounds 3] [--json OUT] [--device vulkan]
 
 llama-bench is built from the llama-cpp-python sdist (`pip download --no-binary :all: --no-deps
 llama-cpp-python`, then in vendor/llama.cpp: `cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF
@@ -16,6 +16,12 @@ falls on both sides alike; the table reports medians over the rounds and edgellm
 also measures this machine's memory read bandwidth (numpy sum over 1 GiB, 1 and N threads) and reports
 generation tok/s × weight bytes per token as a share of it, and the time from process start to the first
 token of `edgellm run MODEL -p hi -n 1` (second run, so caches are warm).
+
+`--device vulkan` compares on a GPU (or lavapipe): llama-bench (a build with -DGGML_VULKAN=ON) with every
+layer offloaded (-ngl 99) against `edgellm bench --backend vulkan` (--backends then defaults to vulkan).
+ggml-vulkan ignores CPU devices such as lavapipe unless GGML_VK_VISIBLE_DEVICES names them: the script
+sets it to 0 (override with $GGML_VK_VISIBLE_DEVICES), so both sides run on the same device; check
+llama-bench's "ggml_vulkan: 0 = ..." line in --verbose output.
 """
 
 from __future__ import annotations
@@ -44,11 +50,13 @@ def _run_json(cmd: list[str], timeout: float = 900) -> object:
     )
 
 
-def llama_bench(exe: str, model: Path, threads: int, n_prompt: int, n_gen: int) -> dict:
-    """pp and tg tok/s of one llama-bench repetition."""
+def llama_bench(exe: str, model: Path, threads: int, n_prompt: int, n_gen: int, device: str | None) -> dict:
+    """pp and tg tok/s of one llama-bench repetition (every layer on the GPU with a device)."""
+    gpu = ["-ngl", "99"] if device else ["-ngl", "0"]
     out = _run_json(
         [
             exe,
+            *gpu,
             "-m",
             str(model),
             "-t",
@@ -178,7 +186,8 @@ def main() -> int:
     )
     ap.add_argument("--variants-dir", type=Path, default=Path.home() / ".cache/edgellm/variants")
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
-    ap.add_argument("--backends", nargs="+", default=["native", "numba"])
+    ap.add_argument("--backends", nargs="+", help="default: native numba (with --device: that device)")
+    ap.add_argument("--device", choices=["vulkan", "metal"], help="compare on this GPU backend (-ngl 99)")
     ap.add_argument("-p", type=int, default=128)
     ap.add_argument("-n", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
@@ -186,6 +195,9 @@ def main() -> int:
     a = ap.parse_args()
     if not a.llama_bench:
         ap.error("give --llama-bench PATH or set $LLAMA_BENCH")
+    a.backends = a.backends or ([a.device] if a.device else ["native", "numba"])
+    if a.device == "vulkan":  # let ggml-vulkan use a CPU device (lavapipe) too
+        os.environ.setdefault("GGML_VK_VISIBLE_DEVICES", "0")
 
     sys.path.insert(0, str(ROOT))
     from edgellm import store
@@ -204,7 +216,7 @@ def main() -> int:
             for t in a.threads:
                 print(f"round {r + 1}/{a.rounds}: {f.name} -t {t}", file=sys.stderr, flush=True)
                 samples.setdefault((f.name, t, "llama.cpp"), []).append(
-                    llama_bench(a.llama_bench, f, t, a.p, a.n)
+                    llama_bench(a.llama_bench, f, t, a.p, a.n, a.device)
                 )
                 for b in a.backends:
                     samples.setdefault((f.name, t, b), []).append(edgellm_bench(f, b, t, a.p, a.n))

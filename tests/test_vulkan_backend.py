@@ -45,9 +45,23 @@ def test_the_contract_suite_under_the_khronos_validation_layer(vk):
         VK_LOADER_DEBUG="layer",
         WGPU_VALIDATION="1",
     )
-    cmd = [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-k", "vulkan"]  # -s: the log
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-s",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        "vulkan",
+    ]  # -s: the log
     r = subprocess.run(
-        [*cmd, str(ROOT / "tests" / "test_backend_contract.py")], env=env, capture_output=True, text=True, timeout=600
+        [*cmd, str(ROOT / "tests" / "test_backend_contract.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     out = r.stdout + r.stderr
     if 'Insert instance layer "VK_LAYER_KHRONOS_validation"' not in out:
@@ -139,7 +153,9 @@ def test_a_weight_larger_than_a_binding_is_split_over_buffers(vk, monkeypatch):
     monkeypatch.setattr(vk, "max_binding", 10 * row_bytes)  # 10 rows per chunk
     w = vk.bind(qt)
     assert len(w.chunks) == 4
-    assert_matmul_matches_oracle(vk, qt, np.random.default_rng(4).standard_normal((3, 512)).astype(np.float32))
+    assert_matmul_matches_oracle(
+        vk, qt, np.random.default_rng(4).standard_normal((3, 512)).astype(np.float32)
+    )
     ids = np.array([36, 0, 10, 9, 20])
     got = vk.to_host(vk.get_rows(w, ids))
     np.testing.assert_array_equal(got, quants.dequantize(qt.data[ids], T.Q4_K, (5, 512)))

@@ -3,6 +3,8 @@ the README against it), from `Backend.supports`, so it cannot drift from what th
 
 from __future__ import annotations
 
+import importlib
+
 from edgellm import quants
 from edgellm.backends import BACKENDS, BackendUnavailable, get_backend
 
@@ -19,7 +21,10 @@ def coverage(names: list[str] | None = None) -> dict[str, dict[str, bool | None]
         try:
             b = get_backend(n)
         except BackendUnavailable:
-            out[n] = {t: None for t in WEIGHT_TYPES}
+            # a device backend declares its kernels' types without a device (WebGPUBackend.weight_types)
+            mod, cls = BACKENDS[n].split(":")
+            static = getattr(getattr(importlib.import_module(mod), cls), "weight_types", None)
+            out[n] = {t: None if static is None else int(by_name[t]) in static for t in WEIGHT_TYPES}
             continue
         out[n] = {t: b.supports("matmul", by_name[t]) for t in WEIGHT_TYPES}
     return out

@@ -28,10 +28,23 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from edgellm import quants
-from edgellm.backends.base import WEIGHT_OPS, Backend, BackendUnavailable, RopeSpec, gelu_table_f32, rope_table
+from edgellm.backends.base import (
+    WEIGHT_OPS,
+    Backend,
+    BackendUnavailable,
+    RopeSpec,
+    gelu_table_f32,
+    rope_table,
+)
 from edgellm.backends.paged_kv import KVCache
 from edgellm.backends.webgpu_layout import LAYOUT, repack
 from edgellm.gguf import QTensor
+
+try:  # wgpu-native's cffi handles, for replaying plans without wgpu-py's per-call wrappers
+    from wgpu.backends.wgpu_native._api import ffi as _FFI
+    from wgpu.backends.wgpu_native._api import lib as _LIB
+except Exception:  # no wgpu, or another wgpu-py layout: plans replay through the public API
+    _FFI = _LIB = None
 
 FAMILY = {
     T.F32: "quants_float",
@@ -55,6 +68,7 @@ ROWS = 4  # matmul rows per workgroup
 PREFILL_TOKENS = 8  # matmul tokens sharing one dequantized weight quad
 MAX_GROUP_WG = 8  # query heads per attention workgroup (attention.wgsl GMAX)
 MAX_HEAD_DIM = 256
+POOL_PER_SIZE = 16  # free activation buffers kept per size for reuse
 ADAPTER_ORDER = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "Unknown": 3, "CPU": 4}
 LIMITS = (
     "max-storage-buffer-binding-size",
@@ -127,7 +141,7 @@ def auto_refusal(kind: str) -> str | None:
             _AUTO[kind] = (
                 None
                 if kind_of in ("DiscreteGPU", "IntegratedGPU")
-                else f"{kind}: {info.get('device', '?')} is a {kind_of} adapter (slower than the CPU backends)"
+                else f"{kind}: {info.get('device', '?')} is a {kind_of} adapter, slower than the CPU backends"
             )
         except BackendUnavailable as e:
             _AUTO[kind] = str(e)
@@ -169,7 +183,10 @@ def _matvec_body(rows: int, tokens: int, tpr: int, has_min: bool, fmt: str) -> d
     out = "Y[(n0 + {t}u) * p.ld + p.col0 + row0 + {r}u]"
     cond = "row0 + {r}u < p.m && n0 + {t}u < p.n"
     if tpr == 1:
-        finish = "\n".join(f"        if ({cond.format(r=r, t=t)}) {{ {out.format(r=r, t=t)} = acc_{r}_{t}; }}" for r, t in acc)
+        finish = "\n".join(
+            f"        if ({cond.format(r=r, t=t)}) {{ {out.format(r=r, t=t)} = acc_{r}_{t}; }}"
+            for r, t in acc
+        )
     else:
         k = rows * tokens
         lines = [f"        red[lid * {k}u + {r * tokens + t}u] = acc_{r}_{t};" for r, t in acc]
@@ -178,7 +195,9 @@ def _matvec_body(rows: int, tokens: int, tpr: int, has_min: bool, fmt: str) -> d
         for r, t in acc:
             j = r * tokens + t
             lines.append(f"            var s_{j} = 0.0;")
-            lines.append(f"            for (var i = 0u; i < TPR; i++) {{ s_{j} += red[(lid + i) * {k}u + {j}u]; }}")
+            lines.append(
+                f"            for (var i = 0u; i < TPR; i++) {{ s_{j} += red[(lid + i) * {k}u + {j}u]; }}"
+            )
             lines.append(f"            if ({cond.format(r=r, t=t)}) {{ {out.format(r=r, t=t)} = s_{j}; }}")
         lines += ["        }", "        workgroupBarrier();"]
         finish = "\n".join(lines)
@@ -196,7 +215,9 @@ class _Memory:
 
     def __del__(self) -> None:
         if self.pool is not None:
-            self.pool.setdefault(self.buf.size, []).append(self.buf)
+            free = self.pool.setdefault(self.buf.size, [])
+            if len(free) < POOL_PER_SIZE:  # beyond that, wgpu frees the buffer with its last reference
+                free.append(self.buf)
 
 
 class GArray:
@@ -239,9 +260,9 @@ class GArray:
 class GWeight:
     """A weight on the device: its type, (rows, cols), and row chunks [(buffer, first row, rows)]."""
 
-    def __init__(self, qtype: T, rows: int, cols: int, row_words: int, chunks: list, name: str):
+    def __init__(self, qt: QTensor, qtype: T, rows: int, cols: int, row_words: int, chunks: list):
+        self.qt = qt  # the file's tensor (a view of the mapping): what was uploaded
         self.type, self.rows, self.cols, self.row_words, self.chunks = qtype, rows, cols, row_words, chunks
-        self.name = name
 
 
 class WebGPUKV(KVCache):
@@ -253,7 +274,9 @@ class WebGPUKV(KVCache):
         self.backend = backend
         n_layers, n_kv_heads, head_dim = args[:3]
         if head_dim > MAX_HEAD_DIM or head_dim % 8:
-            raise ValueError(f"{backend.name}: head width {head_dim} is not supported (a multiple of 8, <= 256)")
+            raise ValueError(
+                f"{backend.name}: head width {head_dim} is not supported (a multiple of 8, <= 256)"
+            )
         self.head_dim, self.n_kv_heads = head_dim, n_kv_heads
         ring = set(self.ring_layers)
         self.layers = []
@@ -293,7 +316,9 @@ class WebGPUKV(KVCache):
 class _Recording:
     """A decode step being captured: its host inputs, their device buffers, the dispatches, what to keep."""
 
-    def __init__(self, backend: WebGPUBackend, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray):
+    def __init__(
+        self, backend: WebGPUBackend, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray
+    ):
         self.inputs = (tokens, positions, seq_ids)
         self.buffers = [backend.upload_ints(a, writable=True) for a in self.inputs]
         self.dispatches: list[tuple[Any, Any, tuple[int, int, int]]] = []
@@ -316,6 +341,12 @@ class _Plan:
         self.dispatches, self.keep = rec.dispatches, rec.keep
         self.rope_limit, self.vocab = rec.rope_limit, rec.vocab
         self.logits, self.ids = logits, ids
+        self.ready: Any = None  # the plan's command buffer, encoded ahead of the next step
+        self.raw = (
+            [(p._internal, bg._internal, *grid) for p, bg, grid in self.dispatches]
+            if _LIB is not None
+            else None
+        )
 
 
 class WebGPUBackend(Backend):
@@ -323,6 +354,7 @@ class WebGPUBackend(Backend):
 
     keeps_logits = True
     kind = "vulkan"
+    weight_types = frozenset(LAYOUT)  # what matmul and get_rows run on the device (no device needed to ask)
 
     def __init__(self, threads: int | None = None):
         import wgpu
@@ -338,8 +370,12 @@ class WebGPUBackend(Backend):
         need = {"max-compute-workgroup-storage-size": 16384, "max-storage-buffers-per-shader-stage": 8}
         for key, least in need.items():
             if limits.get(key, 0) < least:
-                raise BackendUnavailable(f"{self.kind}: {self.device_name} has {key} {limits.get(key)}; need {least}")
-        self.device = adapter.request_device_sync(required_limits={k: limits[k] for k in LIMITS if k in limits})
+                raise BackendUnavailable(
+                    f"{self.kind}: {self.device_name} has {key} {limits.get(key)}; need {least}"
+                )
+        self.device = adapter.request_device_sync(
+            required_limits={k: limits[k] for k in LIMITS if k in limits}
+        )
         self.max_binding = int(limits["max-storage-buffer-binding-size"])
         self.max_buffer = max(int(limits.get("max-buffer-size", self.max_binding)), self.max_binding)
         self.max_groups = int(limits.get("max-compute-workgroups-per-dimension", 65535))
@@ -354,6 +390,7 @@ class WebGPUBackend(Backend):
         self._rec: _Recording | None = None
         self._gelu: Any = None
         self._dummy = self.storage(16)
+        self.uploaded = 0  # bytes of weights on the device (wgpu does not say how much memory it has)
 
     # -- memory --------------------------------------------------------------------------------------------
     def check_binding(self, nbytes: int, what: str) -> None:
@@ -370,7 +407,9 @@ class WebGPUBackend(Backend):
                 f"({self.max_buffer / 2**20:.0f} MiB); use a smaller batch or context"
             )
         u = self.wgpu.BufferUsage
-        return self.device.create_buffer(size=max(int(nbytes), 16), usage=u.STORAGE | u.COPY_SRC | u.COPY_DST | extra)
+        return self.device.create_buffer(
+            size=max(int(nbytes), 16), usage=u.STORAGE | u.COPY_SRC | u.COPY_DST | extra
+        )
 
     def upload_ints(self, a: np.ndarray, writable: bool = False) -> Any:
         u = self.wgpu.BufferUsage
@@ -415,7 +454,9 @@ class WebGPUBackend(Backend):
             if qtype is not None:
                 block_elems, block_words = LAYOUT[int(qtype)]
                 fmt = T(qtype).name.lower()
-                src += "\n@group(0) @binding(0) var<storage, read> W: array<u32>;\n" + _source(FAMILY[T(qtype)])
+                src += "\n@group(0) @binding(0) var<storage, read> W: array<u32>;\n" + _source(
+                    FAMILY[T(qtype)]
+                )
                 body = _part(body, entry)
                 has_min = qtype in (T.Q4_1, T.Q5_1)
                 subst = dict(QPB=block_elems // 4, BW=block_words, **consts)
@@ -463,6 +504,26 @@ class WebGPUBackend(Backend):
                 last = pipe
             cp.set_bind_group(0, bg)
             cp.dispatch_workgroups(*grid)
+        cp.end()
+        return enc
+
+    def _encode_raw(self, raw: list) -> Any:
+        """_encode for a captured plan through wgpu-native's C functions directly (wgpu-py's wrappers cost
+        ~5 us a call, most of a small model's step on a fast GPU); raw holds the handles of dispatches
+        whose Python objects the plan keeps alive."""
+        enc = self.device.create_command_encoder()
+        cp = enc.begin_compute_pass()
+        h, null = cp._internal, _FFI.NULL
+        set_pipeline = _LIB.wgpuComputePassEncoderSetPipeline
+        set_group = _LIB.wgpuComputePassEncoderSetBindGroup
+        dispatch = _LIB.wgpuComputePassEncoderDispatchWorkgroups
+        last = None
+        for pipe, bg, x, y, z in raw:
+            if pipe != last:
+                set_pipeline(h, pipe)
+                last = pipe
+            set_group(h, 0, bg, 0, null)
+            dispatch(h, x, y, z)
         cp.end()
         return enc
 
@@ -514,13 +575,16 @@ class WebGPUBackend(Backend):
     # -- weights -------------------------------------------------------------------------------------------
     def supports(self, op: str, qtype: Any = None) -> bool:
         if op in WEIGHT_OPS:
-            return qtype is not None and int(qtype) in LAYOUT
+            return qtype is not None and int(qtype) in self.weight_types
         return True
 
     def bind(self, t: QTensor) -> GWeight:
         qtype, data = t.type, t.data
         if int(qtype) not in LAYOUT:  # no kernel: a float32 copy, which the load report names with its cost
-            qtype, data = T.F32, np.ascontiguousarray(t.dequantize(), np.float32).reshape(t.data.shape[0], -1).view(np.uint8)
+            qtype, data = (
+                T.F32,
+                np.ascontiguousarray(t.dequantize(), np.float32).reshape(t.data.shape[0], -1).view(np.uint8),
+            )
         words = repack(int(qtype), np.ascontiguousarray(data))
         rows, row_words = words.shape
         per_chunk = max(1, min(self.max_binding, self.max_buffer) // max(row_words * 4, 1))
@@ -528,9 +592,11 @@ class WebGPUBackend(Backend):
         u = self.wgpu.BufferUsage
         for r0 in range(0, rows, per_chunk):
             part = np.ascontiguousarray(words[r0 : r0 + per_chunk]).reshape(-1)
-            buf = self.device.create_buffer_with_data(data=part if part.size else np.zeros(4, np.uint32), usage=u.STORAGE)
+            buf = self.device.create_buffer_with_data(
+                data=part if part.size else np.zeros(4, np.uint32), usage=u.STORAGE
+            )
             chunks.append((buf, r0, min(per_chunk, rows - r0)))
-        return GWeight(qtype, rows, t.ne[0], row_words, chunks, t.name)
+        return GWeight(t, qtype, rows, t.ne[0], row_words, chunks)
 
     def vector(self, t: QTensor) -> GArray:
         return self.from_host(quants.dequantize(t.data, t.type, t.shape).reshape(-1))
@@ -602,7 +668,9 @@ class WebGPUBackend(Backend):
                 u = self._uniform(m, k, g, w.row_words, _grid(groups)[0], w.rows, r0, 0)
                 buffers = {0: buf, 1: xg, 2: y, 3: u}
                 if corr is not None:
-                    buffers[4] = (corr.buf, 4 * t0 * (k // 32), 4 * g * (k // 32)) if per_group < n else corr.buf
+                    buffers[4] = (
+                        (corr.buf, 4 * t0 * (k // 32), 4 * g * (k // 32)) if per_group < n else corr.buf
+                    )
                 self._dispatch(pipe, buffers, groups)
         return out
 
@@ -626,7 +694,9 @@ class WebGPUBackend(Backend):
             size = max(n_pos, 2 * have, 4096)
             cos, sin = rope_table(spec, size)
             u = self.wgpu.BufferUsage
-            bufs = [self.device.create_buffer_with_data(data=a.reshape(-1), usage=u.STORAGE) for a in (cos, sin)]
+            bufs = [
+                self.device.create_buffer_with_data(data=a.reshape(-1), usage=u.STORAGE) for a in (cos, sin)
+            ]
             hit = self._ropes[id(spec)] = (spec, size, *bufs)
         return hit[1], hit[2], hit[3]
 
@@ -663,18 +733,24 @@ class WebGPUBackend(Backend):
         u = self._uniform(*common, gx * WG, float(scale), float(softcap or 0.0), 0, 0)
         base = {0: seq_buf, 1: pos_buf, 2: table, 3: u}
         self._dispatch(
-            self._pipeline("attention", "store"), {**base, 4: k.buf, 5: v.buf, 6: kc, 7: vc}, -(-half_total // WG)
+            self._pipeline("attention", "store"),
+            {**base, 4: k.buf, 5: v.buf, 6: kc, 7: vc},
+            -(-half_total // WG),
         )
         out = self._alloc(q.shape)
         u2 = self._uniform(*common, _grid(n * hkv)[0], float(scale), float(softcap or 0.0), 0, 0)
         z = -(-(n_head // hkv) // MAX_GROUP_WG)
         self._dispatch(
-            self._pipeline("attention", "attend"), {**base, 3: u2, 4: q.buf, 5: kc, 6: vc, 7: out.buf}, n * hkv, z
+            self._pipeline("attention", "attend"),
+            {**base, 3: u2, 4: q.buf, 5: kc, 6: vc, 7: out.buf},
+            n * hkv,
+            z,
         )
         return out
 
-    def _elementwise(self, entry: str, buffers: dict, n: int, *, b_len: int = 1, cols: int = 1, start: int = 0,
-                     width: int = 1, f: float = 0.0) -> None:  # fmt: skip
+    def _elementwise(
+        self, entry: str, buffers: dict, n: int, *, b_len=1, cols=1, start=0, width=1, f=0.0
+    ) -> None:
         groups = -(-n // WG)
         u = self._uniform(n, b_len, cols, start, width, _grid(groups)[0] * WG, float(f), 0)
         self._dispatch(self._pipeline("elementwise", entry), {**buffers, 3: u}, groups)
@@ -714,7 +790,9 @@ class WebGPUBackend(Backend):
 
     def columns(self, x: GArray, start: int, stop: int) -> GArray:
         out = self._alloc((x.shape[0], stop - start))
-        self._elementwise("columns", {0: x.buf, 2: out.buf}, out.size, cols=x.shape[1], start=start, width=stop - start)
+        self._elementwise(
+            "columns", {0: x.buf, 2: out.buf}, out.size, cols=x.shape[1], start=start, width=stop - start
+        )
         return out
 
     # -- decode steps --------------------------------------------------------------------------------------
@@ -768,8 +846,15 @@ class WebGPUBackend(Backend):
         q = self.device.queue
         for buf, a in zip((plan.tokens, plan.positions, plan.seq_ids), (tokens, positions, seq_ids)):
             q.write_buffer(buf, 0, a.astype(np.int32))
-        q.submit([self._encode(plan.dispatches).finish()])
+        q.submit([plan.ready or self._plan_commands(plan)])
+        # the next step's commands are these again (only the inputs change): encode them now, while the
+        # device works on this step, so that encoding is off the next step's critical path
+        plan.ready = self._plan_commands(plan)
         return plan
+
+    def _plan_commands(self, plan: _Plan) -> Any:
+        enc = self._encode_raw(plan.raw) if plan.raw is not None else self._encode(plan.dispatches)
+        return enc.finish()
 
     def decode_step(self, model, tokens, positions, seq_ids, kv) -> np.ndarray:
         plan = self._step(model, tokens, positions, seq_ids, kv)
