@@ -176,3 +176,25 @@ def test_refusals_say_what_is_missing(vk, monkeypatch):
         vk.get_rows(vk.bind(random_weight(T.Q8_0, 4, 64, np.random.default_rng(0))), np.array([4]))
     with pytest.raises(ValueError, match="largest binding"):
         vk.new_kv_cache(1, 8, 256, 1 << 20, 1)
+
+
+@pytest.mark.parametrize("n", [1, 5, 19], ids=["decode", "batch", "prompt"])
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q8_0, T.Q6_K, T.Q4_K, T.F16], ids=lambda t: t.name)
+def test_the_matmul_shape_for_gpus_is_right_too(vk, monkeypatch, t, n):
+    """lavapipe takes the CPU-driver shape (one invocation per row); a GPU shares each row among 16
+    invocations and sums them in shared memory: that kernel, compiled and checked here as well."""
+    monkeypatch.setattr(vk, "software", False)
+    assert vk.matvec_shape(1)[1] > 1
+    rng = np.random.default_rng(5)
+    qt = random_weight(t, 45, 512, rng)
+    assert_matmul_matches_oracle(vk, qt, (rng.standard_normal((n, 512)) * 3).astype(np.float32))
+
+
+def test_a_batch_decodes_each_sequence_as_it_decodes_alone(llms):
+    """The engine's batched steps (one plan per batch size) give every sequence the tokens it gets alone:
+    a row's sums do not depend on the rows beside it."""
+    llm = llms("smollm2-135m")
+    prompts = ["The capital of France is", "def add(a, b):", "Water boils at"]
+    together = [c.tokens for c in llm.generate(prompts, max_tokens=6, temperature=0.0)]
+    alone = [llm.generate(p, max_tokens=6, temperature=0.0).tokens for p in prompts]
+    assert together == alone

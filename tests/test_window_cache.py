@@ -1,5 +1,6 @@
 """Sliding-window layers on a ring: a cache that holds only window + one chunk of positions per sequence
-attends exactly like the full cache, on every CPU backend, and on the real Gemma 3 model."""
+attends exactly like the full cache, on every backend (through its own arrays and cache), and on the real
+Gemma 3 model."""
 
 from __future__ import annotations
 
@@ -27,10 +28,13 @@ def test_ring_layers_attend_exactly_like_the_full_cache(backend):
     """Two sequences, 40 positions each in chunks of up to 4 and single steps, window 5: layer 1 keeps a
     ring of ceil((5 + 4 - 1) / 4) = 2 blocks per sequence, layer 0 the full context."""
     hkv, dh, h, bs, n_ctx, window, chunk = 2, 16, 4, 4, 64, 5, 4
-    full = KVCache(2, hkv, dh, n_ctx, 2, block_size=bs)
-    ring = KVCache(2, hkv, dh, n_ctx, 2, block_size=bs, window_layers=[1], window=window, window_chunk=chunk)
+    full = backend.new_kv_cache(2, hkv, dh, n_ctx, 2, block_size=bs)
+    ring = backend.new_kv_cache(
+        2, hkv, dh, n_ctx, 2, block_size=bs, window_layers=[1], window=window, window_chunk=chunk
+    )
     assert ring.ring_layers == [1] and ring.ring_blocks == 2
-    assert ring.k.shape[0] == 1 and ring.k_ring.shape == (1, 2 * 2 * bs, hkv, dh)
+    if isinstance(ring, KVCache) and ring.k.size:  # the host layout (a device keeps K, V elsewhere)
+        assert ring.k.shape[0] == 1 and ring.k_ring.shape == (1, 2 * 2 * bs, hkv, dh)
     assert ring.nbytes < 0.6 * full.nbytes
     pos = [0, 0]
     while min(pos) < 40:
@@ -46,8 +50,9 @@ def test_ring_layers_attend_exactly_like_the_full_cache(backend):
         k, v = rng.standard_normal((2, n, hkv, dh)).astype(np.float32)
         for layer in (0, 1):
             w = window if layer == 1 else None
-            a = backend.attention(q, k, v, full, layer, seqs, positions, 0.25, w)
-            b = backend.attention(q, k, v, ring, layer, seqs, positions, 0.25, w)
+            args = [backend.from_host(x) for x in (q, k, v)]
+            a = backend.to_host(backend.attention(*args, full, layer, seqs, positions, 0.25, w))
+            b = backend.to_host(backend.attention(*args, ring, layer, seqs, positions, 0.25, w))
             assert np.array_equal(a, b), f"layer {layer} at positions {positions.tolist()}"
 
 

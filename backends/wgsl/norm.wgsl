@@ -1,6 +1,7 @@
 // RMSNorm over the last axis, mirroring ggml-cpu ops.cpp ggml_compute_forward_rms_norm_f32 as the reference
-// backend computes it: the mean of squares in double (here an exact double-float sum), scale =
-// 1 / sqrt(float(mean + eps)), y = x * scale, then y * weight. One workgroup per row.
+// backend computes it (ggml-vulkan's rms_norm.comp has the same shape but sums in float): the mean of
+// squares in double (here an exact double-float sum), scale = 1 / sqrt(float(mean + eps)), y = x * scale,
+// then y * weight. One workgroup per row.
 
 struct Params {
     rows: u32,

@@ -1,5 +1,6 @@
 // Greedy sampling on the device: each row's argmax (the first maximum), or -1 when the row's maximum is
 // not finite or a NaN appears (base.greedy_ids). One workgroup per row; only B ids go to the host.
+// Mirrors ggml-vulkan argmax.comp (a shared-memory reduction of (value, index) pairs).
 
 struct Params {
     rows: u32,

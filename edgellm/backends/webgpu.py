@@ -367,7 +367,11 @@ class WebGPUBackend(Backend):
         # lavapipe (llvmpipe) and other software drivers: right for tests, never faster than the CPU backends
         self.software = info.get("adapter_type") == "CPU"
         limits = adapter.limits
-        need = {"max-compute-workgroup-storage-size": 16384, "max-storage-buffers-per-shader-stage": 8}
+        need = {
+            "max-compute-workgroup-storage-size": 16384,  # attention.wgsl's tiles
+            "max-storage-buffers-per-shader-stage": 8,
+            "max-compute-invocations-per-workgroup": WG,
+        }
         for key, least in need.items():
             if limits.get(key, 0) < least:
                 raise BackendUnavailable(
