@@ -27,6 +27,22 @@ from edgellm.tokenizer import Tokenizer
 DEFAULT_CTX = 4096
 
 
+def _contents(messages: list[dict[str, Any]]) -> list[str]:
+    """The text a caller put in the messages (contents, text parts, tool-call arguments), in order."""
+    out: list[str] = []
+    for m in messages:
+        c = m.get("content")
+        if isinstance(c, str):
+            out.append(c)
+        elif isinstance(c, list):
+            out += [p["text"] for p in c if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        for call in m.get("tool_calls") or ():
+            args = call.get("function", {}).get("arguments") if isinstance(call, dict) else None
+            if isinstance(args, str):
+                out.append(args)
+    return [c for c in out if c]
+
+
 @dataclass
 class Completion:
     """A finished generation: text, generated token ids, why it ended, and timings."""
@@ -125,11 +141,32 @@ class LLM:
     def detokenize(self, ids: Sequence[int], special: bool = False) -> str:
         return self.tokenizer.decode(list(ids), special=special)
 
-    def chat_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Render messages with the chat template and tokenize (special tokens parsed, one BOS)."""
+    def chat_prompt(self, messages: list[dict[str, Any]], special_in_content: bool = False) -> list[int]:
+        """Render messages with the chat template and tokenize (one BOS). Only the template's own text is
+        parsed for special tokens: a message's content that spells one (`<|im_end|>`, `<|im_start|>system`)
+        stays text, so it cannot close its turn and forge another (role injection). llama.cpp parses the
+        whole rendered prompt; `special_in_content=True` does that, for callers who put control tokens
+        in their messages on purpose."""
         # like llama.cpp (common/chat.cpp): a template's own BOS is dropped when the tokenizer adds one
         text = self.template.render(messages, add_generation_prompt=True, strip_bos=self.tokenizer.add_bos)
-        return self.tokenizer.encode(text, add_special=True, parse_special=True)
+        tok = self.tokenizer
+        risky = [] if special_in_content else [c for c in _contents(messages) if tok.has_special_text(c)]
+        if not risky:  # the common case: the very ids llama.cpp makes
+            return tok.encode(text, add_special=True, parse_special=True)
+        # the template's text around each such content is parsed for special tokens; the content is not
+        ids: list[int] = []
+        cursor = 0
+        for c in risky:
+            at = text.find(c, cursor)
+            if at < 0:
+                raise ValueError(
+                    "a message spells a special token and the chat template transforms the message, so it "
+                    "cannot be kept as text; remove the special-token text from the message"
+                )
+            ids += tok.encode(text[cursor:at], add_special=not ids and cursor == 0, parse_special=True)
+            ids += tok.encode(c, add_special=False, parse_special=False)
+            cursor = at + len(c)
+        return ids + tok.encode(text[cursor:], add_special=False, parse_special=True)
 
     # -- sampling params -----------------------------------------------------------------------------
     def params(self, **overrides: Any) -> SamplingParams:

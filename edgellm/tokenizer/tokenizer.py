@@ -102,6 +102,10 @@ class Tokenizer:
     def _splitter(self) -> SpecialSplitter:
         return SpecialSplitter(self.vocab)
 
+    def has_special_text(self, text: str) -> bool:
+        """Whether `text` spells a control token that encode(parse_special=True) would turn into its id."""
+        return self._splitter.split(text, True) != self._splitter.split(text, False)
+
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """llama_tokenize: add_special adds BOS/EOS as the file asks; parse_special turns the text of
         control tokens (e.g. "<|im_start|>") into those tokens instead of tokenizing it as text."""
