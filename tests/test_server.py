@@ -404,3 +404,99 @@ def test_sigterm_lets_streams_end_cleanly_and_exits_zero(small_server):
     assert small_server.proc.wait(30) == 0
     with pytest.raises(httpx.TransportError):
         httpx.get(small_server.url + "/health", timeout=2)
+
+
+# -- hardening: hostile inputs and slow clients --------------------------------------------------------
+@pytest.mark.parametrize("key", ["²", "①", "١٢", "１", "12 ", "-1", "0x1"])
+def test_logit_bias_keys_must_be_ascii_digits(key):
+    from edgellm import openai_api as oa
+
+    lim = oa.Limits(n_ctx=512, n_vocab=49152)
+    body = {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {key: 1}}
+    with pytest.raises(oa.APIError) as e:
+        oa.parse_chat(body, lim)
+    assert e.value.status == 400 and e.value.param == "logit_bias"
+    assert oa.parse_chat(dict(body, logit_bias={"12": 1}), lim).sampling["logit_bias"] == {12: 1.0}
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("grammar", "root ::= [a-z]+"), ("json_schema", {"type": "object"}), ("mirostat", 2), ("n_probs", 3)],
+)
+def test_llama_server_fields_edgellm_cannot_honour_are_refused_by_name(field, value):
+    from edgellm import openai_api as oa
+
+    lim = oa.Limits(n_ctx=512, n_vocab=49152)
+    body = {"prompt": "hi", field: value}
+    with pytest.raises(oa.APIError) as e:
+        oa.parse_completion(body, lim)
+    assert e.value.status == 400 and e.value.param == field
+    oa.parse_completion({"prompt": "hi", field: {"grammar": "", "json_schema": {}}.get(field, 0)}, lim)
+
+
+def test_a_client_trickling_header_lines_is_closed_within_the_header_timeout(smollm2_path, tmp_path):
+    pytest.importorskip("uvicorn")
+    s = Server(smollm2_path, tmp_path / "slow.log", "--header-timeout", "1")
+    try:
+        s.wait_ready()
+        socks = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(10)]
+        t0 = time.monotonic()
+        for c in socks:
+            c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+            c.settimeout(0.2)
+        open_ = set(range(len(socks)))
+        while open_ and time.monotonic() - t0 < 6:
+            for i in list(open_):
+                try:
+                    socks[i].sendall(b"X-Slow: 1\r\n")
+                    if socks[i].recv(1) == b"":
+                        open_.discard(i)
+                except TimeoutError:
+                    pass
+                except OSError:  # reset by the server
+                    open_.discard(i)
+            time.sleep(0.1)
+        elapsed = time.monotonic() - t0
+        assert not open_, f"{len(open_)} of 10 trickling connections still open after {elapsed:.1f} s"
+        assert elapsed < 3.0  # the 1 s deadline, plus the poll
+        # a half-closed request is still answered
+        c = socket.create_connection(("127.0.0.1", s.port))
+        c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
+        c.shutdown(socket.SHUT_WR)
+        c.settimeout(10)
+        got = b""
+        while chunk := c.recv(4096):
+            got += chunk
+        assert got.startswith(b"HTTP/1.1 200"), got[:200]
+        log = s.read_log()
+        assert "GET /health 200" in log  # one access-log line per request
+    finally:
+        s.stop()
+
+
+def test_a_busy_port_is_one_line_and_nothing_is_announced(smollm2_path):
+    pytest.importorskip("uvicorn")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cmd = [sys.executable, "-m", "edgellm", "serve", str(smollm2_path), "--port", str(port)]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert f"cannot listen on 127.0.0.1:{port}" in r.stderr
+    assert "listening on" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_access_log_speaks_json_for_machines(smollm2_path, tmp_path):
+    pytest.importorskip("uvicorn")
+    s = Server(smollm2_path, tmp_path / "json.log", "--log-format", "json")
+    try:
+        s.wait_ready()
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 3, "temperature": 0})
+        assert r.status_code == 200
+        lines = [json.loads(x) for x in s.read_log().splitlines() if x.startswith("{")]
+        rec = next(x for x in lines if x["path"] == "/v1/completions")
+        assert rec["status"] == 200 and rec["method"] == "POST" and rec["completion_tokens"] == 3
+        assert rec["prompt_tokens"] > 0 and rec["seconds"] > 0
+    finally:
+        s.stop()
