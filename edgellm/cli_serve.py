@@ -40,6 +40,16 @@ def serve(
         10.0, "--shutdown-grace", help="Seconds running streams may finish after SIGTERM."
     ),
     alias: str | None = typer.Option(None, "--alias", help="Model id reported by /v1/models."),
+    log_format: str = typer.Option("text", "--log-format", help="Access log lines: text or json."),
+    special_in_messages: bool = typer.Option(
+        False,
+        "--special-in-messages",
+        help="Parse control tokens (<|im_end|>...) written in messages, as llama-server does; by default a "
+        "message's text can never close its turn or forge another.",
+    ),
+    header_timeout: float = typer.Option(
+        10.0, "--header-timeout", help="Seconds a connection has to send its request headers."
+    ),
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API with continuous batching and prefix caching."""
     from edgellm.cli import pick_model
@@ -60,6 +70,10 @@ def serve(
             raise ServeError(f"{name} must be positive")
     if queue_size < 0 or shutdown_grace < 0:
         raise ServeError("--queue-size and --shutdown-grace must be >= 0")
+    if log_format not in ("text", "json"):
+        raise ServeError(f"--log-format must be text or json, not {log_format!r}")
+    if not 0 < header_timeout <= 3600:
+        raise ServeError("--header-timeout must be in (0, 3600] seconds")
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     path = store.resolve(model, log=lambda m: print(m, file=sys.stderr, flush=True))
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
@@ -78,17 +92,22 @@ def serve(
         api_key=api_key or None,
         shutdown_grace=shutdown_grace,
         model_name=alias,
+        log_format=log_format,
+        header_timeout=header_timeout,
+        special_in_messages=special_in_messages,
     )
 
     def ready(state) -> None:
         print(f"edgellm serving {state.model_id} on http://{host}:{port}", file=sys.stderr, flush=True)
 
-    print(
-        f"loading {path.name} (listening on http://{host}:{port}; /health is 503 until ready)",
-        file=sys.stderr,
-        flush=True,
-    )
-    code = run_server(config, host, port, on_ready=ready)
+    def listening() -> None:  # after the port is bound: a busy port never prints this
+        print(
+            f"loading {path.name} (listening on http://{host}:{port}; /health is 503 until ready)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    code = run_server(config, host, port, on_ready=ready, on_listening=listening)
     if code:
         raise typer.Exit(code)
 

@@ -101,6 +101,23 @@ def _refuse_if_set(body: dict, name: str, ok: Callable[[Any], bool], why: str) -
 # ---------------------------------------------------------------------------------------------- requests
 
 
+# (field, "this value is the same as not sending it", why) for llama-server request fields not honoured
+LLAMA_SERVER_UNSUPPORTED: list[tuple[str, Callable[[Any], bool], str]] = [
+    ("grammar", lambda v: v in ("", None), "grammars are not supported yet"),
+    ("json_schema", lambda v: v in ({}, None), "json_schema is not supported yet"),
+    ("mirostat", lambda v: v == 0, "mirostat sampling is not supported"),
+    ("dynatemp_range", lambda v: v == 0, "dynamic temperature is not supported"),
+    ("dry_multiplier", lambda v: v == 0, "DRY sampling is not supported"),
+    ("xtc_probability", lambda v: v == 0, "XTC sampling is not supported"),
+    ("top_n_sigma", lambda v: v in (-1, 0), "top-n-sigma sampling is not supported"),
+    ("n_probs", lambda v: v == 0, "token probabilities (n_probs) are not supported yet"),
+    ("samplers", lambda v: False, "a custom sampler order is not supported"),
+    ("ignore_eos", lambda v: v is False, "ignore_eos is not supported yet"),
+    ("lora", lambda v: v == [], "LoRA adapters are not supported"),
+    ("image_data", lambda v: v == [], "images are not supported"),
+]
+
+
 @dataclass
 class Limits:
     """What the loaded model and engine allow."""
@@ -152,7 +169,9 @@ def _sampling(body: dict, lim: Limits) -> dict[str, Any]:
             raise bad("logit_bias", "at most 1024 entries")
         parsed: dict[int, float] = {}
         for k, v in bias.items():
-            if not (isinstance(k, str) and k.isdigit() and len(k) < 12 and int(k) < lim.n_vocab):
+            # ASCII digits only: str.isdigit() also takes "²" (int() then fails) and "١٢" (int() reads 12)
+            ok = isinstance(k, str) and k.isascii() and k.isdigit() and len(k) < 12
+            if not (ok and int(k) < lim.n_vocab):
                 raise bad("logit_bias", f"keys must be token ids in [0, {lim.n_vocab}), got {k!r}")
             if not _is_num(v) or not math.isfinite(v) or not -100 <= v <= 100:
                 raise bad("logit_bias", f"values must be numbers in [-100, 100], got {v!r} for {k}")
@@ -200,6 +219,9 @@ def _common(body: Any, lim: Limits, max_tokens_names: tuple[str, ...]) -> Genera
     _refuse_if_set(body, "suffix", lambda v: v == "", "suffix (insertion) is not supported")
     _refuse_if_set(body, "best_of", lambda v: v == 1, "best_of is not supported")
     _refuse_if_set(body, "tools", lambda v: v == [], "tools are not supported")
+    # llama-server's own fields that edgellm cannot honour yet: refused by name, never silently ignored
+    for name, default_ok, what in LLAMA_SERVER_UNSUPPORTED:
+        _refuse_if_set(body, name, default_ok, what)
     _refuse_if_set(body, "functions", lambda v: v == [], "functions are not supported")
     _refuse_if_set(
         body,

@@ -17,6 +17,7 @@ import hmac
 import json
 import logging
 import signal
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -33,6 +34,7 @@ from edgellm.engine import Engine, Event, GenRequest, QueueFull, RequestRejected
 from edgellm.openai_api import APIError
 
 log = logging.getLogger("edgellm.server")
+access_log = logging.getLogger("edgellm.server.access")
 
 MAX_BODY = 4 << 20  # bytes of one request body
 
@@ -54,6 +56,9 @@ class ServerConfig:
     shutdown_grace: float = 10.0
     max_body: int = MAX_BODY
     model_name: str | None = None  # the id /v1/models reports (default: the file's stem)
+    log_format: str = "text"  # the access log: "text" or "json" (one object per line)
+    header_timeout: float = 10.0  # seconds a connection has to send a request's headers
+    special_in_messages: bool = False  # parse control tokens in message contents (llama-server does)
 
 
 @dataclass
@@ -145,6 +150,7 @@ def create_app(state: State) -> FastAPI:
 
     if key:
         app.add_middleware(_RequireKey, key=key)
+    app.add_middleware(_AccessLog, fmt=state.config.log_format)  # added last: outermost, sees 401s too
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError):
@@ -242,6 +248,105 @@ class _RequireKey:
         await self.app(scope, receive, send)
 
 
+class _AccessLog:
+    """ASGI middleware: one line per request once its response has ended (streams too): method, path,
+    status, tokens (prompt + generated, where a generation ran) and seconds; as JSON with --log-format
+    json. Plain ASGI, so streamed responses are not buffered."""
+
+    def __init__(self, app: Any, fmt: str = "text"):
+        self.app = app
+        self.json = fmt == "json"
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        status = [0]
+
+        async def watch(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                self.line(scope, status[0], time.perf_counter() - t0)
+
+        try:
+            await self.app(scope, receive, watch)
+        except BaseException:
+            if not status[0]:
+                self.line(scope, 500, time.perf_counter() - t0)
+            raise
+
+    def line(self, scope: dict, status: int, seconds: float) -> None:
+        usage = (scope.get("state") or {}).get("edgellm_usage")
+        client = scope.get("client") or ("-", 0)
+        rec = {"method": scope.get("method"), "path": scope.get("path"), "status": status}
+        if usage is not None:
+            rec.update(prompt_tokens=usage[0], completion_tokens=usage[1])
+        rec.update(seconds=round(seconds, 4), client=f"{client[0]}:{client[1]}")
+        if self.json:
+            access_log.info(json.dumps(rec))
+        else:
+            tokens = f" {usage[0]}+{usage[1]} tokens" if usage is not None else ""
+            access_log.info(f"{rec['method']} {rec['path']} {status}{tokens} {seconds:.3f}s {rec['client']}")
+
+
+def http_protocol(header_timeout: float) -> type:
+    """uvicorn's h11 protocol with two fixes: a connection must deliver a request's headers within
+    `header_timeout` seconds of connecting (or of its previous response) or is closed (uvicorn has no
+    such deadline: a client trickling header lines held its connection forever); and a client that sends
+    a whole request then half-closes (shutdown(SHUT_WR)) still gets its answer, then the connection
+    closes (asyncio closes a transport at EOF unless told otherwise)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class DeadlineH11Protocol(H11Protocol):
+        _deadline: asyncio.TimerHandle | None = None
+        _close_after = False
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(header_timeout, self._expired)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expired(self) -> None:
+            self._deadline = None
+            if (self.cycle is None or self.cycle.response_complete) and not self.transport.is_closing():
+                self.transport.close()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.cycle is not None and not self.cycle.response_complete:
+                self._disarm()  # a request is in: its handler's own limits apply from here
+
+        def eof_received(self) -> bool | None:
+            if self.cycle is not None and not self.cycle.response_complete:
+                self._close_after = True
+                return True  # keep the transport writable: answer, then close
+            return None
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self._close_after:
+                self.transport.close()
+            elif not self.transport.is_closing():
+                self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return DeadlineH11Protocol
+
+
 def _error(e: APIError) -> JSONResponse:
     headers = {"Retry-After": "1"} if e.status in (429, 503) else None
     return JSONResponse(e.body(), status_code=e.status, headers=headers)
@@ -273,7 +378,7 @@ async def _generate(state: State, request: Request, chat: bool):
     limits = oa.Limits(llm.n_ctx, llm.model.config.n_vocab)
     body = await _json(request, state.config.max_body)
     p = oa.parse_chat(body, limits) if chat else oa.parse_completion(body, limits)
-    prompts = await run_in_threadpool(_prompt_ids, llm, p, chat)
+    prompts = await run_in_threadpool(_prompt_ids, llm, p, chat, state.config.special_in_messages)
     try:
         params = llm.params(**p.sampling)
     except (ValueError, TypeError) as e:
@@ -303,19 +408,20 @@ async def _generate(state: State, request: Request, chat: bool):
         _cancel_all(streams)
         raise oa.bad("", str(e)) from None
     shaper = oa.Shaper(chat=chat, model=state.model_id)
+    usage = request.state.edgellm_usage = [0, 0, 0]  # prompt, completion, cached: the access log reads it
     if p.stream:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(
-            _sse(streams, shaper, p.include_usage), media_type="text/event-stream", headers=headers
+            _sse(streams, shaper, p.include_usage, usage), media_type="text/event-stream", headers=headers
         )
-    return await _whole(request, streams, shaper)
+    return await _whole(request, streams, shaper, usage)
 
 
-def _prompt_ids(llm: Any, p: oa.GenerationParams, chat: bool) -> list[list[int]]:
+def _prompt_ids(llm: Any, p: oa.GenerationParams, chat: bool, special: bool = False) -> list[list[int]]:
     """Token ids of every prompt (chat: rendered with the model's template); 400 if one cannot be."""
     try:
         if chat:
-            return [llm.chat_prompt(p.prompts[0])]
+            return [llm.chat_prompt(p.prompts[0], special_in_content=special)]
         return [llm.tokenize(x) if isinstance(x, str) else list(x) for x in p.prompts]
     except (ValueError, TypeError, RecursionError) as e:  # ChatTemplateError and TokenizerError included
         raise APIError(400, f"cannot build the prompt: {e}", param="messages" if chat else "prompt") from None
@@ -355,9 +461,8 @@ def _sse_line(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-async def _sse(streams: list, shaper: oa.Shaper, include_usage: bool) -> AsyncIterator[str]:
+async def _sse(streams: list, shaper: oa.Shaper, include_usage: bool, usage: list[int]) -> AsyncIterator[str]:
     """Server-sent events for a streamed request; cancels the sequences if the client goes away."""
-    usage = [0, 0, 0]
     try:
         if shaper.chat:
             for i in range(len(streams)):
@@ -385,11 +490,10 @@ async def _sse(streams: list, shaper: oa.Shaper, include_usage: bool) -> AsyncIt
         _cancel_all(streams)
 
 
-async def _whole(request: Request, streams: list, shaper: oa.Shaper) -> Any:
+async def _whole(request: Request, streams: list, shaper: oa.Shaper, usage: list[int]) -> Any:
     """Collect every choice; cancel them if the client disconnects while waiting."""
     texts = [[] for _ in streams]
     finishes = ["length"] * len(streams)
-    usage = [0, 0, 0]
     failed: Event | None = None
 
     async def collect() -> None:
@@ -466,8 +570,16 @@ def _prometheus(state: State) -> str:
 # ---------------------------------------------------------------------------------------------- running
 
 
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
 def serve(
-    config: ServerConfig, host: str = "127.0.0.1", port: int = 8080, on_ready: Callable | None = None
+    config: ServerConfig,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    on_ready: Callable | None = None,
+    on_listening: Callable | None = None,
 ) -> int:
     """Run the server until SIGTERM/SIGINT; returns the exit code (1 if the model failed to load)."""
     import uvicorn
@@ -486,16 +598,26 @@ def serve(
                 if isinstance(captured, list) and signal.SIGTERM in captured:
                     captured.remove(signal.SIGTERM)
 
+    try:  # bind before anything is announced: a busy port is one line, not a traceback after "listening"
+        sock = socket.create_server((host, port), family=_family(host), reuse_port=False)
+    except OSError as e:
+        log.error("cannot listen on %s:%d: %s", host, port, e.strerror or e)
+        return 1
     uv = uvicorn.Config(
         app,
         host=host,
         port=port,
         log_level="warning",
         timeout_graceful_shutdown=int(config.shutdown_grace) + 5,
+        timeout_keep_alive=5,  # seconds an idle keep-alive connection stays open
+        h11_max_incomplete_event_size=16 * 1024,  # request line + headers: 16 KiB at most
+        http=http_protocol(config.header_timeout),
         lifespan="off",
     )
     server = _Server(uv)
     failed = threading.Event()
+    if on_listening is not None:
+        on_listening()
 
     def _load() -> None:
         try:
@@ -507,7 +629,7 @@ def serve(
             server.should_exit = True
 
     threading.Thread(target=_load, name="edgellm-load", daemon=True).start()
-    server.run()
+    server.run(sockets=[sock])
     if state.engine is not None:
         state.engine.shutdown(0.0, wait=True)
     return 1 if failed.is_set() else 0
