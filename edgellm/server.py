@@ -13,6 +13,7 @@ period, then ends them with an error event and `[DONE]`.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
 import logging
@@ -29,6 +30,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from edgellm import modelinfo
+from edgellm import ollama_api as ol
 from edgellm import openai_api as oa
 from edgellm.engine import Engine, Event, GenRequest, QueueFull, RequestRejected, ShuttingDown
 from edgellm.openai_api import APIError
@@ -215,6 +218,67 @@ def create_app(state: State) -> FastAPI:
         )
         return {"content": state.llm.tokenizer.decode(toks)}
 
+    # -- Ollama's API (ollama_api.py) ------------------------------------------------------------------
+    @app.get("/api/version")
+    async def ollama_version():
+        return {"version": ol.OLLAMA_VERSION}
+
+    @app.get("/api/tags")
+    async def ollama_tags():
+        state.ready()
+        return {"models": [_ollama_model(state)]}
+
+    @app.get("/api/ps")
+    async def ollama_ps():
+        state.ready()
+        entry = _ollama_model(state)
+        return {"models": [{**entry, "expires_at": "2318-01-01T00:00:00Z", "size_vram": 0}]}
+
+    @app.post("/api/show")
+    async def ollama_show(request: Request):
+        state.ready()
+        body = await _json(request, state.config.max_body)
+        _ollama_check_model(state, (body or {}).get("model") or (body or {}).get("name") or "")
+        llm = state.llm
+        info = modelinfo.summarize(llm.file)
+        return {
+            "modelfile": f"FROM {llm.path}\n",
+            "parameters": "",
+            "template": llm.template.source,
+            "details": _ollama_model(state)["details"],
+            "model_info": {"general.architecture": info["architecture"],
+                           "general.parameter_count": info["parameters"],
+                           f"{info['architecture']}.context_length": info["context_length"]},
+            "capabilities": ["completion"],
+        }  # fmt: skip
+
+    @app.post("/api/pull")
+    async def ollama_pull(request: Request):
+        state.ready()
+        body = await _json(request, state.config.max_body)
+        name = (body or {}).get("model") or (body or {}).get("name") or ""
+        if not _ollama_matches(state, name):
+            raise APIError(
+                404,
+                f"edgellm serves '{state.model_id}' and cannot download models (it is offline): use "
+                "`edgellm pull` and restart the server with the model",
+                code="model_not_found",
+            )
+        return {"status": "success"}
+
+    @app.post("/api/generate")
+    async def ollama_generate(request: Request):
+        return await _ollama(state, request, chat=False)
+
+    @app.post("/api/chat")
+    async def ollama_chat(request: Request):
+        return await _ollama(state, request, chat=True)
+
+    @app.post("/api/embed")
+    @app.post("/api/embeddings")
+    async def ollama_embed(request: Request):
+        raise APIError(501, "embeddings are not supported yet", code="unsupported_endpoint")
+
     @app.post("/v1/completions")
     async def completions(request: Request):
         return await _generate(state, request, chat=False)
@@ -390,6 +454,124 @@ async def _generate(state: State, request: Request, chat: bool):
             if q.seed is not None and (len(prompts) > 1 or p.n > 1):
                 q = replace(q, seed=(q.seed + i * p.n + j) % (1 << 64))  # distinct, reproducible choices
             reqs.append(GenRequest(ids, q, p.max_tokens, tuple(p.stop)))
+    streams = _submit(engine, reqs)
+    shaper = oa.Shaper(chat=chat, model=state.model_id)
+    usage = request.state.edgellm_usage = [0, 0, 0]  # prompt, completion, cached: the access log reads it
+    if p.stream:
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(
+            _sse(streams, shaper, p.include_usage, usage), media_type="text/event-stream", headers=headers
+        )
+    return await _whole(request, streams, shaper, usage)
+
+
+def _ollama_model(state: State) -> dict:
+    llm = state.llm
+    info = modelinfo.summarize(llm.file)
+    quant = next(iter(info["quant_mix"]), "?")
+    arch = info["architecture"]
+    details = {
+        "parent_model": "", "format": "gguf", "family": arch, "families": [arch],
+        "parameter_size": modelinfo.human_count(info["parameters"]), "quantization_level": quant,
+    }  # fmt: skip
+    # a stable id of the file (Ollama's is the blob's sha256; hashing 1 GB per listing is not worth it)
+    digest = hashlib.sha256(
+        f"{llm.path}:{info['file_size']}:{llm.path.stat().st_mtime_ns}".encode()
+    ).hexdigest()
+    return ol.model_entry(f"{state.model_id}:latest", info["file_size"], digest, details, state.created)
+
+
+def _ollama_matches(state: State, name: str) -> bool:
+    n = name.lower().removesuffix(":latest")
+    return n in ("", state.model_id.lower())
+
+
+def _ollama_check_model(state: State, name: Any) -> None:
+    if not isinstance(name, str) or not _ollama_matches(state, name):
+        raise ol.not_found(str(name) + f" (this server has '{state.model_id}')")
+
+
+async def _ollama(state: State, request: Request, chat: bool):
+    """POST /api/generate and /api/chat: one sequence, NDJSON pieces then the final counts."""
+    engine = state.ready()
+    llm = state.llm
+    body = await _json(request, state.config.max_body)
+    q = ol.parse_chat(body, llm.n_ctx) if chat else ol.parse_generate(body, llm.n_ctx)
+    _ollama_check_model(state, q["model"])
+    name = f"{state.model_id}:latest"
+    if not chat and not q["prompt"]:  # Ollama: an empty prompt loads the model and answers done
+        return {"model": name, "created_at": ol.now(), "response": "", "done": True, "done_reason": "load"}
+
+    def ids() -> list[int]:
+        if chat:
+            return llm.chat_prompt(q["messages"], special_in_content=state.config.special_in_messages)
+        if q["raw"]:
+            return llm.tokenize(q["prompt"])
+        msgs = ([{"role": "system", "content": q["system"]}] if q["system"] else []) + [
+            {"role": "user", "content": q["prompt"]}
+        ]
+        return llm.chat_prompt(msgs, special_in_content=state.config.special_in_messages)
+
+    try:
+        prompt = await run_in_threadpool(ids)
+        params = llm.params(**q["sampling"])
+    except (ValueError, TypeError, RecursionError) as e:
+        raise APIError(400, f"cannot build the prompt: {e}", param="messages" if chat else "prompt") from None
+    t0 = time.perf_counter()
+    streams = _submit(engine, [GenRequest(prompt, params, q["max_tokens"], tuple(q["stop"]))])
+    usage = request.state.edgellm_usage = [0, 0, 0]
+
+    def piece(text: str) -> dict:
+        if chat:
+            return {"model": name, "created_at": ol.now(), "message": {"role": "assistant", "content": text},
+                    "done": False}  # fmt: skip
+        return {"model": name, "created_at": ol.now(), "response": text, "done": False}
+
+    async def events() -> AsyncIterator[tuple[str, Event]]:
+        async for _, ev in _merged(streams):
+            if ev.finish_reason == "error":
+                raise APIError(ev.status, ev.error or "generation failed")
+            if ev.usage is not None:
+                usage[0], usage[1], usage[2] = (
+                    ev.usage.prompt_tokens,
+                    ev.usage.completion_tokens,
+                    ev.usage.cached_tokens,
+                )
+            yield ev.text, ev
+
+    def last(reason: str, ttft: float | None, text: str = "") -> dict:
+        return {**piece(text), **ol.final_fields(usage, t0, ttft, reason)}
+
+    if q["stream"]:
+
+        async def ndjson() -> AsyncIterator[str]:
+            reason, ttft = "stop", None
+            try:
+                async for text, ev in events():
+                    if ev.finish_reason is not None:
+                        reason, ttft = ev.finish_reason, ev.usage.ttft_s if ev.usage else None
+                    if text:
+                        yield json.dumps(piece(text)) + "\n"
+                yield json.dumps(last(reason, ttft)) + "\n"
+            except APIError as e:
+                yield json.dumps({"error": e.message}) + "\n"
+            finally:
+                _cancel_all(streams)
+
+        return StreamingResponse(ndjson(), media_type="application/x-ndjson")
+    texts, reason, ttft = [], "stop", None
+    try:
+        async for text, ev in events():
+            texts.append(text)
+            if ev.finish_reason is not None:
+                reason, ttft = ev.finish_reason, ev.usage.ttft_s if ev.usage else None
+    finally:
+        _cancel_all(streams)
+    return last(reason, ttft, "".join(texts))
+
+
+def _submit(engine: Engine, reqs: list[GenRequest]) -> list:
+    """Every request into the engine, or none: its refusals as HTTP errors."""
     loop = asyncio.get_running_loop()
     streams = []
     try:
@@ -407,14 +589,7 @@ async def _generate(state: State, request: Request, chat: bool):
     except ValueError as e:  # sampling params the engine's final check refused
         _cancel_all(streams)
         raise oa.bad("", str(e)) from None
-    shaper = oa.Shaper(chat=chat, model=state.model_id)
-    usage = request.state.edgellm_usage = [0, 0, 0]  # prompt, completion, cached: the access log reads it
-    if p.stream:
-        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        return StreamingResponse(
-            _sse(streams, shaper, p.include_usage, usage), media_type="text/event-stream", headers=headers
-        )
-    return await _whole(request, streams, shaper, usage)
+    return streams
 
 
 def _prompt_ids(llm: Any, p: oa.GenerationParams, chat: bool, special: bool = False) -> list[list[int]]:

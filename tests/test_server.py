@@ -514,3 +514,55 @@ def test_a_message_cannot_forge_a_system_turn(server, smollm2_path):
     as_text, forged = llm.chat_prompt(msgs), llm.chat_prompt(msgs, special_in_content=True)
     assert len(as_text) != len(forged)
     assert r.json()["usage"]["prompt_tokens"] == len(as_text)
+
+
+# -- Ollama's API --------------------------------------------------------------------------------------
+def test_the_official_ollama_client_works_unchanged(server):
+    """ollama (the PyPI client) against /api/*: list, show, ps, pull of the served model, generate and chat,
+    streamed and whole; greedy answers equal the OpenAI route's for the same prompt."""
+    ollama = pytest.importorskip("ollama")
+    client = ollama.Client(host=server.url)
+    listed = client.list().models
+    assert len(listed) == 1
+    name = listed[0].model
+    assert name.endswith(":latest") and listed[0].details.format == "gguf" and listed[0].size > 0
+    assert client.show(name).details.family == "llama"
+    assert client.ps().models[0].model == name
+    assert client.pull(name).status == "success"
+    opts = {"temperature": 0, "num_predict": 8}
+    whole = client.generate(model=name, prompt="The capital of France is", options=opts)
+    assert whole.done and whole.eval_count == 8 and whole.prompt_eval_count > 0 and whole.total_duration > 0
+    streamed = list(client.generate(model=name, prompt="The capital of France is", options=opts, stream=True))
+    assert "".join(p.response for p in streamed) == whole.response and streamed[-1].done
+    msgs = [{"role": "user", "content": "The capital of France is"}]
+    chat = client.chat(model=name, messages=msgs, options=opts)
+    assert chat.message.role == "assistant" and chat.message.content == whole.response  # the same chat prompt
+    pieces = list(client.chat(model=name, messages=msgs, options=opts, stream=True))
+    assert "".join(p.message.content for p in pieces) == chat.message.content
+    oai = httpx.post(
+        server.url + "/v1/chat/completions",
+        json={"messages": msgs, "max_tokens": 8, "temperature": 0},
+        timeout=60,
+    ).json()
+    assert oai["choices"][0]["message"]["content"] == chat.message.content
+
+
+def test_ollama_routes_refuse_what_they_cannot_honour_by_name(server):
+    url = server.url
+    assert httpx.get(url + "/api/version").json()["version"]
+    r = httpx.post(url + "/api/generate", json={"model": "", "prompt": "x", "format": "json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "format"
+    r = httpx.post(url + "/api/generate", json={"prompt": "x", "options": {"mirostat": 2}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "options.mirostat"
+    r = httpx.post(url + "/api/chat", json={"model": "llama3:8b", "messages": []})
+    assert r.status_code == 404 and "llama3:8b" in r.json()["error"]["message"]
+    r = httpx.post(url + "/api/pull", json={"model": "llama3:8b"})
+    assert r.status_code == 404 and "offline" in r.json()["error"]["message"]
+    r = httpx.post(url + "/api/embed", json={"model": "", "input": "x"})
+    assert r.status_code == 501
+    # runner options are accepted (they change nothing here)
+    r = httpx.post(
+        url + "/api/generate",
+        json={"prompt": "x", "stream": False, "options": {"num_thread": 2, "num_predict": 1}},
+    )
+    assert r.status_code == 200 and r.json()["done"] and r.json()["eval_count"] == 1

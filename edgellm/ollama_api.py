@@ -1,0 +1,198 @@
+"""Ollama's HTTP API over the same engine: request parsing and response shapes (the routes are in
+server.py). Mirrors ollama/ollama docs/api.md and api/types.go: `/api/generate` and `/api/chat` stream
+NDJSON (one JSON object per line, `done: false` pieces then one `done: true` with counts and nanosecond
+durations) unless `"stream": false`; sampling comes in `options` under Ollama's names.
+
+A field edgellm cannot honour is refused with a 400 naming it (`format`, `tools`, `images`, `raw` with a
+template, options such as `mirostat`), never ignored. Options that only tune Ollama's own runner
+(`num_gpu`, `num_thread`, `num_batch`, `use_mmap`, ...) change nothing here and are accepted.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from edgellm import openai_api as oa
+from edgellm.openai_api import APIError
+
+OLLAMA_VERSION = "0.12.0"  # the API version edgellm answers as (/api/version)
+
+# Ollama option -> (edgellm sampling name, low, high) for the numbers that map one to one
+SAMPLING_OPTIONS: dict[str, tuple[str, float, float]] = {
+    "temperature": ("temperature", 0.0, 2.0),
+    "top_p": ("top_p", 0.0, 1.0),
+    "min_p": ("min_p", 0.0, 1.0),
+    "typical_p": ("typical_p", 0.0, 1.0),
+    "repeat_penalty": ("repeat_penalty", 0.0, 100.0),
+    "presence_penalty": ("presence_penalty", -2.0, 2.0),
+    "frequency_penalty": ("frequency_penalty", -2.0, 2.0),
+}
+INT_OPTIONS = {"top_k": ("top_k", 0, 1 << 31), "repeat_last_n": ("repeat_last_n", -1, 1 << 31)}
+# options that tune Ollama's runner (memory, threads, batching): nothing to do here
+RUNNER_OPTIONS = {
+    "num_gpu", "main_gpu", "num_thread", "num_batch", "use_mmap", "use_mlock", "numa", "low_vram",
+    "f16_kv", "vocab_only", "num_keep",
+}  # fmt: skip
+# options that would change the answer and that edgellm does not implement: refused by name
+UNSUPPORTED_OPTIONS = {
+    "mirostat": 0, "mirostat_tau": None, "mirostat_eta": None, "tfs_z": 1.0, "penalize_newline": None,
+}  # fmt: skip
+
+
+def _dict(body: dict, name: str) -> dict:
+    v = body.get(name)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise oa.bad(name, "must be an object")
+    return v
+
+
+def parse_options(body: dict, n_ctx: int) -> tuple[dict[str, Any], int | None, list[str]]:
+    """(sampling overrides, max tokens (None: until the context is full), stop strings) from `options`."""
+    opts = _dict(body, "options")
+    sampling: dict[str, Any] = {}
+    for name, value in opts.items():
+        if value is None:
+            continue
+        if name in SAMPLING_OPTIONS:
+            key, lo, hi = SAMPLING_OPTIONS[name]
+            if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+                raise oa.bad(f"options.{name}", f"must be a number in [{lo}, {hi}]")
+            sampling[key] = float(value)
+        elif name in INT_OPTIONS:
+            key, lo, hi = INT_OPTIONS[name]
+            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+                raise oa.bad(f"options.{name}", f"must be an integer in [{lo}, {hi}]")
+            sampling[key] = value
+        elif name == "seed":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise oa.bad("options.seed", "must be an integer")
+            sampling["seed"] = None if value < 0 else value % (1 << 64)
+        elif name == "num_ctx":
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise oa.bad("options.num_ctx", "must be a positive integer")
+            if value > n_ctx:
+                raise oa.bad("options.num_ctx", f"this server's context is {n_ctx} tokens per sequence")
+        elif name in ("num_predict", "stop"):
+            continue
+        elif name in RUNNER_OPTIONS:
+            continue
+        elif name in UNSUPPORTED_OPTIONS:
+            if value != UNSUPPORTED_OPTIONS[name]:
+                raise oa.bad(f"options.{name}", f"{name} is not supported", code="unsupported_parameter")
+        else:
+            raise oa.bad(f"options.{name}", "unknown option", code="unsupported_parameter")
+    n = opts.get("num_predict")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < -2 or n == 0):
+        raise oa.bad(
+            "options.num_predict", "must be a positive integer, -1 (no limit) or -2 (fill the context)"
+        )
+    max_tokens = None if n is None or n < 0 else min(n, n_ctx)
+    stop = opts.get("stop") or []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > oa.MAX_STOPS:
+        raise oa.bad("options.stop", f"must be a list of at most {oa.MAX_STOPS} strings")
+    return sampling, max_tokens, [s for s in stop if s]
+
+
+def _refuse(body: dict, name: str, ok: Any, why: str) -> None:
+    if name in body and body[name] is not None and not ok(body[name]):
+        raise oa.bad(name, why, code="unsupported_parameter")
+
+
+def _common_refusals(body: dict) -> None:
+    _refuse(body, "format", lambda v: v == "", "structured output (format) is not supported yet")
+    _refuse(body, "images", lambda v: v == [], "images are not supported")
+    _refuse(body, "tools", lambda v: v == [], "tools are not supported yet")
+    _refuse(body, "think", lambda v: v is False, "thinking control is not supported")
+
+
+def model_name(body: dict) -> str:
+    m = body.get("model")
+    if m is not None and not isinstance(m, str):
+        raise oa.bad("model", "must be a string")
+    return m or ""
+
+
+def parse_generate(body: Any, n_ctx: int) -> dict[str, Any]:
+    """POST /api/generate: {prompt, system?, suffix?, raw?, stream?, options?, context?, keep_alive?}."""
+    if not isinstance(body, dict):
+        raise oa.bad("", "the request body must be a JSON object")
+    _common_refusals(body)
+    _refuse(body, "suffix", lambda v: v == "", "suffix (fill-in-the-middle) is not supported yet")
+    _refuse(body, "template", lambda v: v == "", "a per-request template is not supported")
+    _refuse(body, "context", lambda v: v == [], "context (previous token ids) is not supported")
+    prompt = body.get("prompt", "")
+    system = body.get("system")
+    if not isinstance(prompt, str) or (system is not None and not isinstance(system, str)):
+        raise oa.bad("prompt", "prompt and system must be strings")
+    sampling, max_tokens, stop = parse_options(body, n_ctx)
+    return dict(
+        model=model_name(body), prompt=prompt, system=system, raw=bool(body.get("raw")),
+        stream=body.get("stream", True) is not False, sampling=sampling, max_tokens=max_tokens, stop=stop,
+    )  # fmt: skip
+
+
+def parse_chat(body: Any, n_ctx: int) -> dict[str, Any]:
+    """POST /api/chat: {messages: [{role, content}], stream?, options?, keep_alive?}."""
+    if not isinstance(body, dict):
+        raise oa.bad("", "the request body must be a JSON object")
+    _common_refusals(body)
+    msgs = body.get("messages")
+    if not isinstance(msgs, list):
+        raise oa.bad("messages", "must be a list of messages")
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not m["role"]:
+            raise oa.bad("messages", f"messages[{i}] must be an object with a role")
+        if not isinstance(m.get("content", ""), str):
+            raise oa.bad("messages", f"messages[{i}].content must be a string")
+        if m.get("images"):
+            raise oa.bad("messages", "images are not supported", code="unsupported_parameter")
+        if m.get("tool_calls"):
+            raise oa.bad("messages", "tool calls are not supported yet", code="unsupported_parameter")
+    sampling, max_tokens, stop = parse_options(body, n_ctx)
+    return dict(
+        model=model_name(body), messages=[{"role": m["role"], "content": m.get("content", "")} for m in msgs],
+        stream=body.get("stream", True) is not False, sampling=sampling, max_tokens=max_tokens, stop=stop,
+    )  # fmt: skip
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def final_fields(usage: list[int], t_start: float, ttft: float | None, reason: str) -> dict[str, Any]:
+    """The counts and nanosecond durations Ollama's last object carries."""
+    total = time.perf_counter() - t_start
+    prompt_s = ttft if ttft is not None else 0.0
+    return {
+        "done": True,
+        "done_reason": "length" if reason == "length" else "stop",
+        "total_duration": int(total * 1e9),
+        "load_duration": 0,
+        "prompt_eval_count": usage[0],
+        "prompt_eval_duration": int(prompt_s * 1e9),
+        "eval_count": usage[1],
+        "eval_duration": int(max(total - prompt_s, 0.0) * 1e9),
+    }
+
+
+def model_entry(name: str, size: int, digest: str, details: dict, modified: float) -> dict[str, Any]:
+    """One model as /api/tags and /api/ps list it."""
+    when = datetime.fromtimestamp(modified, timezone.utc).isoformat().replace("+00:00", "Z")
+    return {
+        "name": name,
+        "model": name,
+        "modified_at": when,
+        "size": size,
+        "digest": digest,
+        "details": details,
+    }
+
+
+def not_found(name: str) -> APIError:
+    return APIError(404, f"model '{name}' not found", code="model_not_found")
