@@ -41,6 +41,9 @@ def serve(
     ),
     alias: str | None = typer.Option(None, "--alias", help="Model id reported by /v1/models."),
     log_format: str = typer.Option("text", "--log-format", help="Access log lines: text or json."),
+    cors_origins: str | None = typer.Option(
+        None, "--cors-origins", help="Comma-separated origins browsers may call from ('*': any)."
+    ),
     special_in_messages: bool = typer.Option(
         False,
         "--special-in-messages",
@@ -95,6 +98,7 @@ def serve(
         log_format=log_format,
         header_timeout=header_timeout,
         special_in_messages=special_in_messages,
+        cors_origins=tuple(o.strip() for o in (cors_origins or "").split(",") if o.strip()),
     )
 
     def ready(state) -> None:

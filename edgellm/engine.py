@@ -41,6 +41,10 @@ class RequestRejected(ValueError):
 class ContextOverflow(RequestRejected):
     """A prompt that does not fit in the context window (with room for one generated token)."""
 
+    def __init__(self, message: str, n_prompt_tokens: int = 0, n_ctx: int = 0):
+        super().__init__(message)
+        self.n_prompt_tokens, self.n_ctx = n_prompt_tokens, n_ctx
+
 
 class QueueFull(RuntimeError):
     """The waiting queue is at its limit; try again later."""
@@ -221,7 +225,9 @@ class Engine:
         if n + 1 > self.n_ctx:
             raise ContextOverflow(
                 f"the prompt is {n} tokens but the context holds {self.n_ctx} (including at least one "
-                f"generated token); shorten it or raise --ctx-size"
+                f"generated token); shorten it or raise --ctx-size",
+                n,
+                self.n_ctx,
             )
         if self.kv.blocks_for(n + 1) > self.kv.n_blocks:
             raise RequestRejected(

@@ -39,9 +39,11 @@ class APIError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.extra: dict[str, Any] = {}  # more fields of the error object (llama-server's n_ctx, ...)
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        e = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        return {"error": {**e, **self.extra}}
 
 
 def bad(param: str, message: str, code: str | None = None) -> APIError:

@@ -30,10 +30,19 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from edgellm import llama_api as la
 from edgellm import modelinfo
 from edgellm import ollama_api as ol
 from edgellm import openai_api as oa
-from edgellm.engine import Engine, Event, GenRequest, QueueFull, RequestRejected, ShuttingDown
+from edgellm.engine import (
+    ContextOverflow,
+    Engine,
+    Event,
+    GenRequest,
+    QueueFull,
+    RequestRejected,
+    ShuttingDown,
+)
 from edgellm.openai_api import APIError
 
 log = logging.getLogger("edgellm.server")
@@ -62,6 +71,7 @@ class ServerConfig:
     log_format: str = "text"  # the access log: "text" or "json" (one object per line)
     header_timeout: float = 10.0  # seconds a connection has to send a request's headers
     special_in_messages: bool = False  # parse control tokens in message contents (llama-server does)
+    cors_origins: tuple[str, ...] = ()  # origins a browser page may call from ("*": any)
 
 
 @dataclass
@@ -147,12 +157,21 @@ def load(state: State) -> None:
 
 
 def create_app(state: State) -> FastAPI:
-    app = FastAPI(title="edgellm", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="edgellm", docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
     app.state.edgellm = state
     key = state.config.api_key
 
     if key:
         app.add_middleware(_RequireKey, key=key)
+    if state.config.cors_origins:  # outside the key check: a browser's preflight carries no key
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(state.config.cors_origins),
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["authorization", "x-api-key", "content-type"],
+        )
     app.add_middleware(_AccessLog, fmt=state.config.log_format)  # added last: outermost, sees 401s too
 
     @app.exception_handler(APIError)
@@ -217,6 +236,57 @@ def create_app(state: State) -> FastAPI:
             await _json(request, state.config.max_body), state.llm.model.config.n_vocab
         )
         return {"content": state.llm.tokenizer.decode(toks)}
+
+    # -- llama-server's native API (llama_api.py) ---------------------------------------------------
+    @app.post("/completion")
+    @app.post("/completions")  # llama-server maps both to its native completion (OpenAI's is /v1/...)
+    async def native_completion(request: Request):
+        return await _native(state, request)
+
+    @app.post("/apply-template")
+    async def apply_template(request: Request):
+        state.ready()
+        body = await _json(request, state.config.max_body)
+        p = oa.parse_chat(body, oa.Limits(state.llm.n_ctx, state.llm.model.config.n_vocab))
+        llm = state.llm
+        try:
+            text = llm.template.render(
+                p.prompts[0], add_generation_prompt=True, strip_bos=llm.tokenizer.add_bos
+            )
+        except (ValueError, TypeError, RecursionError) as e:
+            raise APIError(400, f"cannot render the chat template: {e}", param="messages") from None
+        return {"prompt": text}
+
+    @app.get("/props")
+    async def props():
+        state.ready()
+        llm, c = state.llm, state.config
+        tok = llm.tokenizer
+        settings = la.generation_settings(llm.default_params, llm.n_ctx, None, [])
+        return {
+            "default_generation_settings": {"n_ctx": llm.n_ctx, "params": settings},
+            "total_slots": c.parallel,
+            "model_path": str(llm.path),
+            "model_alias": state.model_id,
+            "chat_template": llm.template.source,
+            "bos_token": tok.token_to_piece(tok.vocab.bos_id, special=True).decode("utf-8", "replace")
+            if tok.vocab.bos_id is not None and tok.vocab.bos_id >= 0 else "",
+            "eos_token": tok.token_to_piece(tok.vocab.eos_id, special=True).decode("utf-8", "replace")
+            if tok.vocab.eos_id is not None and tok.vocab.eos_id >= 0 else "",
+            "build_info": f"edgellm {_version()}",
+            "modalities": {"vision": False, "audio": False},
+        }  # fmt: skip
+
+    @app.get("/slots")
+    async def slots():
+        engine = state.ready()
+        busy = {s.slot: s for s in list(engine.sched.running)}
+        return [
+            {"id": i, "n_ctx": state.llm.n_ctx, "is_processing": i in busy,
+             "n_prompt_tokens": busy[i].n_prompt if i in busy else 0,
+             "n_decoded": busy[i].n_generated if i in busy else 0}
+            for i in range(state.config.parallel)
+        ]  # fmt: skip
 
     # -- Ollama's API (ollama_api.py) ------------------------------------------------------------------
     @app.get("/api/version")
@@ -301,11 +371,14 @@ class _RequireKey:
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] == "http" and scope.get("path") != "/health":
-            given = dict(scope.get("headers") or []).get(b"authorization", b"")
-            token = given[7:] if given[:7].lower() == b"bearer " else b""
+            headers = dict(scope.get("headers") or [])
+            given = headers.get(b"authorization", b"")
+            token = given[7:] if given[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"")
             if not hmac.compare_digest(token, self.key):
                 e = APIError(
-                    401, "Invalid API key: send it as 'Authorization: Bearer KEY'", code="invalid_api_key"
+                    401,
+                    "Invalid API key: send it as 'Authorization: Bearer KEY' or 'X-Api-Key: KEY'",
+                    code="invalid_api_key",
                 )
                 await _error(e)(scope, receive, send)
                 return
@@ -465,6 +538,83 @@ async def _generate(state: State, request: Request, chat: bool):
     return await _whole(request, streams, shaper, usage)
 
 
+def _version() -> str:
+    from edgellm import __version__
+
+    return __version__
+
+
+async def _native(state: State, request: Request):
+    """POST /completion: llama-server's native completion, whole or as SSE `data:` chunks."""
+    engine = state.ready()
+    llm = state.llm
+    body = await _json(request, state.config.max_body)
+    p, pieces = la.parse_completion(body, oa.Limits(llm.n_ctx, llm.model.config.n_vocab))
+    try:
+        prompt = await run_in_threadpool(la.prompt_ids, llm.tokenizer, pieces)
+        params = llm.params(**p.sampling)
+    except (ValueError, TypeError) as e:
+        raise oa.bad("prompt", str(e)) from None
+    t0 = time.perf_counter()
+    streams = _submit(engine, [GenRequest(prompt, params, p.max_tokens, tuple(p.stop))])
+    usage = request.state.edgellm_usage = [0, 0, 0]
+    eog = llm.tokenizer.eog_ids
+    settings = la.generation_settings(params, llm.n_ctx, p.max_tokens, p.stop)
+
+    def final(text: str, reason: str, last: int | None, ttft: float | None, tokens: list[int]) -> dict:
+        ttft = ttft or 0.0
+        st = la.stop_type(reason, last, eog, p.stop)
+        return {
+            "content": text, "tokens": tokens, "id_slot": 0, "stop": True, "model": state.model_id,
+            "tokens_predicted": usage[1], "tokens_evaluated": usage[0], "tokens_cached": usage[2],
+            "generation_settings": {**settings, "stream": p.stream}, "prompt": llm.tokenizer.decode(prompt),
+            "has_new_line": "\n" in text, "truncated": False, "stop_type": st,
+            "stopping_word": "" if st != "word" else next((w for w in p.stop if w), ""),
+            "timings": la.timings(usage[0] - usage[2], ttft, usage[1], time.perf_counter() - t0 - ttft),
+        }  # fmt: skip
+
+    async def events() -> AsyncIterator[Event]:
+        async for _, ev in _merged(streams):
+            if ev.finish_reason == "error":
+                raise APIError(ev.status, ev.error or "generation failed")
+            if ev.usage is not None:
+                usage[:] = [ev.usage.prompt_tokens, ev.usage.completion_tokens, ev.usage.cached_tokens]
+            yield ev
+
+    if p.stream:
+
+        async def sse() -> AsyncIterator[str]:
+            toks, last = [], None
+            try:
+                async for ev in events():
+                    if ev.token is not None:
+                        toks.append(ev.token)
+                        last = ev.token
+                    if ev.finish_reason is not None:
+                        ttft = ev.usage.ttft_s if ev.usage else None
+                        yield _sse_line(final(ev.text, ev.finish_reason, last, ttft, []))
+                    elif ev.text or ev.token is not None:
+                        tk = [ev.token] if ev.token is not None else []
+                        yield _sse_line({"content": ev.text, "tokens": tk, "stop": False, "id_slot": 0})
+            except APIError as e:
+                yield _sse_line(e.body())
+            finally:
+                _cancel_all(streams)
+
+        return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    texts, toks, reason, ttft = [], [], "stop", None
+    try:
+        async for ev in events():
+            texts.append(ev.text)
+            if ev.token is not None:
+                toks.append(ev.token)
+            if ev.finish_reason is not None:
+                reason, ttft = ev.finish_reason, ev.usage.ttft_s if ev.usage else None
+    finally:
+        _cancel_all(streams)
+    return final("".join(texts), reason, toks[-1] if toks else None, ttft, toks)
+
+
 def _ollama_model(state: State) -> dict:
     llm = state.llm
     info = modelinfo.summarize(llm.file)
@@ -579,7 +729,10 @@ def _submit(engine: Engine, reqs: list[GenRequest]) -> list:
             streams.append(engine.submit(r, loop))
     except RequestRejected as e:
         _cancel_all(streams)
-        raise APIError(400, str(e), code="context_length_exceeded" if "context" in str(e) else None) from None
+        err = APIError(400, str(e), code="context_length_exceeded" if "context" in str(e) else None)
+        if isinstance(e, ContextOverflow):  # as llama-server's exceed_context_size_error
+            err.extra = {"n_prompt_tokens": e.n_prompt_tokens, "n_ctx": e.n_ctx}
+        raise err from None
     except QueueFull as e:
         _cancel_all(streams)
         raise APIError(429, str(e), "rate_limit_error", code="queue_full") from None

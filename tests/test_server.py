@@ -114,7 +114,16 @@ def small_server(smollm2_path, tmp_path_factory):
     s = Server(
         smollm2_path,
         tmp_path_factory.mktemp("serve") / "small.log",
-        *("--parallel", "1", "--queue-size", "1", "--shutdown-grace", "2"),
+        *(
+            "--parallel",
+            "1",
+            "--queue-size",
+            "1",
+            "--shutdown-grace",
+            "2",
+            "--cors-origins",
+            "http://app.test",
+        ),
         env={"EDGELLM_API_KEY": KEY},
         backend="numba",
     )
@@ -566,3 +575,62 @@ def test_ollama_routes_refuse_what_they_cannot_honour_by_name(server):
         json={"prompt": "x", "stream": False, "options": {"num_thread": 2, "num_predict": 1}},
     )
     assert r.status_code == 200 and r.json()["done"] and r.json()["eval_count"] == 1
+
+
+# -- llama-server's native API ---------------------------------------------------------------------
+def test_native_completion_takes_text_ids_and_mixed_prompts(server):
+    url = server.url
+    body = {"prompt": "The capital of France is", "n_predict": 6, "temperature": 0}
+    r = httpx.post(url + "/completion", json=body, timeout=60).json()
+    assert r["stop"] and r["tokens_predicted"] == 6 and r["stop_type"] == "limit" and not r["truncated"]
+    assert len(r["tokens"]) == 6 and r["tokens_evaluated"] > 0 and r["timings"]["predicted_n"] == 6
+    assert r["generation_settings"]["n_predict"] == 6 and r["generation_settings"]["temperature"] == 0
+    ids = httpx.post(url + "/tokenize", json={"content": "The capital of France is"}).json()["tokens"]
+    by_ids = httpx.post(url + "/completions", json=dict(body, prompt=ids), timeout=60).json()
+    assert by_ids["content"] == r["content"]  # /completions is the same native route
+    mixed = httpx.post(url + "/completion", json=dict(body, prompt=[ids[0], " capital of France is"]))
+    assert mixed.status_code == 200 and mixed.json()["stop"]
+    with httpx.stream("POST", url + "/completion", json=dict(body, stream=True), timeout=60) as s:
+        chunks = [json.loads(x[6:]) for x in s.iter_lines() if x.startswith("data: ")]
+    assert "".join(c["content"] for c in chunks) == r["content"] and chunks[-1]["stop"]
+    assert chunks[-1]["stop_type"] == "limit" and not any(c["stop"] for c in chunks[:-1])
+    stopped = httpx.post(url + "/completion", json=dict(body, n_predict=32, stop=[r["content"][2:5]])).json()
+    assert stopped["stop_type"] == "word" and stopped["stopping_word"] == r["content"][2:5]
+
+
+def test_props_slots_and_apply_template(server):
+    url = server.url
+    props = httpx.get(url + "/props").json()
+    assert props["total_slots"] == 16 and props["default_generation_settings"]["n_ctx"] == N_CTX
+    assert "im_start" in props["chat_template"]
+    slots = httpx.get(url + "/slots").json()
+    assert len(slots) == 16 and all(not s["is_processing"] for s in slots)
+    msgs = [{"role": "user", "content": "hi"}]
+    prompt = httpx.post(url + "/apply-template", json={"messages": msgs}).json()["prompt"]
+    assert prompt.endswith("<|im_start|>assistant\n") and "hi" in prompt
+    assert httpx.get(url + "/openapi.json").json()["paths"]["/completion"]
+
+
+def test_a_context_overflow_says_how_long_the_prompt_was(server):
+    r = httpx.post(
+        server.url + "/v1/completions", json={"prompt": list(range(1, N_CTX + 5)), "max_tokens": 1}
+    )
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["code"] == "context_length_exceeded"
+    assert err["n_prompt_tokens"] == N_CTX + 4 and err["n_ctx"] == N_CTX
+
+
+def test_x_api_key_and_a_cors_preflight_before_the_key(small_server):
+    url = small_server.url
+    assert httpx.get(url + "/v1/models", headers={"X-Api-Key": KEY}).status_code == 200
+    assert httpx.get(url + "/v1/models", headers={"X-Api-Key": "wrong"}).status_code == 401
+    pre = httpx.options(
+        url + "/v1/chat/completions",
+        headers={"Origin": "http://app.test", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization,content-type"},
+    )  # fmt: skip
+    assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "http://app.test"
+    other = httpx.options(
+        url + "/v1/models", headers={"Origin": "http://evil.test", "Access-Control-Request-Method": "GET"}
+    )
+    assert "access-control-allow-origin" not in other.headers
