@@ -142,6 +142,8 @@ def load(state: State) -> None:
     state.llm = llm
     state.model_id = c.model_name or llm.path.stem
     state.engine = engine
+    if c.chat_template:  # which template an override resolved to (a built-in, a file, inline Jinja): one line
+        log.info("chat template: %s", llm.template.reason)
     log.info(
         "ready: %s on %s, ctx %d, %d slots, %d KV blocks of %d",
         llm.path.name,
@@ -880,6 +882,21 @@ _METRICS = [  # (engine key, prometheus name, type, help)
 ]
 
 
+# llama-server's names (tools/server/server.cpp handle_metrics), from the same engine figures, for
+# dashboards built on them: (name, type, help, value from the engine's metrics)
+_LLAMACPP_METRICS = [
+    ("prompt_tokens_total", "counter", "Number of prompt tokens processed.", "prompt_tokens_computed_total"),
+    ("tokens_predicted_total", "counter", "Number of generation tokens.", "generation_tokens_total"),
+    ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", "prompt_tokens_per_second"),
+    ("predicted_tokens_seconds", "gauge", "Generation throughput, tokens/s.", "generation_tokens_per_second"),
+    ("kv_cache_usage_ratio", "gauge", "KV-cache usage. 1 means 100 percent usage.", "kv_usage"),
+    ("kv_cache_tokens", "gauge", "KV-cache tokens.", "kv_tokens"),
+    ("requests_processing", "gauge", "Number of requests processing.", "running"),
+    ("requests_deferred", "gauge", "Number of requests deferred.", "queue_length"),
+    ("n_decode_total", "counter", "Total number of llama_decode() calls.", "steps_total"),
+]  # fmt: skip
+
+
 def _prometheus(state: State) -> str:
     lines = [
         "# HELP edgellm_ready Whether the model is loaded and the server accepts requests.",
@@ -892,6 +909,12 @@ def _prometheus(state: State) -> str:
             lines += [f"# HELP edgellm_{name} {text}", f"# TYPE edgellm_{name} {kind}"]
             v = m[key]
             lines.append(f"edgellm_{name} {v:.6g}" if isinstance(v, float) else f"edgellm_{name} {v}")
+        m["kv_usage"] = m["kv_blocks_used"] / m["kv_blocks_total"] if m["kv_blocks_total"] else 0.0
+        m["kv_tokens"] = m["kv_blocks_used"] * m["kv_block_size"]
+        for name, kind, text, key in _LLAMACPP_METRICS:
+            v = m[key]
+            lines += [f"# HELP llamacpp:{name} {text}", f"# TYPE llamacpp:{name} {kind}"]
+            lines.append(f"llamacpp:{name} {v:.6g}" if isinstance(v, float) else f"llamacpp:{name} {v}")
     return "\n".join(lines) + "\n"
 
 

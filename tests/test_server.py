@@ -322,6 +322,13 @@ def test_unknown_routes_methods_and_huge_bodies(server):
         "generation_tokens_per_second",
     ):
         assert f"# TYPE edgellm_{name} " in text and f"\nedgellm_{name} " in text
+    for name in (
+        "prompt_tokens_total",
+        "tokens_predicted_total",
+        "kv_cache_usage_ratio",
+        "requests_processing",
+    ):
+        assert f"# TYPE llamacpp:{name} " in text and f"\nllamacpp:{name} " in text  # llama-server's names
 
 
 def test_a_client_leaving_mid_stream_cancels_only_its_sequence(server):
