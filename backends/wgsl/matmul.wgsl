@@ -37,7 +37,9 @@ var<workgroup> red: array<f32, 2048>;  // R * NT * WG partial sums (TPR > 1)
 // TPR invocations share a row (striding over its quads, then summed through `red`): 16 on a GPU, for
 // coalesced reads; 1 on a CPU driver (lavapipe), where a workgroup must carry many rows to pay for itself.
 // Each invocation keeps R rows x NT tokens of scalar accumulators `acc_r_t`, written out by the driver:
-// a dynamically indexed private array is slow or spilled on several drivers.
+// a dynamically indexed private array is slow or spilled on several drivers. With TPR = 1 the loop
+// runs block by block, quads inside (a constant trip count the compiler unrolls, so a block's scale
+// words are loaded once rather than once per quad).
 const TPR: u32 = ${TPR}u;
 
 @compute @workgroup_size(64)
@@ -50,11 +52,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var n0 = 0u; n0 < p.n; n0 += NT) {
 ${DECLARE}
         if (row0 < p.m) {
-            for (var qi = sub; qi < kq; qi += TPR) {
-                let blk = qi / QPB;
-                let q = qi % QPB;
+${LOOP}
 ${BODY}
-            }
+${END_LOOP}
         }
 ${FINISH}
     }

@@ -201,7 +201,21 @@ def _matvec_body(rows: int, tokens: int, tpr: int, has_min: bool, fmt: str) -> d
             lines.append(f"            if ({cond.format(r=r, t=t)}) {{ {out.format(r=r, t=t)} = s_{j}; }}")
         lines += ["        }", "        workgroupBarrier();"]
         finish = "\n".join(lines)
-    return {"DECLARE": declare, "BODY": "\n".join(body), "FINISH": finish}
+    if tpr == 1:
+        loop = (
+            "            for (var blk = 0u; blk < kq / QPB; blk++) {\n"
+            "              for (var q = 0u; q < QPB; q++) {\n"
+            "                let qi = blk * QPB + q;"
+        )
+        end = "              }\n            }"
+    else:
+        loop = (
+            "            for (var qi = sub; qi < kq; qi += TPR) {\n"
+            "                let blk = qi / QPB;\n"
+            "                let q = qi % QPB;"
+        )
+        end = "            }"
+    return {"DECLARE": declare, "BODY": "\n".join(body), "FINISH": finish, "LOOP": loop, "END_LOOP": end}
 
 
 class _Memory:
