@@ -432,16 +432,18 @@ class _AccessLog:
 
 
 def http_protocol(header_timeout: float) -> type:
-    """uvicorn's h11 protocol with two fixes: a connection must deliver a request's headers within
+    """uvicorn's h11 protocol with a header deadline: a connection must deliver a request's headers within
     `header_timeout` seconds of connecting (or of its previous response) or is closed (uvicorn has no
-    such deadline: a client trickling header lines held its connection forever); and a client that sends
-    a whole request then half-closes (shutdown(SHUT_WR)) still gets its answer, then the connection
-    closes (asyncio closes a transport at EOF unless told otherwise)."""
+    such deadline: a client trickling header lines held its connection forever).
+
+    A client that sends a request and then half-closes (shutdown(SHUT_WR)) gets no answer, on purpose:
+    TCP cannot tell that EOF from a client that has gone, and EOF is how the server learns to cancel a
+    generation nobody waits for (a whole answer writes nothing until the end). Keeping such
+    connections open would keep every abandoned request generating to its max_tokens."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class DeadlineH11Protocol(H11Protocol):
         _deadline: asyncio.TimerHandle | None = None
-        _close_after = False
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -466,17 +468,9 @@ def http_protocol(header_timeout: float) -> type:
             if self.cycle is not None and not self.cycle.response_complete:
                 self._disarm()  # a request is in: its handler's own limits apply from here
 
-        def eof_received(self) -> bool | None:
-            if self.cycle is not None and not self.cycle.response_complete:
-                self._close_after = True
-                return True  # keep the transport writable: answer, then close
-            return None
-
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            if self._close_after:
-                self.transport.close()
-            elif not self.transport.is_closing():
+            if not self.transport.is_closing():
                 self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
