@@ -332,13 +332,17 @@ class Shaper:
     model: str
     id: str = ""
     created: int = 0
+    fingerprint: str = ""  # OpenAI's system_fingerprint: which build and backend answered
 
     def __post_init__(self) -> None:
         self.id = self.id or new_id("chatcmpl" if self.chat else "cmpl")
         self.created = self.created or int(time.time())
 
     def _head(self, obj: str) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        head = {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        if self.fingerprint:
+            head["system_fingerprint"] = self.fingerprint
+        return head
 
     def chunk(self, index: int, text: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
         if self.chat:

@@ -524,7 +524,9 @@ async def _generate(state: State, request: Request, chat: bool):
                 q = replace(q, seed=(q.seed + i * p.n + j) % (1 << 64))  # distinct, reproducible choices
             reqs.append(GenRequest(ids, q, p.max_tokens, tuple(p.stop)))
     streams = _submit(engine, reqs)
-    shaper = oa.Shaper(chat=chat, model=state.model_id)
+    shaper = oa.Shaper(
+        chat=chat, model=state.model_id, fingerprint=f"edgellm-{_version()}-{llm.backend.name}"
+    )
     usage = request.state.edgellm_usage = [0, 0, 0]  # prompt, completion, cached: the access log reads it
     if p.stream:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
