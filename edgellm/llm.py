@@ -163,7 +163,7 @@ class LLM:
                     "a message spells a special token and the chat template transforms the message, so it "
                     "cannot be kept as text; remove the special-token text from the message"
                 )
-            ids += tok.encode(text[cursor:at], add_special=not ids and cursor == 0, parse_special=True)
+            ids += tok.encode(text[cursor:at], add_special=cursor == 0, parse_special=True)
             ids += tok.encode(c, add_special=False, parse_special=False)
             cursor = at + len(c)
         return ids + tok.encode(text[cursor:], add_special=False, parse_special=True)

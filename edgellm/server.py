@@ -82,6 +82,8 @@ class State:
     llm: Any = None
     engine: Engine | None = None
     model_id: str = "edgellm"
+    info: dict | None = None  # modelinfo.summarize of the served file, once Ollama's routes asked
+    ollama_entry: dict | None = None
     load_error: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -312,12 +314,13 @@ def create_app(state: State) -> FastAPI:
         body = await _json(request, state.config.max_body)
         _ollama_check_model(state, (body or {}).get("model") or (body or {}).get("name") or "")
         llm = state.llm
-        info = modelinfo.summarize(llm.file)
+        entry = _ollama_model(state)
+        info = state.info
         return {
             "modelfile": f"FROM {llm.path}\n",
             "parameters": "",
             "template": llm.template.source,
-            "details": _ollama_model(state)["details"],
+            "details": entry["details"],
             "model_info": {"general.architecture": info["architecture"],
                            "general.parameter_count": info["parameters"],
                            f"{info['architecture']}.context_length": info["context_length"]},
@@ -571,13 +574,8 @@ async def _native(state: State, request: Request):
             "timings": la.timings(usage[0] - usage[2], ttft, usage[1], time.perf_counter() - t0 - ttft),
         }  # fmt: skip
 
-    async def events() -> AsyncIterator[Event]:
-        async for _, ev in _merged(streams):
-            if ev.finish_reason == "error":
-                raise APIError(ev.status, ev.error or "generation failed")
-            if ev.usage is not None:
-                usage[:] = [ev.usage.prompt_tokens, ev.usage.completion_tokens, ev.usage.cached_tokens]
-            yield ev
+    def events() -> AsyncIterator[Event]:
+        return _one_stream(streams, usage)
 
     if p.stream:
 
@@ -613,9 +611,27 @@ async def _native(state: State, request: Request):
     return final("".join(texts), reason, toks[-1] if toks else None, ttft, toks)
 
 
+async def _one_stream(streams: list, usage: list[int]) -> AsyncIterator[Event]:
+    """The events of a single-sequence request (native and Ollama routes): an error event raised as an
+    APIError, the final usage copied into `usage` (prompt, completion, cached; the access log reads it)."""
+    async for _, ev in _merged(streams):
+        if ev.finish_reason == "error":
+            raise APIError(ev.status, ev.error or "generation failed")
+        if ev.usage is not None:
+            usage[:] = [ev.usage.prompt_tokens, ev.usage.completion_tokens, ev.usage.cached_tokens]
+        yield ev
+
+
 def _ollama_model(state: State) -> dict:
+    """The served model as /api/tags, /api/ps and /api/show describe it (made once)."""
+    if state.ollama_entry is None:
+        state.ollama_entry = _ollama_entry(state)
+    return state.ollama_entry
+
+
+def _ollama_entry(state: State) -> dict:
     llm = state.llm
-    info = modelinfo.summarize(llm.file)
+    info = state.info = modelinfo.summarize(llm.file)
     quant = next(iter(info["quant_mix"]), "?")
     arch = info["architecture"]
     details = {
@@ -675,17 +691,8 @@ async def _ollama(state: State, request: Request, chat: bool):
                     "done": False}  # fmt: skip
         return {"model": name, "created_at": ol.now(), "response": text, "done": False}
 
-    async def events() -> AsyncIterator[tuple[str, Event]]:
-        async for _, ev in _merged(streams):
-            if ev.finish_reason == "error":
-                raise APIError(ev.status, ev.error or "generation failed")
-            if ev.usage is not None:
-                usage[0], usage[1], usage[2] = (
-                    ev.usage.prompt_tokens,
-                    ev.usage.completion_tokens,
-                    ev.usage.cached_tokens,
-                )
-            yield ev.text, ev
+    def events() -> AsyncIterator[Event]:
+        return _one_stream(streams, usage)
 
     def last(reason: str, ttft: float | None, text: str = "") -> dict:
         return {**piece(text), **ol.final_fields(usage, t0, ttft, reason)}
@@ -695,11 +702,11 @@ async def _ollama(state: State, request: Request, chat: bool):
         async def ndjson() -> AsyncIterator[str]:
             reason, ttft = "stop", None
             try:
-                async for text, ev in events():
+                async for ev in events():
                     if ev.finish_reason is not None:
                         reason, ttft = ev.finish_reason, ev.usage.ttft_s if ev.usage else None
-                    if text:
-                        yield json.dumps(piece(text)) + "\n"
+                    if ev.text:
+                        yield json.dumps(piece(ev.text)) + "\n"
                 yield json.dumps(last(reason, ttft)) + "\n"
             except APIError as e:
                 yield json.dumps({"error": e.message}) + "\n"
@@ -709,8 +716,8 @@ async def _ollama(state: State, request: Request, chat: bool):
         return StreamingResponse(ndjson(), media_type="application/x-ndjson")
     texts, reason, ttft = [], "stop", None
     try:
-        async for text, ev in events():
-            texts.append(text)
+        async for ev in events():
+            texts.append(ev.text)
             if ev.finish_reason is not None:
                 reason, ttft = ev.finish_reason, ev.usage.ttft_s if ev.usage else None
     finally:

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from forward_checks import KL_MAX, check_forced_steps, check_greedy, load_fixture, teacher_forced_kl
 from gguf import GGMLQuantizationType as T
-from random_weights import ORACLE, assert_matmul_matches_oracle, random_weight
+from random_weights import assert_matmul_matches_oracle, random_weight
 
 from edgellm import quants
 from edgellm.backends import BackendUnavailable, get_backend
@@ -159,7 +159,6 @@ def test_a_weight_larger_than_a_binding_is_split_over_buffers(vk, monkeypatch):
     ids = np.array([36, 0, 10, 9, 20])
     got = vk.to_host(vk.get_rows(w, ids))
     np.testing.assert_array_equal(got, quants.dequantize(qt.data[ids], T.Q4_K, (5, 512)))
-    assert ORACLE is not None
 
 
 def test_refusals_say_what_is_missing(vk, monkeypatch):

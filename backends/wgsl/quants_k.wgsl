@@ -56,14 +56,20 @@ fn q4_k_scale_min(s0: u32, s1: u32, s2: u32, j: u32) -> vec2<u32> {
     return select(low, high, j >= 4u);
 }
 
+// Q4_K and Q5_K's sub-block factors of element e: (d * sc, dmin * m)
+fn q4_k_sub_block(bw: u32, e: u32) -> vec2<f32> {
+    let dm = unpack2x16float(W[bw]);
+    let sm = q4_k_scale_min(W[bw + 1u], W[bw + 2u], W[bw + 3u], e >> 5u);
+    return vec2<f32>(dm.x * f32(sm.x), dm.y * f32(sm.y));
+}
+
 // Q4_K {d @0, dmin @2, scales[12] @4, qs[128] @16}: 8 sub-blocks of 32, x = (d * sc) * q - (dmin * m),
 // q = nibble (e / 32) % 2 of qs[32 * (e / 64) + e % 32].
 fn deq4_q4_k(bw: u32, q: u32) -> vec4<f32> {
     let e = 4u * q;
-    let dm = unpack2x16float(W[bw]);
-    let sm = q4_k_scale_min(W[bw + 1u], W[bw + 2u], W[bw + 3u], e >> 5u);
-    let dl = dm.x * f32(sm.x);
-    let ml = dm.y * f32(sm.y);
+    let s = q4_k_sub_block(bw, e);  // (d * sc, dmin * m)
+    let dl = s.x;
+    let ml = s.y;
     let w = W[bw + 4u + 8u * (e >> 6u) + (q & 7u)];
     let n = (vec4<u32>(w) >> (vec4<u32>(0u, 8u, 16u, 24u) + 4u * ((e >> 5u) & 1u))) & vec4<u32>(15u);
     return dl * vec4<f32>(n) - ml;
@@ -73,10 +79,9 @@ fn deq4_q4_k(bw: u32, q: u32) -> vec4<f32> {
 // of qh[e % 32].
 fn deq4_q5_k(bw: u32, q: u32) -> vec4<f32> {
     let e = 4u * q;
-    let dm = unpack2x16float(W[bw]);
-    let sm = q4_k_scale_min(W[bw + 1u], W[bw + 2u], W[bw + 3u], e >> 5u);
-    let dl = dm.x * f32(sm.x);
-    let ml = dm.y * f32(sm.y);
+    let s = q4_k_sub_block(bw, e);  // (d * sc, dmin * m)
+    let dl = s.x;
+    let ml = s.y;
     let sh = vec4<u32>(0u, 8u, 16u, 24u) + 4u * ((e >> 5u) & 1u);
     let lo = (vec4<u32>(W[bw + 12u + 8u * (e >> 6u) + (q & 7u)]) >> sh) & vec4<u32>(15u);
     let hi = (vec4<u32>(W[bw + 4u + (q & 7u)]) >> (vec4<u32>(0u, 8u, 16u, 24u) + (e >> 5u))) & vec4<u32>(1u);

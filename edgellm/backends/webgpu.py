@@ -64,7 +64,6 @@ FAMILY = {
 }
 ACTIVATION = {T.F16: "f16", T.BF16: "bf16", T.Q8_0: "q8_0", T.Q8_1: "q8_1", T.Q8_K: "q8_k"}
 WG = 64  # invocations per workgroup, every kernel
-ROWS = 4  # matmul rows per workgroup
 PREFILL_TOKENS = 8  # matmul tokens sharing one dequantized weight quad
 MAX_GROUP_WG = 8  # query heads per attention workgroup (attention.wgsl GMAX)
 MAX_HEAD_DIM = 256
@@ -404,7 +403,7 @@ class WebGPUBackend(Backend):
         self._uniforms: dict[bytes, Any] = {}
         self._acts: dict[int, tuple[Any, str, GArray, Any]] = {}
         self._ropes: dict[int, tuple[RopeSpec, int, Any, Any]] = {}
-        self._plans: dict[tuple[int, int, int], _Plan | None] = {}
+        self._plans: dict[tuple[int, int, int], _Plan | None] = {}  # None: capture refused, run eagerly
         self._rec: _Recording | None = None
         self._gelu: Any = None
         self._dummy = self.storage(16)
@@ -823,39 +822,31 @@ class WebGPUBackend(Backend):
         self._dispatch(self._pipeline("sample", "argmax"), {0: logits.buf, 1: ids, 2: u}, rows)
         return ids
 
-    def _step(self, model: Any, tokens, positions, seq_ids, kv: Any) -> _Plan | None:
-        """The captured plan of this (model, cache, batch size), capturing it (and running the step) on
-        first use; None when the step ran eagerly (its results then in self._eager)."""
+    def _step(self, model: Any, tokens, positions, seq_ids, kv: Any) -> tuple[GArray, Any]:
+        """Run one decode step: (logits, greedy ids buffer) on the device. The step of this (model, cache,
+        batch size) is captured on first use (running it too) and replayed after; a refused capture
+        runs eagerly from then on."""
         tokens, positions, seq_ids = (np.asarray(a, np.int64) for a in (tokens, positions, seq_ids))
         key = (id(model), id(kv), len(tokens))
-        plan = self._plans.get(key, False)
-        if plan is not False and plan is not None and plan.model() is model and plan.kv() is kv:
+        plan = self._plans.get(key)
+        if plan is not None and plan.model() is model and plan.kv() is kv:
             if int(positions.max(initial=0)) < plan.rope_limit:
-                return self._replay(plan, tokens, positions, seq_ids, kv)
-        if plan is None and key in self._plans:  # refused before: eager
-            self._eager = self._run_eager(model, tokens, positions, seq_ids, kv)
-            return None
+                self._replay(plan, tokens, positions, seq_ids, kv)
+                return plan.logits, plan.ids
+        capture = key not in self._plans or plan is not None  # None: refused before
         self.flush()
-        rec = self._rec = _Recording(self, tokens, positions, seq_ids)
+        rec = self._rec = _Recording(self, tokens, positions, seq_ids) if capture else None
         try:
             logits = model.logits(model.hidden(tokens, positions, seq_ids, kv))
             ids = self._argmax(logits)
         finally:
             self._rec = None
-        if rec.refused:
-            self._plans[key] = None
-            self.flush()
-            self._eager = (logits, ids)
-            return None
-        plan = self._plans[key] = _Plan(rec, model, kv, logits, ids)
+        if rec is not None:
+            self._plans[key] = None if rec.refused else _Plan(rec, model, kv, logits, ids)
         self.flush()
-        return plan
+        return logits, ids
 
-    def _run_eager(self, model, tokens, positions, seq_ids, kv) -> tuple[GArray, Any]:
-        logits = model.logits(model.hidden(tokens, positions, seq_ids, kv))
-        return logits, self._argmax(logits)
-
-    def _replay(self, plan: _Plan, tokens, positions, seq_ids, kv) -> _Plan:
+    def _replay(self, plan: _Plan, tokens, positions, seq_ids, kv) -> None:
         if tokens.size and (tokens.min() < 0 or tokens.max() >= plan.vocab):
             raise ValueError(f"token id outside the vocabulary of {plan.vocab}")
         kv.check(seq_ids, positions)
@@ -868,20 +859,16 @@ class WebGPUBackend(Backend):
         # the next step's commands are these again (only the inputs change): encode them now, while the
         # device works on this step, so that encoding is off the next step's critical path
         plan.ready = self._plan_commands(plan)
-        return plan
 
     def _plan_commands(self, plan: _Plan) -> Any:
         enc = self._encode_raw(plan.raw) if plan.raw is not None else self._encode(plan.dispatches)
         return enc.finish()
 
     def decode_step(self, model, tokens, positions, seq_ids, kv) -> np.ndarray:
-        plan = self._step(model, tokens, positions, seq_ids, kv)
-        return self.to_host(plan.logits if plan is not None else self._eager[0])
+        return self.to_host(self._step(model, tokens, positions, seq_ids, kv)[0])
 
     def decode_greedy(self, model, tokens, positions, seq_ids, kv) -> np.ndarray:
-        plan = self._step(model, tokens, positions, seq_ids, kv)
-        ids = plan.ids if plan is not None else self._eager[1]
-        self.flush()
+        ids = self._step(model, tokens, positions, seq_ids, kv)[1]
         data = self.device.queue.read_buffer(ids, 0, 4 * len(tokens))
         return np.frombuffer(data, np.int32)[: len(tokens)].astype(np.int64)
 
@@ -892,18 +879,6 @@ class VulkanBackend(WebGPUBackend):
 
 class MetalBackend(WebGPUBackend):
     kind = "metal"
-
-
-def describe() -> str:
-    """One line about the device each kind would use (edgellm info / bench)."""
-    out = []
-    for kind in ("vulkan", "metal"):
-        try:
-            a = find_adapter(kind)
-            out.append(f"{kind}: {a.info.get('device')} ({a.info.get('adapter_type')})")
-        except BackendUnavailable as e:
-            out.append(str(e))
-    return "; ".join(out)
 
 
 __all__ = ["GArray", "MetalBackend", "VulkanBackend", "WebGPUBackend", "find_adapter"]
