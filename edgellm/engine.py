@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import math
 import queue
 import threading
 import time
@@ -62,6 +63,15 @@ class GenRequest:
     params: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int | None = None  # None: until the context is full
     stop: Sequence[str] = ()
+    logprobs: int | None = None  # None: no log-probabilities; k >= 0: the sampled token's and the top k
+
+
+class TokenLogprob(NamedTuple):
+    """A sampled token's log-probability under the model (the raw logits' log-softmax, before sampling
+    changes them, as OpenAI's and llama-server's default report it) and the `top` most likely tokens."""
+
+    logprob: float
+    top: list[tuple[int, float]]  # (token id, log-probability), most likely first
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,7 @@ class Usage:
     completion_tokens: int
     cached_tokens: int  # prompt tokens served by the prefix cache
     ttft_s: float | None  # arrival to first token
+    total_s: float | None = None  # arrival to the end
 
 
 @dataclass(frozen=True)
@@ -84,6 +95,7 @@ class Event:
     error: str | None = None
     usage: Usage | None = None
     status: int = 200
+    logprob: TokenLogprob | None = None  # the token's, when the request asked for log-probabilities
 
 
 class Stream:
@@ -374,7 +386,9 @@ class Engine:
         text = s.stop.flush() + s.detok.flush() if flush and reason in ("stop", "length") else ""
         self.sched.finish(s, keep_tail=reason in ("stop", "length", "cancelled"))
         self.stats.finished[reason] += 1
-        usage = Usage(s.n_prompt, s.n_generated, s.n_cached, (s.t_first - s.t_arrival) if s.t_first else None)
+        now = time.perf_counter()
+        ttft = (s.t_first - s.t_arrival) if s.t_first else None
+        usage = Usage(s.n_prompt, s.n_generated, s.n_cached, ttft, now - s.t_arrival)
         s.stream._push(Event(text, None, reason, error, usage, status if reason == "error" else 200))
 
     def _step(self) -> None:
@@ -408,7 +422,7 @@ class Engine:
         for s, error, status in out.failed:
             self._finish(s, "error", error, status=status)
         for s, tok in out.sampled.items():
-            self._accept(s, tok)
+            self._accept(s, tok, out.logprobs.get(s))
         n_prompt = self.sched.update_from_output(plan, out.computed)
         self.stats.prompt_tokens_computed += n_prompt
         if out.computed:
@@ -416,7 +430,7 @@ class Engine:
             while len(self._rates) > 4096:
                 self._rates.popleft()
 
-    def _accept(self, s: _Seq, tok: int) -> None:
+    def _accept(self, s: _Seq, tok: int, lp: TokenLogprob | None = None) -> None:
         """Append a sampled token: stream its text, or end the sequence."""
         if s.t_first is None:
             s.t_first = time.perf_counter()
@@ -428,15 +442,15 @@ class Engine:
         s.tokens.append(tok)
         text, hit = s.stop.push(s.detok.push(tok))
         if hit:
-            s.stream._push(Event(text, tok))
+            s.stream._push(Event(text, tok, logprob=lp))
             self._finish(s, "stop", flush=False)  # what follows the stop string is dropped
             return
         limit = s.req.max_tokens is not None and s.n_generated >= s.req.max_tokens
         if limit or len(s.tokens) >= self.n_ctx:
-            s.stream._push(Event(text, tok))
+            s.stream._push(Event(text, tok, logprob=lp))
             self._finish(s, "length")
             return
-        s.stream._push(Event(text, tok))
+        s.stream._push(Event(text, tok, logprob=lp))
 
 
 @dataclass
@@ -448,6 +462,7 @@ class RunnerOutput:
     computed: set[_Seq] = field(default_factory=set)
     sampled: dict[_Seq, int] = field(default_factory=dict)
     failed: list[tuple[_Seq, str, int]] = field(default_factory=list)
+    logprobs: dict[_Seq, TokenLogprob] = field(default_factory=dict)  # rows whose request asked
     n_rows: int = 0  # logits rows the forward produced (tokens generated, sampled or not)
 
 
@@ -460,6 +475,20 @@ class _TopK(NamedTuple):
 
 def _keeps_logits(model: Any) -> bool:
     return bool(getattr(getattr(model, "backend", None), "keeps_logits", False))
+
+
+def token_logprob(logits: np.ndarray, token: int, k: int) -> TokenLogprob:
+    """`token`'s log-probability under softmax(logits) (float64 log-sum-exp) and the top k tokens'."""
+    x = logits.astype(np.float64)
+    m = float(np.max(x))
+    lse = m + math.log(float(np.sum(np.exp(x - m))))
+    top: list[tuple[int, float]] = []
+    if k > 0:
+        k = min(k, x.size)
+        idx = np.argpartition(-x, k - 1)[:k]
+        idx = idx[np.lexsort((idx, -x[idx]))]  # most likely first; ties by id
+        top = [(int(i), float(x[i] - lse)) for i in idx]
+    return TokenLogprob(float(x[token] - lse), top)
 
 
 class ModelRunner:
@@ -476,6 +505,9 @@ class ModelRunner:
         logits_of = self._forward(batch, out)
         out.n_rows = len(logits_of)
         self._sample([s for s, _ in batch if s in logits_of], logits_of, out)
+        for s, tok in out.sampled.items():
+            if s.req.logprobs is not None:
+                out.logprobs[s] = token_logprob(np.asarray(logits_of[s]), tok, s.req.logprobs)
         return out
 
     def _forward(self, batch: Sequence[Scheduled], out: RunnerOutput) -> dict[_Seq, Any]:
@@ -516,16 +548,18 @@ class ModelRunner:
             np.concatenate(ids).astype(np.int64),
             self.cache,
         )
-        if len(want) == n and all(s.sampler.is_greedy and not s.sampler.pre for s in want):
+        full = any(s.req.logprobs is not None for s in want)  # log-probabilities need whole rows
+        decode = len(want) == n
+        if decode and not full and all(s.sampler.is_greedy and not s.sampler.pre for s in want):
             # all decode, all plain greedy: only the argmax ids leave the backend (a device keeps logits)
             picked = self.model.decode_greedy(*args)
             logits = [int(t) for t in picked]
-        elif len(want) == n and _keeps_logits(self.model) and all(s.sampler.top_k_first for s in want):
+        elif decode and not full and _keeps_logits(self.model) and all(s.sampler.top_k_first for s in want):
             # all decode on a device, every chain starting with top-k: only k candidates per row cross
             k = max([s.sampler.params.top_k for s in want if not s.sampler.is_greedy] or [1])
             ids, vals = self.model.decode_top_k(*args, k)
             logits = [_TopK(ids[i], vals[i]) for i in range(len(want))]
-        elif len(want) == n:  # all decode: the backend's fast path
+        elif decode:  # all decode: the backend's fast path
             logits = self.model.decode_step(*args)  # (native: a captured plan replayed in one call)
         else:
             logits = self.model.forward(*args, logits_rows=np.asarray(rows, np.int64))

@@ -20,7 +20,7 @@ def parse_completion(body: Any, lim: oa.Limits) -> tuple[oa.GenerationParams, li
     """(the request's params, its prompt pieces: strings and ints in order)."""
     if not isinstance(body, dict):
         raise oa.bad("", "the request body must be a JSON object")
-    p = oa._common(body, lim, ("n_predict", "max_tokens"))  # the shared checks and sampling fields
+    p = oa._common(body, lim, ("n_predict", "max_tokens"), logprobs="native")  # the shared fields
     if p.n != 1:
         raise oa.bad("n", "the native /completion API returns one completion")
     prompt = body.get("prompt")
@@ -48,6 +48,17 @@ def prompt_ids(tokenizer: Any, pieces: list) -> list[int]:
     if pieces and not isinstance(pieces[0], str) and tokenizer.vocab.add_bos:
         ids.insert(0, tokenizer.vocab.bos_id)
     return ids
+
+
+def probabilities(items: list, piece: Any) -> list[dict[str, Any]]:
+    """`completion_probabilities` (n_probs) from (token id, TokenLogprob) pairs, as llama-server's
+    completion_token_output::to_json without post_sampling_probs: log-probabilities of the raw logits."""
+
+    def entry(tok: int, lp: float) -> dict[str, Any]:
+        b = piece(tok)
+        return {"id": tok, "token": b.decode("utf-8", "replace"), "logprob": lp, "bytes": list(b)}
+
+    return [{**entry(t, x.logprob), "top_logprobs": [entry(i, v) for i, v in x.top]} for t, x in items]
 
 
 def stop_type(reason: str, last_token: int | None, eog: frozenset[int], stops: list[str]) -> str:

@@ -4,8 +4,8 @@ Field names and shapes follow the OpenAI API reference for `/v1/completions` and
 plus llama.cpp server's sampling extras (`top_k`, `min_p`, `typical_p`, `repeat_penalty`,
 `repeat_last_n`). Every request is untrusted: each field is checked for type and range and a bad one is
 an APIError(400) naming it, never an exception from deeper down. Fields edgellm cannot honour
-(`logprobs`, `tools`, `echo`, ...) are refused with 400 rather than silently ignored; unknown fields are
-ignored, as llama.cpp's server does.
+(`tools`, `echo`, ...) are refused with 400 rather than silently ignored; unknown fields are ignored, as
+llama.cpp's server does.
 """
 
 from __future__ import annotations
@@ -112,9 +112,8 @@ LLAMA_SERVER_UNSUPPORTED: list[tuple[str, Callable[[Any], bool], str]] = [
     ("dry_multiplier", lambda v: v == 0, "DRY sampling is not supported"),
     ("xtc_probability", lambda v: v == 0, "XTC sampling is not supported"),
     ("top_n_sigma", lambda v: v in (-1, 0), "top-n-sigma sampling is not supported"),
-    ("n_probs", lambda v: v == 0, "token probabilities (n_probs) are not supported yet"),
     ("samplers", lambda v: False, "a custom sampler order is not supported"),
-    ("ignore_eos", lambda v: v is False, "ignore_eos is not supported yet"),
+    ("post_sampling_probs", lambda v: v is False, "post-sampling probabilities are not supported"),
     ("lora", lambda v: v == [], "LoRA adapters are not supported"),
     ("image_data", lambda v: v == [], "images are not supported"),
 ]
@@ -141,6 +140,9 @@ class GenerationParams:
     include_usage: bool = False
     sampling: dict[str, Any] = field(default_factory=dict)
     model: str | None = None
+    logprobs: int | None = None  # None: none; k: the sampled tokens' log-probabilities and the top k
+    ignore_eos: bool = False  # llama-server's: end-of-generation tokens are banned
+    continue_final: bool = False  # chat: the last (assistant) message is continued, not answered
 
 
 def _sampling(body: dict, lim: Limits) -> dict[str, Any]:
@@ -196,7 +198,15 @@ def _stop(body: dict) -> list[str]:
     return [s for s in stops if s]
 
 
-def _common(body: Any, lim: Limits, max_tokens_names: tuple[str, ...]) -> GenerationParams:
+MAX_LOGPROBS = 20  # top alternatives per token (OpenAI's top_logprobs limit)
+
+
+def _common(
+    body: Any, lim: Limits, max_tokens_names: tuple[str, ...], logprobs: str = "completion"
+) -> GenerationParams:
+    """The fields every generation route shares. `logprobs` says how this route asks for them:
+    "completion" (`logprobs`: an integer), "chat" (`logprobs`: true plus `top_logprobs`), "native"
+    (llama-server's `n_probs`)."""
     if not isinstance(body, dict):
         raise bad("", "the request body must be a JSON object")
     model = body.get("model")
@@ -215,8 +225,6 @@ def _common(body: Any, lim: Limits, max_tokens_names: tuple[str, ...]) -> Genera
         if not isinstance(opts, dict):
             raise bad("stream_options", "must be an object")
         include_usage = _boolean(opts, "include_usage")
-    _refuse_if_set(body, "logprobs", lambda v: v is False or v == 0, "logprobs are not supported")
-    _refuse_if_set(body, "top_logprobs", lambda v: v == 0, "logprobs are not supported")
     _refuse_if_set(body, "echo", lambda v: v is False, "echo is not supported")
     _refuse_if_set(body, "suffix", lambda v: v == "", "suffix (insertion) is not supported")
     _refuse_if_set(body, "best_of", lambda v: v == 1, "best_of is not supported")
@@ -240,7 +248,25 @@ def _common(body: Any, lim: Limits, max_tokens_names: tuple[str, ...]) -> Genera
         include_usage=include_usage,
         sampling=_sampling(body, lim),
         model=model,
+        logprobs=_logprobs(body, logprobs),
+        ignore_eos=_boolean(body, "ignore_eos"),
     )
+
+
+def _logprobs(body: dict, style: str) -> int | None:
+    if style == "native":
+        _refuse_if_set(body, "logprobs", lambda v: v in (False, 0), "the native API asks with n_probs")
+        k = _integer(body, "n_probs", 0, MAX_LOGPROBS)
+        return k if k else None
+    _refuse_if_set(body, "n_probs", lambda v: v == 0, "the OpenAI API asks with logprobs")
+    if style == "completion":  # legacy completions: logprobs is how many alternatives (0: the token's own)
+        _refuse_if_set(body, "top_logprobs", lambda v: v == 0, "completions ask with logprobs: N")
+        return _integer(body, "logprobs", 0, MAX_LOGPROBS)
+    want = _boolean(body, "logprobs")
+    k = _integer(body, "top_logprobs", 0, MAX_LOGPROBS)
+    if k is not None and not want:
+        raise bad("top_logprobs", "needs logprobs: true")
+    return (k or 0) if want else None
 
 
 def parse_completion(body: Any, lim: Limits) -> GenerationParams:
@@ -269,7 +295,7 @@ def parse_completion(body: Any, lim: Limits) -> GenerationParams:
 
 def parse_chat(body: Any, lim: Limits) -> GenerationParams:
     """POST /v1/chat/completions: messages are checked here for shape; the template checks the rest."""
-    p = _common(body, lim, ("max_tokens", "max_completion_tokens", "n_predict"))
+    p = _common(body, lim, ("max_tokens", "max_completion_tokens", "n_predict"), logprobs="chat")
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise bad("messages", "must be a non-empty list of messages")
@@ -281,6 +307,20 @@ def parse_chat(body: Any, lim: Limits) -> GenerationParams:
         c = m.get("content")
         if c is not None and not isinstance(c, (str, list)):
             raise bad("messages", f"messages[{i}].content must be a string, a list of parts or null")
+    # continue the last message instead of answering it: vLLM's continue_final_message (with
+    # add_generation_prompt false), and llama-server's assistant prefill (a last message from the assistant)
+    cont = _boolean(body, "continue_final_message")
+    agp = _boolean(body, "add_generation_prompt", True)
+    if cont and agp and "add_generation_prompt" in body:
+        raise bad("continue_final_message", "cannot be combined with add_generation_prompt: true")
+    if not cont and not agp:
+        raise bad("add_generation_prompt", "false is only supported with continue_final_message: true")
+    last = msgs[-1]
+    if cont and last.get("role") != "assistant":
+        raise bad("continue_final_message", "the last message must be the assistant's")
+    p.continue_final = cont or last.get("role") == "assistant"
+    if p.continue_final and not isinstance(last.get("content"), str):
+        raise bad("messages", "the assistant message to continue must have text content")
     p.prompts = [msgs]
     return p
 
@@ -324,15 +364,46 @@ def usage_body(prompt: int, completion: int, cached: int) -> dict[str, Any]:
     }
 
 
+def _token_text(b: bytes) -> str:
+    return b.decode("utf-8", "replace")
+
+
+def chat_logprobs(items: list[tuple[int, Any]], piece: Callable[[int], bytes]) -> dict[str, Any]:
+    """OpenAI chat's `logprobs` object from (token id, TokenLogprob) pairs."""
+
+    def entry(tok: int, lp: float) -> dict[str, Any]:
+        b = piece(tok)
+        return {"token": _token_text(b), "logprob": lp, "bytes": list(b)}
+
+    content = [{**entry(t, x.logprob), "top_logprobs": [entry(i, v) for i, v in x.top]} for t, x in items]
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(items: list[tuple[int, Any]], piece: Callable[[int], bytes], offset: int = 0) -> dict:
+    """Legacy completions' `logprobs` object (tokens, token_logprobs, top_logprobs, text_offset)."""
+    tokens, lps, tops, offsets = [], [], [], []
+    for t, x in items:
+        text = _token_text(piece(t))
+        tokens.append(text)
+        lps.append(x.logprob)
+        tops.append({_token_text(piece(i)): v for i, v in x.top})
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
 @dataclass
 class Shaper:
-    """Builds one request's response objects (completion or chat), streaming chunks or whole."""
+    """Builds one request's response objects (completion or chat), streaming chunks or whole.
+    `piece(token id)` gives a token's bytes; set only when the request asked for log-probabilities."""
 
     chat: bool
     model: str
     id: str = ""
     created: int = 0
     fingerprint: str = ""  # OpenAI's system_fingerprint: which build and backend answered
+    piece: Callable[[int], bytes] | None = None
+    offsets: dict[int, int] = field(default_factory=dict)  # completions: text offset reached, per choice
 
     def __post_init__(self) -> None:
         self.id = self.id or new_id("chatcmpl" if self.chat else "cmpl")
@@ -344,36 +415,57 @@ class Shaper:
             head["system_fingerprint"] = self.fingerprint
         return head
 
-    def chunk(self, index: int, text: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
+    def _logprobs(self, index: int, items: list | None) -> dict[str, Any] | None:
+        if items is None:
+            return None
+        assert self.piece is not None
+        if self.chat:
+            return chat_logprobs(items, self.piece)
+        out = completion_logprobs(items, self.piece, self.offsets.get(index, 0))
+        self.offsets[index] = self.offsets.get(index, 0) + sum(len(t) for t in out["tokens"])
+        return out
+
+    def chunk(
+        self,
+        index: int,
+        text: str | None,
+        finish: str | None,
+        first: bool = False,
+        logprobs: list | None = None,
+    ) -> dict[str, Any]:
+        lp = self._logprobs(index, logprobs)
         if self.chat:
             delta: dict[str, Any] = {}
             if first:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+        choice = {"index": index, "text": text or "", "logprobs": lp, "finish_reason": finish}
         return {**self._head("text_completion"), "choices": [choice]}
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         head = self._head("chat.completion.chunk" if self.chat else "text_completion")
         return {**head, "choices": [], "usage": usage}
 
-    def whole(self, texts: list[str], finishes: list[str], usage: dict[str, Any]) -> dict[str, Any]:
+    def whole(
+        self, texts: list[str], finishes: list[str], usage: dict[str, Any], logprobs: list | None = None
+    ) -> dict[str, Any]:
+        lps = [self._logprobs(i, logprobs[i] if logprobs else None) for i in range(len(texts))]
         if self.chat:
             choices = [
                 {
                     "index": i,
                     "message": {"role": "assistant", "content": t},
-                    "logprobs": None,
+                    "logprobs": lp,
                     "finish_reason": f,
                 }
-                for i, (t, f) in enumerate(zip(texts, finishes))
+                for i, (t, f, lp) in enumerate(zip(texts, finishes, lps))
             ]
             return {**self._head("chat.completion"), "choices": choices, "usage": usage}
         choices = [
-            {"index": i, "text": t, "logprobs": None, "finish_reason": f}
-            for i, (t, f) in enumerate(zip(texts, finishes))
+            {"index": i, "text": t, "logprobs": lp, "finish_reason": f}
+            for i, (t, f, lp) in enumerate(zip(texts, finishes, lps))
         ]
         return {**self._head("text_completion"), "choices": choices, "usage": usage}

@@ -515,20 +515,21 @@ async def _generate(state: State, request: Request, chat: bool):
     body = await _json(request, state.config.max_body)
     p = oa.parse_chat(body, limits) if chat else oa.parse_completion(body, limits)
     prompts = await run_in_threadpool(_prompt_ids, llm, p, chat, state.config.special_in_messages)
-    try:
-        params = llm.params(**p.sampling)
-    except (ValueError, TypeError) as e:
-        raise oa.bad("", str(e)) from None
+    params = _params(llm, p)
     reqs = []
     for i, ids in enumerate(prompts):
         for j in range(p.n):
             q = params
             if q.seed is not None and (len(prompts) > 1 or p.n > 1):
                 q = replace(q, seed=(q.seed + i * p.n + j) % (1 << 64))  # distinct, reproducible choices
-            reqs.append(GenRequest(ids, q, p.max_tokens, tuple(p.stop)))
+            reqs.append(GenRequest(ids, q, p.max_tokens, tuple(p.stop), p.logprobs))
     streams = _submit(engine, reqs)
+    tok = llm.tokenizer
     shaper = oa.Shaper(
-        chat=chat, model=state.model_id, fingerprint=f"edgellm-{_version()}-{llm.backend.name}"
+        chat=chat,
+        model=state.model_id,
+        fingerprint=f"edgellm-{_version()}-{llm.backend.name}",
+        piece=(lambda t: tok.token_to_piece(t, special=True)) if p.logprobs is not None else None,
     )
     usage = request.state.edgellm_usage = [0, 0, 0]  # prompt, completion, cached: the access log reads it
     if p.stream:
@@ -537,6 +538,38 @@ async def _generate(state: State, request: Request, chat: bool):
             _sse(streams, shaper, p.include_usage, usage), media_type="text/event-stream", headers=headers
         )
     return await _whole(request, streams, shaper, usage)
+
+
+def _params(llm: Any, p: oa.GenerationParams) -> Any:
+    """The request's SamplingParams: the model's defaults, the request's fields, and for ignore_eos a
+    ban on every end-of-generation token (llama-server's way)."""
+    sampling = dict(p.sampling)
+    if p.ignore_eos:
+        sampling["logit_bias"] = {
+            **(sampling.get("logit_bias") or {}),
+            **{t: float("-inf") for t in llm.tokenizer.eog_ids},
+        }
+    try:
+        return llm.params(**sampling)
+    except (ValueError, TypeError) as e:
+        raise oa.bad("", str(e)) from None
+
+
+class _Timings:
+    """llama-server's `timings` for a request's sequences, from their final usage."""
+
+    def __init__(self) -> None:
+        self.prompt_n = self.gen_n = 0
+        self.prompt_s = self.total_s = 0.0
+
+    def add(self, u: Any) -> None:
+        self.prompt_n += u.prompt_tokens - u.cached_tokens
+        self.gen_n += u.completion_tokens
+        self.prompt_s = max(self.prompt_s, u.ttft_s or 0.0)
+        self.total_s = max(self.total_s, u.total_s or 0.0)
+
+    def body(self) -> dict[str, float]:
+        return la.timings(self.prompt_n, self.prompt_s, self.gen_n, max(0.0, self.total_s - self.prompt_s))
 
 
 def _version() -> str:
@@ -553,16 +586,28 @@ async def _native(state: State, request: Request):
     p, pieces = la.parse_completion(body, oa.Limits(llm.n_ctx, llm.model.config.n_vocab))
     try:
         prompt = await run_in_threadpool(la.prompt_ids, llm.tokenizer, pieces)
-        params = llm.params(**p.sampling)
     except (ValueError, TypeError) as e:
         raise oa.bad("prompt", str(e)) from None
+    params = _params(llm, p)
+    return await _native_answer(state, request, engine, p, prompt, params)
+
+
+async def _native_answer(state: State, request: Request, engine: Engine, p: Any, prompt: list, params: Any):
+    """A native completion's answer (`/completion` and `/infill`), whole or as SSE `data:` chunks."""
+    llm = state.llm
     t0 = time.perf_counter()
-    streams = _submit(engine, [GenRequest(prompt, params, p.max_tokens, tuple(p.stop))])
+    streams = _submit(engine, [GenRequest(prompt, params, p.max_tokens, tuple(p.stop), p.logprobs)])
     usage = request.state.edgellm_usage = [0, 0, 0]
     eog = llm.tokenizer.eog_ids
     settings = la.generation_settings(params, llm.n_ctx, p.max_tokens, p.stop)
+    piece = lambda t: llm.tokenizer.token_to_piece(t, special=True)  # noqa: E731
 
-    def final(text: str, reason: str, last: int | None, ttft: float | None, tokens: list[int]) -> dict:
+    def probs(items: list) -> dict:
+        return {"completion_probabilities": la.probabilities(items, piece)} if p.logprobs else {}
+
+    def final(
+        text: str, reason: str, last: int | None, ttft: float | None, tokens: list[int], lps: list
+    ) -> dict:
         ttft = ttft or 0.0
         st = la.stop_type(reason, last, eog, p.stop)
         return {
@@ -572,6 +617,7 @@ async def _native(state: State, request: Request):
             "has_new_line": "\n" in text, "truncated": False, "stop_type": st,
             "stopping_word": "" if st != "word" else next((w for w in p.stop if w), ""),
             "timings": la.timings(usage[0] - usage[2], ttft, usage[1], time.perf_counter() - t0 - ttft),
+            **probs(lps),
         }  # fmt: skip
 
     def events() -> AsyncIterator[Event]:
@@ -580,35 +626,38 @@ async def _native(state: State, request: Request):
     if p.stream:
 
         async def sse() -> AsyncIterator[str]:
-            toks, last = [], None
+            last = None
             try:
                 async for ev in events():
                     if ev.token is not None:
-                        toks.append(ev.token)
                         last = ev.token
+                    lps = [(ev.token, ev.logprob)] if ev.logprob is not None else []
                     if ev.finish_reason is not None:
                         ttft = ev.usage.ttft_s if ev.usage else None
-                        yield _sse_line(final(ev.text, ev.finish_reason, last, ttft, []))
+                        yield _sse_line(final(ev.text, ev.finish_reason, last, ttft, [], lps))
                     elif ev.text or ev.token is not None:
                         tk = [ev.token] if ev.token is not None else []
-                        yield _sse_line({"content": ev.text, "tokens": tk, "stop": False, "id_slot": 0})
+                        chunk = {"content": ev.text, "tokens": tk, "stop": False, "id_slot": 0, **probs(lps)}
+                        yield _sse_line(chunk)
             except APIError as e:
                 yield _sse_line(e.body())
             finally:
                 _cancel_all(streams)
 
         return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    texts, toks, reason, ttft = [], [], "stop", None
+    texts, toks, lps, reason, ttft = [], [], [], "stop", None
     try:
         async for ev in events():
             texts.append(ev.text)
             if ev.token is not None:
                 toks.append(ev.token)
+                if ev.logprob is not None:
+                    lps.append((ev.token, ev.logprob))
             if ev.finish_reason is not None:
                 reason, ttft = ev.finish_reason, ev.usage.ttft_s if ev.usage else None
     finally:
         _cancel_all(streams)
-    return final("".join(texts), reason, toks[-1] if toks else None, ttft, toks)
+    return final("".join(texts), reason, toks[-1] if toks else None, ttft, toks, lps)
 
 
 async def _one_stream(streams: list, usage: list[int]) -> AsyncIterator[Event]:
@@ -754,7 +803,9 @@ def _prompt_ids(llm: Any, p: oa.GenerationParams, chat: bool, special: bool = Fa
     """Token ids of every prompt (chat: rendered with the model's template); 400 if one cannot be."""
     try:
         if chat:
-            return [llm.chat_prompt(p.prompts[0], special_in_content=special)]
+            return [
+                llm.chat_prompt(p.prompts[0], special_in_content=special, continue_final=p.continue_final)
+            ]
         return [llm.tokenize(x) if isinstance(x, str) else list(x) for x in p.prompts]
     except (ValueError, TypeError, RecursionError) as e:  # ChatTemplateError and TokenizerError included
         raise APIError(400, f"cannot build the prompt: {e}", param="messages" if chat else "prompt") from None
@@ -795,20 +846,33 @@ def _sse_line(obj: Any) -> str:
 
 
 async def _sse(streams: list, shaper: oa.Shaper, include_usage: bool, usage: list[int]) -> AsyncIterator[str]:
-    """Server-sent events for a streamed request; cancels the sequences if the client goes away."""
+    """Server-sent events for a streamed request; cancels the sequences if the client goes away. A token
+    whose text the stop matcher holds back brings its log-probability with the next chunk that has text;
+    the last chunk carries llama-server's `timings`."""
+    timings = _Timings()
+    pending: dict[int, list] = {}  # log-probabilities not yet sent, per choice
     try:
         if shaper.chat:
             for i in range(len(streams)):
                 yield _sse_line(shaper.chunk(i, "", None, first=True))
         failed = None
+        left = len(streams)
         async for i, ev in _merged(streams):
             if ev.finish_reason == "error":
                 failed = failed or ev
                 continue
-            if ev.text:
-                yield _sse_line(shaper.chunk(i, ev.text, None))
+            if ev.logprob is not None and ev.token is not None:
+                pending.setdefault(i, []).append((ev.token, ev.logprob))
+            if ev.usage is not None:
+                timings.add(ev.usage)
+            if ev.text or (ev.finish_reason is not None and pending.get(i)):
+                yield _sse_line(shaper.chunk(i, ev.text, None, logprobs=pending.pop(i, None)))
             if ev.finish_reason is not None:
-                yield _sse_line(shaper.chunk(i, None if shaper.chat else "", ev.finish_reason))
+                left -= 1
+                last = shaper.chunk(i, None if shaper.chat else "", ev.finish_reason)
+                if not left:
+                    last["timings"] = timings.body()
+                yield _sse_line(last)
             if ev.usage is not None:
                 usage[0] += ev.usage.prompt_tokens
                 usage[1] += ev.usage.completion_tokens
@@ -826,18 +890,23 @@ async def _sse(streams: list, shaper: oa.Shaper, include_usage: bool, usage: lis
 async def _whole(request: Request, streams: list, shaper: oa.Shaper, usage: list[int]) -> Any:
     """Collect every choice; cancel them if the client disconnects while waiting."""
     texts = [[] for _ in streams]
+    logprobs: list[list] = [[] for _ in streams]
     finishes = ["length"] * len(streams)
     failed: Event | None = None
+    timings = _Timings()
 
     async def collect() -> None:
         nonlocal failed
         async for i, ev in _merged(streams):
             texts[i].append(ev.text)
+            if ev.logprob is not None and ev.token is not None:
+                logprobs[i].append((ev.token, ev.logprob))
             if ev.finish_reason == "error":
                 failed = failed or ev
             elif ev.finish_reason is not None:
                 finishes[i] = ev.finish_reason
             if ev.usage is not None:
+                timings.add(ev.usage)
                 usage[0] += ev.usage.prompt_tokens
                 usage[1] += ev.usage.completion_tokens
                 usage[2] += ev.usage.cached_tokens
@@ -855,7 +924,10 @@ async def _whole(request: Request, streams: list, shaper: oa.Shaper, usage: list
     if failed is not None:
         kind = {400: "invalid_request_error", 503: "unavailable_error"}.get(failed.status, "server_error")
         raise APIError(failed.status, failed.error or "generation failed", kind)
-    return shaper.whole(["".join(t) for t in texts], finishes, oa.usage_body(*usage))
+    body = shaper.whole(
+        ["".join(t) for t in texts], finishes, oa.usage_body(*usage), logprobs if shaper.piece else None
+    )
+    return {**body, "timings": timings.body()}
 
 
 # ---------------------------------------------------------------------------------------------- metrics

@@ -261,7 +261,27 @@ BAD = [  # (path, body, status, param or message fragment)
     ("/v1/completions", {"prompt": "x", "stop": 5}, 400, "stop"),
     ("/v1/completions", {"prompt": "x", "logit_bias": {"abc": 1}}, 400, "logit_bias"),
     ("/v1/completions", {"prompt": "x", "logit_bias": {"5": 1e9}}, 400, "logit_bias"),
-    ("/v1/completions", {"prompt": "x", "logprobs": 3}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 50}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "logprobs": True}, 400, "logprobs"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+        400,
+        "top_logprobs",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "continue_final_message": True},
+        400,
+        "continue_final_message",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": False},
+        400,
+        "add_generation_prompt",
+    ),
+    ("/completion", {"prompt": "x", "n_probs": 99}, 400, "n_probs"),
     ("/v1/completions", {"prompt": "x", "stream": "yes"}, 400, "stream"),
     ("/v1/completions", {"prompt": 42}, 400, "prompt"),
     ("/v1/completions", {"prompt": [1, -3]}, 400, "prompt"),
@@ -447,7 +467,13 @@ def test_logit_bias_keys_must_be_ascii_digits(key):
 
 @pytest.mark.parametrize(
     "field,value",
-    [("grammar", "root ::= [a-z]+"), ("json_schema", {"type": "object"}), ("mirostat", 2), ("n_probs", 3)],
+    [
+        ("grammar", "root ::= [a-z]+"),
+        ("json_schema", {"type": "object"}),
+        ("mirostat", 2),
+        ("dry_multiplier", 0.8),
+        ("n_probs", 3),
+    ],  # n_probs: the OpenAI routes ask with logprobs
 )
 def test_llama_server_fields_edgellm_cannot_honour_are_refused_by_name(field, value):
     from edgellm import openai_api as oa
@@ -666,3 +692,97 @@ def _check_key_and_cors(url: str) -> None:
         url + "/v1/models", headers={"Origin": "http://evil.test", "Access-Control-Request-Method": "GET"}
     )
     assert "access-control-allow-origin" not in other.headers
+
+
+# -- log-probabilities, assistant prefill, ignore_eos, timings ----------------------------------------
+def test_token_logprob_is_the_log_softmax_and_its_top_k():
+    import numpy as np
+
+    from edgellm.engine import token_logprob
+
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(1000) * 4).astype(np.float32)
+    x[7] = x[8] = x.max() + 1  # a tie: lower id first
+    ref = x.astype(np.float64) - np.log(np.sum(np.exp(x.astype(np.float64))))
+    lp = token_logprob(x, 123, 5)
+    assert abs(lp.logprob - ref[123]) < 1e-9
+    assert [i for i, _ in lp.top] == [7, 8, *np.argsort(-ref)[2:5].tolist()]
+    assert all(abs(v - ref[i]) < 1e-9 for i, v in lp.top)
+    assert token_logprob(x, 3, 0).top == []
+
+
+def test_logprobs_on_every_route_are_the_models_and_do_not_change_the_tokens(server, smollm2_path):
+    """Chat (logprobs + top_logprobs), completions (logprobs: N), native (n_probs), whole and streamed:
+    the first token's log-probability is log-softmax of the model's logits for the prompt (computed here
+    in-process on the same backend), the greedy token is the top alternative, and asking for them leaves
+    the greedy text as it was."""
+    import numpy as np
+
+    import edgellm
+
+    client = _client(server)
+    msgs = [{"role": "user", "content": "Name a color."}]
+    plain = client.chat.completions.create(model="m", messages=msgs, max_tokens=6, temperature=0)
+    r = client.chat.completions.create(
+        model="m", messages=msgs, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3
+    )
+    assert r.choices[0].message.content == plain.choices[0].message.content
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    assert "".join(c.token for c in content) == r.choices[0].message.content
+    for c in content:
+        assert len(c.top_logprobs) == 3 and c.top_logprobs[0].token == c.token
+        assert c.logprob <= 0 and c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob
+        assert bytes(c.bytes).decode() == c.token
+    llm = edgellm.LLM(smollm2_path, backend="native", threads=1, n_ctx=N_CTX)
+    x = llm.logits(llm.chat_prompt(msgs))[-1].astype(np.float64)
+    ref = x - (x.max() + np.log(np.exp(x - x.max()).sum()))
+    assert abs(content[0].logprob - ref.max()) < 1e-3
+    assert abs(content[0].top_logprobs[1].logprob - np.sort(ref)[-2]) < 1e-3
+    streamed = client.chat.completions.create(
+        model="m", messages=msgs, max_tokens=6, temperature=0, logprobs=True, stream=True
+    )
+    got = [
+        c for ch in streamed if ch.choices and ch.choices[0].logprobs for c in ch.choices[0].logprobs.content
+    ]
+    assert [(c.token, round(c.logprob, 4)) for c in got] == [(c.token, round(c.logprob, 4)) for c in content]
+    comp = client.completions.create(model="m", prompt="The sky is", max_tokens=4, temperature=0, logprobs=2)
+    lp = comp.choices[0].logprobs
+    assert "".join(lp.tokens) == comp.choices[0].text and lp.text_offset[0] == 0
+    assert all(len(t) == 2 and max(t.values()) == v for t, v in zip(lp.top_logprobs, lp.token_logprobs))
+    native = httpx.post(
+        server.url + "/completion",
+        json={"prompt": "The sky is", "n_predict": 4, "temperature": 0, "n_probs": 2},
+    ).json()
+    probs = native["completion_probabilities"]
+    assert [p["id"] for p in probs] == native["tokens"] and all(len(p["top_logprobs"]) == 2 for p in probs)
+    assert abs(probs[0]["logprob"] - lp.token_logprobs[0]) < 1e-4
+
+
+def test_an_assistant_prefill_is_continued_and_timings_come_with_the_answer(server, smollm2_path):
+    """A last assistant message is continued, not answered (llama-server's prefill; vLLM's
+    continue_final_message): the prompt ends with its text, no end-of-turn after it."""
+    import edgellm
+
+    msgs = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "The answer is"}]
+    r = _post(server, "/v1/chat/completions", {"messages": msgs, "max_tokens": 3, "temperature": 0})
+    assert r.status_code == 200, r.text
+    llm = edgellm.LLM(smollm2_path, backend="reference")
+    ids = llm.chat_prompt(msgs, continue_final=True)
+    assert llm.detokenize(ids, special=True).endswith("<|im_start|>assistant\nThe answer is")
+    assert r.json()["usage"]["prompt_tokens"] == len(ids)
+    vllm_style = dict(messages=msgs, max_tokens=3, temperature=0, continue_final_message=True,
+                      add_generation_prompt=False)  # fmt: skip
+    assert _post(server, "/v1/chat/completions", vllm_style).json()["choices"] == r.json()["choices"]
+    t = r.json()["timings"]
+    assert t["predicted_n"] == 3 and t["prompt_n"] > 0 and t["predicted_ms"] > 0
+
+
+def test_ignore_eos_generates_to_the_limit(server):
+    """A prompt whose greedy answer ends at once runs to n_predict when end-of-generation is banned."""
+    msgs = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "The answer is"}]
+    body = {"messages": msgs, "max_tokens": 24, "temperature": 0}
+    short = _post(server, "/v1/chat/completions", body).json()
+    assert short["choices"][0]["finish_reason"] == "stop", short
+    forced = _post(server, "/v1/chat/completions", dict(body, ignore_eos=True)).json()
+    assert forced["choices"][0]["finish_reason"] == "length" and forced["usage"]["completion_tokens"] == 24
