@@ -53,6 +53,12 @@ def serve(
     header_timeout: float = typer.Option(
         10.0, "--header-timeout", help="Seconds a connection has to send its request headers."
     ),
+    embeddings: bool = typer.Option(
+        False, "--embeddings", help="Serve /v1/embeddings, /embedding and /api/embed."
+    ),
+    pooling: str | None = typer.Option(
+        None, "--pooling", help="Embeddings' pooling: mean, cls, last, none (default: the file's, else last)."
+    ),
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API with continuous batching and prefix caching."""
     from edgellm.cli import pick_model
@@ -75,6 +81,8 @@ def serve(
         raise ServeError("--queue-size and --shutdown-grace must be >= 0")
     if log_format not in ("text", "json"):
         raise ServeError(f"--log-format must be text or json, not {log_format!r}")
+    if pooling is not None and pooling not in ("mean", "cls", "last", "none"):
+        raise ServeError(f"--pooling must be mean, cls, last or none, not {pooling!r}")
     if not 0 < header_timeout <= 3600:
         raise ServeError("--header-timeout must be in (0, 3600] seconds")
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
@@ -99,6 +107,8 @@ def serve(
         header_timeout=header_timeout,
         special_in_messages=special_in_messages,
         cors_origins=tuple(o.strip() for o in (cors_origins or "").split(",") if o.strip()),
+        embeddings=embeddings,
+        pooling=pooling,
     )
 
     def ready(state) -> None:

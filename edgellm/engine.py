@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import itertools
 import math
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -219,6 +220,7 @@ class Engine:
         self._wake = threading.Condition(self._lock)
         self._inbox: list[_Seq] = []  # submitted, not yet seen by the engine thread
         self._cancels: list[Stream] = []
+        self._jobs: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []  # call()
         self.sched = Scheduler(self.kv, self.max_batch_tokens)
         self.runner = ModelRunner(model, self.kv.cache)
         self._accepting = True
@@ -266,6 +268,18 @@ class Engine:
             self.stats.requests += 1
             self._wake.notify()
         return stream
+
+    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """Run `fn` on the thread that steps the engine, between two steps (so it may use the model and
+        backend, which are not thread-safe: embeddings do); its result or exception arrives in the
+        future."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if not self._accepting:
+                raise ShuttingDown("the server is shutting down")
+            self._jobs.append((fn, fut))
+            self._wake.notify()
+        return fut
 
     def n_free_seq_slots(self) -> int:
         return max(0, self.max_seqs - len(self.sched.running))
@@ -336,7 +350,7 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._lock:
-                while not (self._inbox or self._cancels or self.sched.has_work()):
+                while not (self._inbox or self._cancels or self._jobs or self.sched.has_work()):
                     if not self._accepting:
                         return
                     self._wake.wait()
@@ -354,7 +368,14 @@ class Engine:
                     self.sched.add(s)
                 self._inbox = []
                 cancels, self._cancels = self._cancels, []
+                jobs, self._jobs = self._jobs, []
                 accepting, stop_at = self._accepting, self._stop_at
+            for fn, fut in jobs:
+                if fut.set_running_or_notify_cancel():
+                    try:
+                        fut.set_result(fn())
+                    except Exception as e:  # noqa: BLE001 - the caller gets it
+                        fut.set_exception(e)
             for st in cancels:
                 self._drop(st, "cancelled")
             if not accepting:

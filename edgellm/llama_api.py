@@ -108,3 +108,86 @@ def generation_settings(params: Any, n_ctx: int, max_tokens: int | None, stops: 
         "stop": list(stops),
         "stream": False,
     }
+
+
+def parse_infill(body: Any, lim: oa.Limits) -> tuple[oa.GenerationParams, dict[str, Any]]:
+    """POST /infill: input_prefix and input_suffix (required), input_extra ([{filename?, text}]) and
+    prompt (optional text), plus /completion's fields (llama-server's handle_infill checks)."""
+    if not isinstance(body, dict):
+        raise oa.bad("", "the request body must be a JSON object")
+    for name in ("input_prefix", "input_suffix"):
+        if name not in body:
+            raise oa.bad(name, "is required")
+        if not isinstance(body[name], str):
+            raise oa.bad(name, "must be a string")
+    prompt = body.get("prompt", "")
+    if not isinstance(prompt, str):
+        raise oa.bad("prompt", "must be a string")
+    extra = body.get("input_extra", [])
+    if not isinstance(extra, list):
+        raise oa.bad("input_extra", 'must be an array of {"filename": string, "text": string}')
+    for i, c in enumerate(extra):
+        if not isinstance(c, dict) or not isinstance(c.get("text"), str):
+            raise oa.bad("input_extra", f"input_extra[{i}] must have a string text")
+        if not isinstance(c.get("filename", ""), str):
+            raise oa.bad("input_extra", f"input_extra[{i}].filename must be a string")
+    p = oa._common(body, lim, ("n_predict", "max_tokens"), logprobs="native")
+    if p.n != 1:
+        raise oa.bad("n", "infill returns one completion")
+    texts = {"prefix": body["input_prefix"], "suffix": body["input_suffix"], "extra": extra, "prompt": prompt}
+    return p, texts
+
+
+class NoInfill(ValueError):
+    """The model has no fill-in-the-middle tokens."""
+
+
+def infill_ids(
+    tokenizer: Any,
+    prefix: str,
+    suffix: str,
+    extra: list[dict] = (),  # type: ignore[assignment]
+    prompt: str = "",
+    n_batch: int = 2048,
+    n_predict: int = -1,
+    n_ctx: int = 4096,
+) -> list[int]:
+    """The fill-in-the-middle prompt, as llama.cpp's format_prompt_infill (tools/server/server-common.cpp,
+    the repo-level pattern of arXiv 2409.12186; prefix-suffix-middle order):
+
+        [FIM_REP]myproject\\n [FIM_SEP]{filename}\\n{text} ... [FIM_SEP]filename\\n
+        [BOS] [FIM_PRE]{prefix}{prompt} [FIM_SUF]{suffix} [FIM_MID]
+
+    The prefix keeps its last 3/4 of a batch, the suffix its first quarter less the prompt; extra chunks
+    fill what the context leaves (their tail is kept). Texts are tokenized without parsing special tokens.
+    """
+    v = tokenizer.vocab
+    pre, suf, mid = (v.special_id(r) for r in ("fim_pre", "fim_suf", "fim_mid"))
+    missing = [n for n, t in (("prefix", pre), ("suffix", suf), ("middle", mid)) if t is None]
+    if missing:
+        raise NoInfill(f"this model has no fill-in-the-middle tokens ({', '.join(missing)} missing)")
+    rep, sep = v.special_id("fim_rep"), v.special_id("fim_sep")
+
+    def tok(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special=False, parse_special=False)
+
+    ex: list[int] = []
+    if rep is not None:
+        ex += [rep, *tok("myproject\n")]
+    for c in extra:
+        if sep is not None:
+            ex += [sep, *tok(c.get("filename", "tmp") + "\n")]
+        else:
+            ex += tok("\n\n--- snippet ---\n\n")
+        ex += tok(c["text"])
+    if sep is not None:
+        ex += [sep, *tok("filename\n")]
+    t_pre, t_suf, t_prompt = tok(prefix), tok(suffix), tok(prompt)
+    n_pre = min(len(t_pre), 3 * (n_batch // 4))
+    n_suf = min(len(t_suf), max(0, n_batch // 4 - (2 + len(t_prompt))))
+    n_extra = min(max(0, n_ctx - n_batch - 2 * n_predict), len(ex))
+    head = [pre, *t_pre[len(t_pre) - n_pre :], *t_prompt]
+    tail = [suf, *t_suf[:n_suf]]
+    if v.add_bos and v.bos_id is not None:
+        head.insert(0, v.bos_id)
+    return [*ex[len(ex) - n_extra :], *head, *tail, mid]

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from edgellm import store
+from edgellm import embed, store
 from edgellm.arch import load_model, matrices
 from edgellm.backends import get_backend
 from edgellm.chat import ChatTemplate
@@ -133,6 +133,42 @@ class LLM:
     def engine(self) -> Engine:
         """The Engine every generation goes through (made on first use with the defaults above)."""
         return self._engine if self._engine is not None else self.open_engine()
+
+    # -- embeddings ----------------------------------------------------------------------------------
+    @property
+    def pooling(self) -> str:
+        """The pooling embed() uses by default: the file's pooling_type, else "last" (edgellm/embed.py)."""
+        return embed.default_pooling(self.file.arch_key("pooling_type"))
+
+    def embed_ids(self, ids: Sequence[int], pooling: str | None = None, normalize: int = 2) -> np.ndarray:
+        """One input's embedding: (D,) pooled, or (N, D) with pooling "none"; `normalize` as llama.cpp's
+        embd_normalize (2: unit length, -1: raw). Runs on the engine's thread when one steps it."""
+        pooling = pooling or self.pooling
+        if pooling not in embed.POOLINGS:
+            raise ValueError(f"unknown pooling {pooling!r}: expected one of {', '.join(embed.POOLINGS)}")
+        ids = list(ids)
+        if not ids:
+            raise ValueError("empty input: nothing to embed")
+        if len(ids) > self.n_ctx:
+            raise ContextOverflow(
+                f"the input is {len(ids)} tokens but the context holds {self.n_ctx}", len(ids), self.n_ctx
+            )
+        n_vocab = self.model.config.n_vocab
+        if not all(0 <= t < n_vocab for t in ids):
+            raise ValueError(f"token ids must be in [0, {n_vocab})")
+        tokens = np.asarray(ids, np.int64)
+        if self._engine is not None and self._engine.running:
+            hidden = self._engine.call(lambda: self.model.embeddings(tokens)).result()
+        else:
+            hidden = self.model.embeddings(tokens)
+        return embed.normalize(embed.pool(hidden, pooling), normalize)
+
+    def embed(
+        self, inputs: str | Sequence[str], pooling: str | None = None, normalize: int = 2
+    ) -> list[np.ndarray]:
+        """Embeddings of texts (tokenized with BOS as the model adds it); see embed_ids."""
+        texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        return [self.embed_ids(self.tokenize(t), pooling, normalize) for t in texts]
 
     # -- text <-> tokens ---------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:

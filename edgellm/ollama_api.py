@@ -123,16 +123,18 @@ def parse_generate(body: Any, n_ctx: int) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise oa.bad("", "the request body must be a JSON object")
     _common_refusals(body)
-    _refuse(body, "suffix", lambda v: v == "", "suffix (fill-in-the-middle) is not supported yet")
     _refuse(body, "template", lambda v: v == "", "a per-request template is not supported")
     _refuse(body, "context", lambda v: v == [], "context (previous token ids) is not supported")
     prompt = body.get("prompt", "")
     system = body.get("system")
     if not isinstance(prompt, str) or (system is not None and not isinstance(system, str)):
         raise oa.bad("prompt", "prompt and system must be strings")
+    suffix = body.get("suffix") or ""
+    if not isinstance(suffix, str):
+        raise oa.bad("suffix", "must be a string")
     sampling, max_tokens, stop = parse_options(body, n_ctx)
     return dict(
-        model=model_name(body), prompt=prompt, system=system, raw=bool(body.get("raw")),
+        model=model_name(body), prompt=prompt, system=system, raw=bool(body.get("raw")), suffix=suffix,
         stream=body.get("stream", True) is not False, sampling=sampling, max_tokens=max_tokens, stop=stop,
     )  # fmt: skip
 
@@ -159,6 +161,23 @@ def parse_chat(body: Any, n_ctx: int) -> dict[str, Any]:
         model=model_name(body), messages=[{"role": m["role"], "content": m.get("content", "")} for m in msgs],
         stream=body.get("stream", True) is not False, sampling=sampling, max_tokens=max_tokens, stop=stop,
     )  # fmt: skip
+
+
+def parse_embed(body: Any) -> dict[str, Any]:
+    """POST /api/embed: {model, input: str | [str], truncate?, dimensions?, options?, keep_alive?}."""
+    if not isinstance(body, dict):
+        raise oa.bad("", "the request body must be a JSON object")
+    x = body.get("input")
+    texts = [x] if isinstance(x, str) else x
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
+        raise oa.bad("input", "must be a non-empty string or a list of non-empty strings")
+    if len(texts) > oa.MAX_EMBED_INPUTS:
+        raise oa.bad("input", f"at most {oa.MAX_EMBED_INPUTS} inputs per request")
+    _refuse(body, "dimensions", lambda v: v == 0, "truncated dimensions are not supported")
+    truncate = body.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise oa.bad("truncate", "must be true or false")
+    return dict(model=model_name(body), input=texts, truncate=truncate)
 
 
 def now() -> str:

@@ -143,6 +143,7 @@ class GenerationParams:
     logprobs: int | None = None  # None: none; k: the sampled tokens' log-probabilities and the top k
     ignore_eos: bool = False  # llama-server's: end-of-generation tokens are banned
     continue_final: bool = False  # chat: the last (assistant) message is continued, not answered
+    suffix: str = ""  # completions: the text after the insertion (fill-in-the-middle)
 
 
 def _sampling(body: dict, lim: Limits) -> dict[str, Any]:
@@ -226,7 +227,6 @@ def _common(
             raise bad("stream_options", "must be an object")
         include_usage = _boolean(opts, "include_usage")
     _refuse_if_set(body, "echo", lambda v: v is False, "echo is not supported")
-    _refuse_if_set(body, "suffix", lambda v: v == "", "suffix (insertion) is not supported")
     _refuse_if_set(body, "best_of", lambda v: v == 1, "best_of is not supported")
     _refuse_if_set(body, "tools", lambda v: v == [], "tools are not supported")
     # llama-server's own fields that edgellm cannot honour yet: refused by name, never silently ignored
@@ -289,6 +289,12 @@ def parse_completion(body: Any, lim: Limits) -> GenerationParams:
             raise bad("prompt", f"prompt {i} must be a string or a list of token ids")
     if len(prompts) * p.n > MAX_CHOICES:
         raise bad("n", f"at most {MAX_CHOICES} choices per request (prompts times n)")
+    suffix = body.get("suffix")
+    if suffix is not None and not isinstance(suffix, str):
+        raise bad("suffix", "must be a string")
+    if suffix and not all(isinstance(x, str) for x in prompts):
+        raise bad("suffix", "an insertion needs text prompts")
+    p.suffix = suffix or ""
     p.prompts = prompts
     return p
 
@@ -469,3 +475,51 @@ class Shaper:
             for i, (t, f, lp) in enumerate(zip(texts, finishes, lps))
         ]
         return {**self._head("text_completion"), "choices": choices, "usage": usage}
+
+
+MAX_EMBED_INPUTS = 2048  # OpenAI's limit on inputs per embeddings request
+
+
+def parse_embeddings(body: Any, lim: Limits, key: str = "input") -> list[str | list[int]]:
+    """POST /v1/embeddings `input` (llama-server's /embedding also takes `content`): a string, a list of
+    strings, token ids, or a list of token-id lists. `encoding_format` is checked by embeddings_body."""
+    if not isinstance(body, dict):
+        raise bad("", "the request body must be a JSON object")
+    name = key if key in body or "content" not in body else "content"
+    x = body.get(name)
+    if isinstance(x, str):
+        items: list[Any] = [x]
+    elif isinstance(x, list) and x and all(_is_int(t) for t in x):
+        items = [x]
+    elif isinstance(x, list) and x and all(isinstance(i, (str, list)) for i in x):
+        items = x
+    else:
+        raise bad(name, "must be a string, token ids, or a non-empty list of those")
+    if len(items) > MAX_EMBED_INPUTS:
+        raise bad(name, f"at most {MAX_EMBED_INPUTS} inputs per request")
+    for i, it in enumerate(items):
+        if isinstance(it, list) and not (it and all(_is_int(t) and 0 <= t < lim.n_vocab for t in it)):
+            raise bad(name, f"input {i}: token ids must be integers in [0, {lim.n_vocab})")
+        if isinstance(it, str) and not it:
+            raise bad(name, f"input {i} is empty")
+    fmt = body.get("encoding_format", "float")
+    if fmt not in ("float", "base64"):
+        raise bad("encoding_format", "must be 'float' or 'base64'")
+    return items
+
+
+def embeddings_body(vectors: list[Any], model: str, n_tokens: int, fmt: str) -> dict[str, Any]:
+    """OpenAI's embeddings answer; base64 is the float32 little-endian bytes (the openai client asks for
+    it by default)."""
+    import base64
+
+    import numpy as np
+
+    def enc(v: Any) -> Any:
+        if fmt == "base64":
+            return base64.b64encode(np.asarray(v, "<f4").tobytes()).decode("ascii")
+        return [float(f) for f in v]
+
+    data = [{"object": "embedding", "index": i, "embedding": enc(v)} for i, v in enumerate(vectors)]
+    usage = {"prompt_tokens": n_tokens, "total_tokens": n_tokens}
+    return {"object": "list", "data": data, "model": model, "usage": usage}

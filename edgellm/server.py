@@ -72,6 +72,8 @@ class ServerConfig:
     header_timeout: float = 10.0  # seconds a connection has to send a request's headers
     special_in_messages: bool = False  # parse control tokens in message contents (llama-server does)
     cors_origins: tuple[str, ...] = ()  # origins a browser page may call from ("*": any)
+    embeddings: bool = False  # serve /v1/embeddings, /embedding and /api/embed (llama-server's --embeddings)
+    pooling: str | None = None  # embeddings' pooling (default: the file's, else "last")
 
 
 @dataclass
@@ -247,6 +249,21 @@ def create_app(state: State) -> FastAPI:
     async def native_completion(request: Request):
         return await _native(state, request)
 
+    @app.post("/infill")  # fill-in-the-middle for editor plug-ins (llama.vim, llama.vscode)
+    async def infill(request: Request):
+        engine = state.ready()
+        llm = state.llm
+        body = await _json(request, state.config.max_body)
+        p, q = la.parse_infill(body, oa.Limits(llm.n_ctx, llm.model.config.n_vocab))
+        try:
+            prompt = la.infill_ids(
+                llm.tokenizer, q["prefix"], q["suffix"], q["extra"], q["prompt"],
+                n_batch=state.config.batch_tokens, n_predict=p.max_tokens or -1, n_ctx=llm.n_ctx,
+            )  # fmt: skip
+        except la.NoInfill as e:
+            raise APIError(501, f"infill is not supported: {e}", "not_supported_error") from None
+        return await _native_answer(state, request, engine, p, prompt, _params(llm, p))
+
     @app.post("/apply-template")
     async def apply_template(request: Request):
         state.ready()
@@ -349,10 +366,61 @@ def create_app(state: State) -> FastAPI:
     async def ollama_chat(request: Request):
         return await _ollama(state, request, chat=True)
 
+    # -- embeddings (edgellm/embed.py) ------------------------------------------------------------------
+    @app.post("/v1/embeddings")
+    @app.post("/embeddings")  # llama-server's alias
+    async def embeddings(request: Request):
+        llm = _embedder(state)
+        body = await _json(request, state.config.max_body)
+        items = oa.parse_embeddings(body, oa.Limits(llm.n_ctx, llm.model.config.n_vocab))
+        if (body.get("dimensions") or llm.model.config.n_embd) != llm.model.config.n_embd:
+            raise oa.bad("dimensions", f"this model's embeddings have {llm.model.config.n_embd} dimensions")
+        pooling = state.config.pooling or llm.pooling
+        if pooling == "none":
+            raise APIError(400, "pooling 'none' gives one vector per token, which OpenAI's API cannot "
+                           "carry: use /embedding, or start the server with another --pooling")  # fmt: skip
+        vectors, n = await _embed(state, request, items, pooling, 2)
+        return oa.embeddings_body(vectors, state.model_id, n, body.get("encoding_format", "float"))
+
+    @app.post("/embedding")  # llama-server's native shape: one entry per input, its vectors as a list
+    async def native_embedding(request: Request):
+        llm = _embedder(state)
+        body = await _json(request, state.config.max_body)
+        items = oa.parse_embeddings(body, oa.Limits(llm.n_ctx, llm.model.config.n_vocab), key="content")
+        norm = oa._integer(body, "embd_normalize", -1, 1 << 16)
+        pooling = state.config.pooling or llm.pooling
+        vectors, _ = await _embed(state, request, items, pooling, 2 if norm is None else norm)
+        return [
+            {"index": i, "embedding": (v.tolist() if pooling == "none" else [v.tolist()])}
+            for i, v in enumerate(vectors)
+        ]
+
     @app.post("/api/embed")
-    @app.post("/api/embeddings")
     async def ollama_embed(request: Request):
-        raise APIError(501, "embeddings are not supported yet", code="unsupported_endpoint")
+        llm = _embedder(state)
+        body = await _json(request, state.config.max_body)
+        q = ol.parse_embed(body)
+        _ollama_check_model(state, q["model"])
+        t0 = time.perf_counter()
+        ids = [_ollama_truncate(llm, llm.tokenize(t), q["truncate"]) for t in q["input"]]
+        pooling = state.config.pooling or llm.pooling
+        vectors, n = await _embed(state, request, ids, "mean" if pooling == "none" else pooling, 2)
+        return {"model": q["model"] or state.model_id, "embeddings": [v.tolist() for v in vectors],
+                "total_duration": int((time.perf_counter() - t0) * 1e9), "load_duration": 0,
+                "prompt_eval_count": n}  # fmt: skip
+
+    @app.post("/api/embeddings")  # Ollama's older route: one prompt, one vector, not normalized
+    async def ollama_embeddings(request: Request):
+        llm = _embedder(state)
+        body = await _json(request, state.config.max_body)
+        if not isinstance(body, dict) or not isinstance(body.get("prompt"), str):
+            raise oa.bad("prompt", "must be a string")
+        _ollama_check_model(state, body.get("model") or "")
+        pooling = state.config.pooling or llm.pooling
+        vectors, _ = await _embed(
+            state, request, [body["prompt"]], "mean" if pooling == "none" else pooling, -1
+        )
+        return {"embedding": vectors[0].tolist()}
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -572,6 +640,46 @@ class _Timings:
         return la.timings(self.prompt_n, self.prompt_s, self.gen_n, max(0.0, self.total_s - self.prompt_s))
 
 
+def _embedder(state: State) -> Any:
+    state.ready()
+    if not state.config.embeddings:
+        raise APIError(
+            501,
+            "embeddings are off on this server: start it with --embeddings",
+            "not_supported_error",
+            code="embeddings_disabled",
+        )
+    return state.llm
+
+
+def _ollama_truncate(llm: Any, ids: list[int], truncate: bool) -> list[int]:
+    if len(ids) > llm.n_ctx and truncate:
+        return ids[: llm.n_ctx]
+    return ids
+
+
+async def _embed(state: State, request: Request, items: list, pooling: str, norm: int) -> tuple[list, int]:
+    """Each input's embedding (texts tokenized with BOS), computed on the engine's thread between steps;
+    (vectors, input tokens in all)."""
+    llm = state.llm
+    vectors, n = [], 0
+    for it in items:
+        ids = llm.tokenize(it) if isinstance(it, str) else list(it)
+        try:
+            vectors.append(await run_in_threadpool(llm.embed_ids, ids, pooling, norm))
+        except ContextOverflow as e:
+            err = APIError(400, str(e), code="context_length_exceeded")
+            err.extra = {"n_prompt_tokens": e.n_prompt_tokens, "n_ctx": e.n_ctx}
+            raise err from None
+        except ShuttingDown as e:
+            raise APIError(503, str(e), "unavailable_error", code="shutting_down") from None
+        except ValueError as e:
+            raise oa.bad("input", str(e)) from None
+        n += len(ids)
+    request.state.edgellm_usage = [n, 0, 0]
+    return vectors, n
+
+
 def _version() -> str:
     from edgellm import __version__
 
@@ -718,6 +826,8 @@ async def _ollama(state: State, request: Request, chat: bool):
     def ids() -> list[int]:
         if chat:
             return llm.chat_prompt(q["messages"], special_in_content=state.config.special_in_messages)
+        if q["suffix"]:  # an insertion: the model's fill-in-the-middle prompt
+            return la.infill_ids(llm.tokenizer, q["prompt"], q["suffix"], n_ctx=llm.n_ctx)
         if q["raw"]:
             return llm.tokenize(q["prompt"])
         msgs = ([{"role": "system", "content": q["system"]}] if q["system"] else []) + [
@@ -728,6 +838,8 @@ async def _ollama(state: State, request: Request, chat: bool):
     try:
         prompt = await run_in_threadpool(ids)
         params = llm.params(**q["sampling"])
+    except la.NoInfill as e:  # Ollama's words for a model that cannot fill in the middle
+        raise APIError(400, f"{name} does not support insert: {e}", param="suffix") from None
     except (ValueError, TypeError, RecursionError) as e:
         raise APIError(400, f"cannot build the prompt: {e}", param="messages" if chat else "prompt") from None
     t0 = time.perf_counter()
@@ -806,7 +918,11 @@ def _prompt_ids(llm: Any, p: oa.GenerationParams, chat: bool, special: bool = Fa
             return [
                 llm.chat_prompt(p.prompts[0], special_in_content=special, continue_final=p.continue_final)
             ]
+        if p.suffix:  # an insertion: the model's fill-in-the-middle prompt
+            return [la.infill_ids(llm.tokenizer, x, p.suffix, n_ctx=llm.n_ctx) for x in p.prompts]
         return [llm.tokenize(x) if isinstance(x, str) else list(x) for x in p.prompts]
+    except la.NoInfill as e:
+        raise oa.bad("suffix", f"insertion is not supported: {e}", code="unsupported_parameter") from None
     except (ValueError, TypeError, RecursionError) as e:  # ChatTemplateError and TokenizerError included
         raise APIError(400, f"cannot build the prompt: {e}", param="messages" if chat else "prompt") from None
 

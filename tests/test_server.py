@@ -97,7 +97,9 @@ def test_kv_budget_is_a_size_or_a_token_count():
 def server(smollm2_path, tmp_path_factory):
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
-    s = Server(smollm2_path, tmp_path_factory.mktemp("serve") / "main.log", "--parallel", "16")
+    s = Server(
+        smollm2_path, tmp_path_factory.mktemp("serve") / "main.log", "--parallel", "16", "--embeddings"
+    )
     try:
         s.wait_ready()
         yield s
@@ -786,3 +788,92 @@ def test_ignore_eos_generates_to_the_limit(server):
     assert short["choices"][0]["finish_reason"] == "stop", short
     forced = _post(server, "/v1/chat/completions", dict(body, ignore_eos=True)).json()
     assert forced["choices"][0]["finish_reason"] == "length" and forced["usage"]["completion_tokens"] == 24
+
+
+# -- embeddings and fill-in-the-middle ---------------------------------------------------------------
+def test_embeddings_on_the_openai_native_and_ollama_routes(server, small_server):
+    """The openai client (base64 by default, and floats), /embedding (llama-server's shape, raw with
+    embd_normalize -1), Ollama's /api/embed and /api/embeddings: one vector per input, the same vector on
+    every route; a server started without --embeddings says how to turn them on."""
+    import numpy as np
+
+    for base in (server.url, server.url + "/v1"):
+        c = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=60)
+        r = c.embeddings.create(model="m", input=["hello world", "goodbye"])
+        assert [d.index for d in r.data] == [0, 1] and r.usage.prompt_tokens == 4
+        v = np.asarray(r.data[0].embedding)
+        assert v.shape == (576,) and abs(np.linalg.norm(v) - 1) < 1e-5
+    floats = c.embeddings.create(model="m", input="hello world", encoding_format="float").data[0].embedding
+    assert np.allclose(floats, v, atol=1e-6)
+    ids = httpx.post(server.url + "/tokenize", json={"content": "hello world"}).json()["tokens"]
+    by_ids = c.embeddings.create(model="m", input=ids)
+    assert np.allclose(by_ids.data[0].embedding, v, atol=1e-6)
+    native = httpx.post(server.url + "/embedding", json={"content": "hello world"}).json()
+    assert len(native) == 1 and np.allclose(native[0]["embedding"][0], v, atol=1e-6)
+    raw = httpx.post(server.url + "/embedding", json={"content": "hello world", "embd_normalize": -1}).json()
+    raw = np.asarray(raw[0]["embedding"][0])
+    assert np.allclose(raw / np.linalg.norm(raw), v, atol=1e-5) and np.linalg.norm(raw) > 2
+    name = httpx.get(server.url + "/api/tags").json()["models"][0]["name"]
+    ol = httpx.post(server.url + "/api/embed", json={"model": name, "input": ["hello world"]}).json()
+    assert np.allclose(ol["embeddings"][0], v, atol=1e-6) and ol["prompt_eval_count"] == 2
+    old = httpx.post(server.url + "/api/embeddings", json={"model": name, "prompt": "hello world"}).json()
+    assert np.allclose(old["embedding"], raw, atol=1e-5)
+    for body in ({"input": ""}, {"input": []}, {"input": 5}, {"input": "x", "encoding_format": "hex"},
+                 {"input": "x", "dimensions": 3}):  # fmt: skip
+        assert _post(server, "/v1/embeddings", body).status_code == 400, body
+    off = httpx.post(small_server.url + "/v1/embeddings", json={"input": "x"}, headers={"X-Api-Key": KEY})
+    assert off.status_code == 501 and "--embeddings" in off.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def fim_server(tmp_path_factory):
+    """A tiny random qwen2 whose vocabulary names fill-in-the-middle tokens."""
+    pytest.importorskip("fastapi")
+    from tiny_models import Spec, random_weights, write_gguf
+
+    d = tmp_path_factory.mktemp("fim")
+    spec = Spec("qwen2", qkv_bias=True)
+    fim = {"tokenizer.ggml.fim_pre_token_id": 256, "tokenizer.ggml.fim_suf_token_id": 257,
+           "tokenizer.ggml.fim_mid_token_id": 258}  # fmt: skip
+    path = write_gguf(d / "fim.gguf", spec, random_weights(spec), metadata=fim)
+    s = Server(path, d / "fim.log", "--backend", "reference")
+    try:
+        s.wait_ready()
+        yield s, path
+    finally:
+        s.stop()
+
+
+def test_infill_and_insertions_use_the_models_fill_in_the_middle_prompt(fim_server, server):
+    """/infill (llama-server's), /v1/completions with suffix, /api/generate with suffix: each runs the
+    prompt llama_api.infill_ids builds (the same token count); a model without FIM tokens is refused."""
+    from edgellm import llama_api as la
+    from edgellm.gguf import ModelFile
+    from edgellm.tokenizer import Tokenizer
+
+    s, path = fim_server
+    tok = Tokenizer.from_gguf(ModelFile(path))
+    body = {"input_prefix": "abc(", "input_suffix": ")\n", "prompt": "x", "n_predict": 3, "temperature": 0,
+            "input_extra": [{"filename": "a.py", "text": "import os\n"}]}  # fmt: skip
+    r = httpx.post(s.url + "/infill", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    want = la.infill_ids(tok, "abc(", ")\n", body["input_extra"], "x", n_batch=256, n_predict=3, n_ctx=N_CTX)
+    assert r.json()["tokens_evaluated"] == len(want) and r.json()["tokens_predicted"] == 3
+    comp = httpx.post(
+        s.url + "/v1/completions", json={"prompt": "abc(", "suffix": ")", "max_tokens": 2}
+    ).json()
+    assert comp["usage"]["prompt_tokens"] == len(la.infill_ids(tok, "abc(", ")", n_ctx=N_CTX))
+    fim_name = httpx.get(s.url + "/api/tags").json()["models"][0]["name"]
+    ol = httpx.post(s.url + "/api/generate", json={"model": fim_name, "prompt": "abc(", "suffix": ")", "stream": False,
+                                                 "options": {"num_predict": 2}}).json()  # fmt: skip
+    assert ol["prompt_eval_count"] == comp["usage"]["prompt_tokens"]
+    for bad in ({"input_suffix": ""}, {"input_prefix": 1, "input_suffix": ""},
+                {"input_prefix": "", "input_suffix": "", "input_extra": [{"filename": "a"}]}):  # fmt: skip
+        assert httpx.post(s.url + "/infill", json=bad).status_code == 400, bad
+    no = httpx.post(server.url + "/infill", json={"input_prefix": "a", "input_suffix": "b"})
+    assert no.status_code == 501 and "fill-in-the-middle" in no.json()["error"]["message"]
+    no = _post(server, "/v1/completions", {"prompt": "a", "suffix": "b"})
+    assert no.status_code == 400 and no.json()["error"]["param"] == "suffix"
+    name = httpx.get(server.url + "/api/tags").json()["models"][0]["name"]
+    no = _post(server, "/api/generate", {"model": name, "prompt": "a", "suffix": "b", "stream": False})
+    assert no.status_code == 400 and "does not support insert" in no.json()["error"]["message"]

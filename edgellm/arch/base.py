@@ -98,3 +98,18 @@ class DecoderModel:
     def head(self, x: Any, logits_rows: np.ndarray | None) -> np.ndarray:
         """logits() brought to the host: what forward() returns."""
         return self.backend.to_host(self.logits(x, logits_rows))
+
+    def embeddings(self, tokens: np.ndarray, chunk: int = 512) -> np.ndarray:
+        """Hidden states after the final norm, (N, D) float32 on the host, for one sequence run through a
+        KV cache of its own: what llama.cpp calls t_embd (the input of the output matrix), pooled into
+        embeddings by edgellm/embed.py."""
+        b = self.backend
+        n = len(tokens)
+        kv = self.new_kv_cache(n, 1)
+        out = []
+        for s in range(0, n, chunk):
+            part = np.asarray(tokens[s : s + chunk], np.int64)
+            pos = np.arange(s, s + len(part), dtype=np.int64)
+            x = self.hidden(part, pos, np.zeros(len(part), np.int64), kv)
+            out.append(b.to_host(b.rms_norm(x, self.output_norm, self.config.rms_eps)))
+        return np.concatenate(out, axis=0).astype(np.float32, copy=False)
