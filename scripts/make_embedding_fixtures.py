@@ -31,8 +31,21 @@ def main() -> None:
     for pooling in POOLINGS:
         out[pooling] = {}
         for prompt in PROMPTS:
-            cmd = [f"{a.bin}/llama-embedding", "-m", str(model), "--pooling", pooling, "--embd-normalize", "2",
-                   "--embd-output-format", "json", "-t", "2", "-p", prompt]  # fmt: skip
+            cmd = [
+                f"{a.bin}/llama-embedding",
+                "-m",
+                str(model),
+                "--pooling",
+                pooling,
+                "--embd-normalize",
+                "2",
+                "--embd-output-format",
+                "json",
+                "-t",
+                "2",
+                "-p",
+                prompt,
+            ]
             r = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
             out[pooling][prompt] = [round(x, 7) for x in json.loads(r.stdout)["data"][0]["embedding"]]
     path = Path(__file__).parent.parent / "tests" / "fixtures" / "embeddings" / f"{model.stem}.json"

@@ -864,8 +864,8 @@ def test_infill_and_insertions_use_the_models_fill_in_the_middle_prompt(fim_serv
     ).json()
     assert comp["usage"]["prompt_tokens"] == len(la.infill_ids(tok, "abc(", ")", n_ctx=N_CTX))
     fim_name = httpx.get(s.url + "/api/tags").json()["models"][0]["name"]
-    ol = httpx.post(s.url + "/api/generate", json={"model": fim_name, "prompt": "abc(", "suffix": ")", "stream": False,
-                                                 "options": {"num_predict": 2}}).json()  # fmt: skip
+    gen = {"model": fim_name, "prompt": "abc(", "suffix": ")", "stream": False, "options": {"num_predict": 2}}
+    ol = httpx.post(s.url + "/api/generate", json=gen).json()
     assert ol["prompt_eval_count"] == comp["usage"]["prompt_tokens"]
     for bad in ({"input_suffix": ""}, {"input_prefix": 1, "input_suffix": ""},
                 {"input_prefix": "", "input_suffix": "", "input_extra": [{"filename": "a"}]}):  # fmt: skip
