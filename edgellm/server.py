@@ -34,6 +34,7 @@ from edgellm import llama_api as la
 from edgellm import modelinfo
 from edgellm import ollama_api as ol
 from edgellm import openai_api as oa
+from edgellm import responses_api as ra
 from edgellm.engine import (
     ContextOverflow,
     Engine,
@@ -88,6 +89,7 @@ class State:
     ollama_entry: dict | None = None
     load_error: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    responses: ra.Store = field(default_factory=ra.Store)  # /v1/responses kept for previous_response_id
 
     def ready(self) -> Engine:
         if self.engine is None:
@@ -422,6 +424,17 @@ def create_app(state: State) -> FastAPI:
         )
         return {"embedding": vectors[0].tolist()}
 
+    # -- OpenAI's Responses API (responses_api.py) -----------------------------------------------------
+    @app.post("/v1/responses")
+    @app.post("/responses")
+    async def responses(request: Request):
+        return await _responses(state, request)
+
+    @app.get("/v1/responses/{rid}")
+    async def get_response(rid: str):
+        state.ready()
+        return state.responses.get(rid)[0]
+
     @app.post("/v1/completions")
     async def completions(request: Request):
         return await _generate(state, request, chat=False)
@@ -638,6 +651,80 @@ class _Timings:
 
     def body(self) -> dict[str, float]:
         return la.timings(self.prompt_n, self.prompt_s, self.gen_n, max(0.0, self.total_s - self.prompt_s))
+
+
+async def _responses(state: State, request: Request):
+    """POST /v1/responses: a text turn through the chat template, whole or as the Responses API's
+    named server-sent events; a stored response's conversation continues with previous_response_id."""
+    engine = state.ready()
+    llm = state.llm
+    body = await _json(request, state.config.max_body)
+    p, msgs, echo = ra.parse(body, oa.Limits(llm.n_ctx, llm.model.config.n_vocab))
+    history = state.responses.get(echo["previous_response_id"])[1] if echo["previous_response_id"] else []
+    system = [{"role": "system", "content": echo["instructions"]}] if echo["instructions"] else []
+    convo = [*history, *msgs]  # instructions are not carried over to the next turn (as OpenAI's)
+    p.prompts = [[*system, *convo]]
+    [ids] = await run_in_threadpool(_prompt_ids, llm, p, True, state.config.special_in_messages)
+    streams = _submit(engine, [GenRequest(ids, _params(llm, p), p.max_tokens, tuple(p.stop))])
+    rid, mid, created = oa.new_id("resp"), oa.new_id("msg"), ra.now()
+    usage = request.state.edgellm_usage = [0, 0, 0]
+
+    def finished(text: str, finish: str) -> dict:
+        r = ra.response(rid, mid, state.model_id, created, echo, text, finish, tuple(usage))  # type: ignore[arg-type]
+        if echo["store"]:
+            state.responses.put(r, [*convo, {"role": "assistant", "content": text}])
+        return r
+
+    if not p.stream:
+        texts, finish = [], "stop"
+        try:
+            async for ev in _one_stream(streams, usage):
+                texts.append(ev.text)
+                finish = ev.finish_reason or finish
+        finally:
+            _cancel_all(streams)
+        return finished("".join(texts), finish)
+
+    async def events() -> AsyncIterator[str]:
+        seq = 0
+
+        def event(kind: str, **data: Any) -> str:
+            nonlocal seq
+            seq += 1
+            return (
+                f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': seq - 1, **data})}\n\n"
+            )
+
+        at = {"item_id": mid, "output_index": 0, "content_index": 0}
+        started = ra.response(rid, mid, state.model_id, created, echo, None, None)
+        item = {"type": "message", "id": mid, "status": "in_progress", "role": "assistant", "content": []}
+        empty = {"type": "output_text", "text": "", "annotations": []}
+        try:
+            yield event("response.created", response=started)
+            yield event("response.in_progress", response=started)
+            yield event("response.output_item.added", output_index=0, item=item)
+            yield event("response.content_part.added", **at, part=empty)
+            texts, finish = [], "stop"
+            async for ev in _one_stream(streams, usage):
+                if ev.text:
+                    texts.append(ev.text)
+                    yield event("response.output_text.delta", **at, delta=ev.text, logprobs=[])
+                finish = ev.finish_reason or finish
+            r = finished("".join(texts), finish)
+            out = r["output"][0]
+            yield event("response.output_text.done", **at, text=out["content"][0]["text"], logprobs=[])
+            yield event("response.content_part.done", **at, part=out["content"][0])
+            yield event("response.output_item.done", output_index=0, item=out)
+            yield event(
+                "response.completed" if r["status"] == "completed" else "response.incomplete", response=r
+            )
+        except APIError as e:
+            yield event("error", code=e.code, message=e.message, param=e.param)
+        finally:
+            _cancel_all(streams)
+
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
 
 
 def _embedder(state: State) -> Any:

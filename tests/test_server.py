@@ -617,8 +617,6 @@ def test_ollama_routes_refuse_what_they_cannot_honour_by_name(server):
     assert r.status_code == 404 and "llama3:8b" in r.json()["error"]["message"]
     r = httpx.post(url + "/api/pull", json={"model": "llama3:8b"})
     assert r.status_code == 404 and "offline" in r.json()["error"]["message"]
-    r = httpx.post(url + "/api/embed", json={"model": "", "input": "x"})
-    assert r.status_code == 501
     # runner options are accepted (they change nothing here)
     r = httpx.post(
         url + "/api/generate",
@@ -791,7 +789,7 @@ def test_ignore_eos_generates_to_the_limit(server):
 
 
 # -- embeddings and fill-in-the-middle ---------------------------------------------------------------
-def test_embeddings_on_the_openai_native_and_ollama_routes(server, small_server):
+def test_embeddings_on_the_openai_native_and_ollama_routes(server, fim_server):
     """The openai client (base64 by default, and floats), /embedding (llama-server's shape, raw with
     embd_normalize -1), Ollama's /api/embed and /api/embeddings: one vector per input, the same vector on
     every route; a server started without --embeddings says how to turn them on."""
@@ -821,7 +819,7 @@ def test_embeddings_on_the_openai_native_and_ollama_routes(server, small_server)
     for body in ({"input": ""}, {"input": []}, {"input": 5}, {"input": "x", "encoding_format": "hex"},
                  {"input": "x", "dimensions": 3}):  # fmt: skip
         assert _post(server, "/v1/embeddings", body).status_code == 400, body
-    off = httpx.post(small_server.url + "/v1/embeddings", json={"input": "x"}, headers={"X-Api-Key": KEY})
+    off = httpx.post(fim_server[0].url + "/v1/embeddings", json={"input": "x"})  # no --embeddings there
     assert off.status_code == 501 and "--embeddings" in off.json()["error"]["message"]
 
 
@@ -877,3 +875,59 @@ def test_infill_and_insertions_use_the_models_fill_in_the_middle_prompt(fim_serv
     name = httpx.get(server.url + "/api/tags").json()["models"][0]["name"]
     no = _post(server, "/api/generate", {"model": name, "prompt": "a", "suffix": "b", "stream": False})
     assert no.status_code == 400 and "does not support insert" in no.json()["error"]["message"]
+
+
+# -- OpenAI's Responses API ----------------------------------------------------------------------------
+def test_the_responses_api_with_the_openai_client(server):
+    """client.responses: a whole answer (instructions as the system turn, the same text as chat), a
+    follow-up by previous_response_id that sees the first turn, retrieve, a streamed answer's events in
+    the documented order, and refusals by name."""
+    client = _client(server)
+    q = "What is the capital of France?"
+    r = client.responses.create(
+        model="m", input=q, instructions="Be brief.", max_output_tokens=12, temperature=0
+    )
+    chat = client.chat.completions.create(
+        model="m", max_tokens=12, temperature=0,
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": q}],
+    )  # fmt: skip
+    assert r.object == "response" and r.output_text == chat.choices[0].message.content
+    assert r.status == ("completed" if chat.choices[0].finish_reason == "stop" else "incomplete")
+    assert (
+        r.usage.input_tokens == chat.usage.prompt_tokens
+        and r.usage.output_tokens == chat.usage.completion_tokens
+    )
+    follow = client.responses.create(
+        model="m", input="And of Italy?", previous_response_id=r.id, max_output_tokens=4, temperature=0
+    )
+    # the follow-up's prompt holds the first turn and its answer
+    assert follow.usage.input_tokens > chat.usage.prompt_tokens + r.usage.output_tokens
+    assert follow.previous_response_id == r.id
+    assert client.responses.retrieve(r.id).output_text == r.output_text
+    parts = [{"role": "developer", "content": "Be brief."},
+             {"role": "user", "content": [{"type": "input_text", "text": q}]}]  # fmt: skip
+    same = client.responses.create(model="m", input=parts, max_output_tokens=12, temperature=0)
+    assert same.output_text == r.output_text
+    with client.responses.stream(model="m", input=q, instructions="Be brief.", max_output_tokens=12,
+                                 temperature=0) as s:  # fmt: skip
+        kinds = [ev.type for ev in s]
+    head = [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    tail = ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
+    assert (
+        kinds[:4] == head
+        and kinds[-4:-1] == tail
+        and kinds[-1] in ("response.completed", "response.incomplete")
+    )
+    assert set(kinds[4:-4]) == {"response.output_text.delta"}
+    refusals = [({"tools": [{"type": "web_search"}]}, "tools"),
+                ({"reasoning": {"effort": "low"}}, "reasoning"),
+                ({"input": [{"type": "function_call_output", "output": "x"}]}, "input"),
+                ({"previous_response_id": "resp_nope"}, "previous_response_id")]  # fmt: skip
+    for bad, name in refusals:
+        got = _post(server, "/v1/responses", {"model": "m", "input": "hi", **bad})
+        assert got.status_code in (400, 404) and got.json()["error"]["param"] == name, got.text
