@@ -53,6 +53,7 @@ def serve(
     header_timeout: float = typer.Option(
         10.0, "--header-timeout", help="Seconds a connection has to send its request headers."
     ),
+    no_webui: bool = typer.Option(False, "--no-webui", help="Do not serve the chat page at /."),
     embeddings: bool = typer.Option(
         False, "--embeddings", help="Serve /v1/embeddings, /embedding and /api/embed."
     ),
@@ -109,10 +110,12 @@ def serve(
         cors_origins=tuple(o.strip() for o in (cors_origins or "").split(",") if o.strip()),
         embeddings=embeddings,
         pooling=pooling,
+        webui=not no_webui,
     )
 
     def ready(state) -> None:
-        print(f"edgellm serving {state.model_id} on http://{host}:{port}", file=sys.stderr, flush=True)
+        page = f" (chat page: http://{host}:{port}/)" if config.webui else ""
+        print(f"edgellm serving {state.model_id} on http://{host}:{port}{page}", file=sys.stderr, flush=True)
 
     def listening() -> None:  # after the port is bound: a busy port never prints this
         print(

@@ -75,6 +75,7 @@ class ServerConfig:
     cors_origins: tuple[str, ...] = ()  # origins a browser page may call from ("*": any)
     embeddings: bool = False  # serve /v1/embeddings, /embedding and /api/embed (llama-server's --embeddings)
     pooling: str | None = None  # embeddings' pooling (default: the file's, else "last")
+    webui: bool = True  # the chat page at /
 
 
 @dataclass
@@ -198,6 +199,12 @@ def create_app(state: State) -> FastAPI:
     async def _internal(request: Request, e: Exception):
         log.exception("internal error on %s", request.url.path)
         return _error(APIError(500, f"internal error: {type(e).__name__}", "server_error"))
+
+    if state.config.webui:
+
+        @app.get("/", include_in_schema=False)
+        async def webui():  # the chat page (edgellm/web/index.html): no key needed, it holds no data
+            return Response(_webui_html(), media_type="text/html; charset=utf-8", headers=_WEBUI_HEADERS)
 
     @app.get("/health")
     async def health():
@@ -447,8 +454,23 @@ def create_app(state: State) -> FastAPI:
     return app
 
 
+_WEBUI_HEADERS = {  # the page runs only its own inline script and talks only to this server
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-cache",
+}
+
+
+def _webui_html() -> bytes:
+    from importlib.resources import files
+
+    return files("edgellm").joinpath("web/index.html").read_bytes()
+
+
 class _RequireKey:
-    """ASGI middleware: every route but /health needs `Authorization: Bearer KEY` (constant-time check).
+    """ASGI middleware: every route but /health and / (the chat page, which asks for the key) needs
+    `Authorization: Bearer KEY` or `X-Api-Key: KEY` (constant-time check).
     Plain ASGI rather than FastAPI's http middleware, which buffers streamed responses through a task."""
 
     def __init__(self, app: Any, key: str):
@@ -456,7 +478,7 @@ class _RequireKey:
         self.key = key.encode()
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] == "http" and scope.get("path") != "/health":
+        if scope["type"] == "http" and scope.get("path") not in ("/health", "/"):
             headers = dict(scope.get("headers") or [])
             given = headers.get(b"authorization", b"")
             token = given[7:] if given[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"")
