@@ -54,6 +54,7 @@ def serve(
         10.0, "--header-timeout", help="Seconds a connection has to send its request headers."
     ),
     no_webui: bool = typer.Option(False, "--no-webui", help="Do not serve the chat page at /."),
+    slots: bool = typer.Option(True, "--slots/--no-slots", help="Serve the read-only GET /slots."),
     embeddings: bool = typer.Option(
         False, "--embeddings", help="Serve /v1/embeddings, /embedding and /api/embed."
     ),
@@ -111,6 +112,7 @@ def serve(
         embeddings=embeddings,
         pooling=pooling,
         webui=not no_webui,
+        slots=slots,
     )
 
     def ready(state) -> None:

@@ -11,6 +11,7 @@ fields are the OpenAI route's (openai_api.py), so what that route refuses is ref
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from edgellm import openai_api as oa
@@ -105,6 +106,9 @@ def generation_settings(params: Any, n_ctx: int, max_tokens: int | None, stops: 
         "presence_penalty": params.presence_penalty,
         "frequency_penalty": params.frequency_penalty,
         "seed": -1 if params.seed is None else params.seed,
+        "logit_bias": [  # llama-server's shape: -inf (a ban) is null in JSON
+            {"token": t, "bias": None if math.isinf(b) else b} for t, b in (params.logit_bias or {}).items()
+        ],
         "stop": list(stops),
         "stream": False,
     }

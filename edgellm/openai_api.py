@@ -357,8 +357,9 @@ def parse_detokenize(body: Any, n_vocab: int) -> list[int]:
 # ---------------------------------------------------------------------------------------------- responses
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+def new_id(prefix: str, sep: str = "-") -> str:
+    """A fresh object id in OpenAI's form: "chatcmpl-…", "cmpl-…"; the Responses API's use "_" (resp_…)."""
+    return f"{prefix}{sep}{uuid.uuid4().hex[:24]}"
 
 
 def usage_body(prompt: int, completion: int, cached: int) -> dict[str, Any]:

@@ -76,6 +76,7 @@ class ServerConfig:
     embeddings: bool = False  # serve /v1/embeddings, /embedding and /api/embed (llama-server's --embeddings)
     pooling: str | None = None  # embeddings' pooling (default: the file's, else "last")
     webui: bool = True  # the chat page at /
+    slots: bool = True  # the read-only GET /slots (llama-server's --slots / --no-slots)
 
 
 @dataclass
@@ -310,6 +311,10 @@ def create_app(state: State) -> FastAPI:
     @app.get("/slots")
     async def slots():
         engine = state.ready()
+        if not state.config.slots:
+            raise APIError(
+                501, "the slots endpoint is off on this server (--no-slots)", "not_supported_error"
+            )
         busy = {s.slot: s for s in list(engine.sched.running)}
         return [
             {"id": i, "n_ctx": state.llm.n_ctx, "is_processing": i in busy,
@@ -688,7 +693,7 @@ async def _responses(state: State, request: Request):
     p.prompts = [[*system, *convo]]
     [ids] = await run_in_threadpool(_prompt_ids, llm, p, True, state.config.special_in_messages)
     streams = _submit(engine, [GenRequest(ids, _params(llm, p), p.max_tokens, tuple(p.stop))])
-    rid, mid, created = oa.new_id("resp"), oa.new_id("msg"), ra.now()
+    rid, mid, created = oa.new_id("resp", "_"), oa.new_id("msg", "_"), ra.now()
     usage = request.state.edgellm_usage = [0, 0, 0]
 
     def finished(text: str, finish: str) -> dict:

@@ -22,7 +22,8 @@ VALUED = {"--port": "--port", "--host": "--host", "--alias": "--alias", "--ctx-s
           "--parallel": "--parallel", "-np": "--parallel", "--api-key": "--api-key", "--threads": "-t",
           "--batch-size": "-b", "--pooling": "--pooling", "--chat-template": "--chat-template",
           "--chat-template-file": "--chat-template", "--cors-origins": "--cors-origins"}  # fmt: skip
-SWITCHES = {"--embedding": "--embeddings", "--embeddings": "--embeddings", "--no-ui": "--no-webui"}
+SWITCHES = {"--embedding": "--embeddings", "--embeddings": "--embeddings", "--no-ui": "--no-webui",
+            "--slots": "--slots", "--no-slots": "--no-slots"}  # fmt: skip
 
 
 def translate(argv: list[str]) -> tuple[list[str], list[str], dict[str, str]]:

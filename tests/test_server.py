@@ -786,6 +786,12 @@ def test_ignore_eos_generates_to_the_limit(server):
     assert short["choices"][0]["finish_reason"] == "stop", short
     forced = _post(server, "/v1/chat/completions", dict(body, ignore_eos=True)).json()
     assert forced["choices"][0]["finish_reason"] == "length" and forced["usage"]["completion_tokens"] == 24
+    native = _post(server, "/completion", {"prompt": "Hi", "n_predict": 2, "ignore_eos": True}).json()
+    bans = native["generation_settings"]["logit_bias"]  # llama-server's shape: a ban's -inf is null
+    assert bans and all(b["bias"] is None for b in bans)
+    assert {b["token"] for b in bans} >= {2}  # SmolLM2's <|im_end|>
+    plain = _post(server, "/completion", {"prompt": "Hi", "n_predict": 1}).json()
+    assert plain["generation_settings"]["logit_bias"] == []
 
 
 # -- embeddings and fill-in-the-middle ---------------------------------------------------------------
@@ -834,7 +840,7 @@ def fim_server(tmp_path_factory):
     fim = {"tokenizer.ggml.fim_pre_token_id": 256, "tokenizer.ggml.fim_suf_token_id": 257,
            "tokenizer.ggml.fim_mid_token_id": 258}  # fmt: skip
     path = write_gguf(d / "fim.gguf", spec, random_weights(spec), metadata=fim)
-    s = Server(path, d / "fim.log", "--backend", "reference")
+    s = Server(path, d / "fim.log", "--backend", "reference", "--no-slots")
     try:
         s.wait_ready()
         yield s, path
@@ -868,6 +874,7 @@ def test_infill_and_insertions_use_the_models_fill_in_the_middle_prompt(fim_serv
     for bad in ({"input_suffix": ""}, {"input_prefix": 1, "input_suffix": ""},
                 {"input_prefix": "", "input_suffix": "", "input_extra": [{"filename": "a"}]}):  # fmt: skip
         assert httpx.post(s.url + "/infill", json=bad).status_code == 400, bad
+    assert httpx.get(s.url + "/slots").status_code == 501  # --no-slots
     no = httpx.post(server.url + "/infill", json={"input_prefix": "a", "input_suffix": "b"})
     assert no.status_code == 501 and "fill-in-the-middle" in no.json()["error"]["message"]
     no = _post(server, "/v1/completions", {"prompt": "a", "suffix": "b"})
@@ -892,6 +899,7 @@ def test_the_responses_api_with_the_openai_client(server):
         messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": q}],
     )  # fmt: skip
     assert r.object == "response" and r.output_text == chat.choices[0].message.content
+    assert r.id.startswith("resp_") and r.output[0].id.startswith("msg_")
     assert r.status == ("completed" if chat.choices[0].finish_reason == "stop" else "incomplete")
     assert (
         r.usage.input_tokens == chat.usage.prompt_tokens
