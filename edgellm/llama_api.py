@@ -91,6 +91,16 @@ def timings(n_prompt: int, prompt_s: float, n_gen: int, gen_s: float) -> dict[st
     }
 
 
+def active_samplers(params: Any) -> list[str]:
+    """The steps of the request's chain, under llama-server's names, in order."""
+    on = {
+        "penalties": params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty,
+        "top_k": params.top_k > 0, "typ_p": params.typical_p < 1.0, "top_p": params.top_p < 1.0,
+        "min_p": params.min_p > 0.0, "temperature": params.temperature != 1.0,
+    }  # fmt: skip
+    return [n for n in oa.SAMPLER_ORDER if on.get(n)]
+
+
 def generation_settings(params: Any, n_ctx: int, max_tokens: int | None, stops: list[str]) -> dict[str, Any]:
     """The sampling the request ran with, under llama-server's names."""
     return {
@@ -110,6 +120,7 @@ def generation_settings(params: Any, n_ctx: int, max_tokens: int | None, stops: 
             {"token": t, "bias": None if math.isinf(b) else b} for t, b in (params.logit_bias or {}).items()
         ],
         "stop": list(stops),
+        "samplers": active_samplers(params),
         "stream": False,
     }
 

@@ -112,7 +112,6 @@ LLAMA_SERVER_UNSUPPORTED: list[tuple[str, Callable[[Any], bool], str]] = [
     ("dry_multiplier", lambda v: v == 0, "DRY sampling is not supported"),
     ("xtc_probability", lambda v: v == 0, "XTC sampling is not supported"),
     ("top_n_sigma", lambda v: v in (-1, 0), "top-n-sigma sampling is not supported"),
-    ("samplers", lambda v: False, "a custom sampler order is not supported"),
     ("post_sampling_probs", lambda v: v is False, "post-sampling probabilities are not supported"),
     ("lora", lambda v: v == [], "LoRA adapters are not supported"),
     ("image_data", lambda v: v == [], "images are not supported"),
@@ -161,6 +160,10 @@ def _sampling(body: dict, lim: Limits) -> dict[str, Any]:
     ):
         if value is not None:
             out[name] = value
+    chain = samplers(body)
+    for name, neutral in _SAMPLER_OFF.items():
+        if chain is not None and name not in chain:
+            out.update(neutral)
     seed = _integer(body, "seed", -(1 << 63), (1 << 64) - 1)
     if seed is not None:
         out["seed"] = None if seed == -1 else seed % (1 << 64)  # -1: random, as llama.cpp's server
@@ -183,6 +186,54 @@ def _sampling(body: dict, lim: Limits) -> dict[str, Any]:
             parsed[int(k)] = float(v)
         out["logit_bias"] = parsed
     return out
+
+
+# llama-server's `samplers`: names and one-letter codes (common/sampling.cpp), in the order of edgellm's chain
+# (common_params_sampling's default order). dry, top_n_sigma and xtc do nothing at their defaults (their
+# other values are refused by name), so a list may name them.
+SAMPLER_ORDER = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
+_SAMPLER_CODES = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
+                  "m": "min_p", "x": "xtc", "t": "temperature"}  # fmt: skip
+_SAMPLER_ALIASES = {"nucleus": "top_p", "temp": "temperature", "typ": "typ_p", "typical_p": "typ_p",
+                    "top-k": "top_k", "top-p": "top_p", "min-p": "min_p"}  # fmt: skip
+# what leaving a sampler out of the list means: its step is skipped (the request's value for it too)
+_SAMPLER_OFF = {"penalties": {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0},
+                "top_k": {"top_k": 0}, "typ_p": {"typical_p": 1.0}, "top_p": {"top_p": 1.0},
+                "min_p": {"min_p": 0.0}, "temperature": {"temperature": 1.0}}  # fmt: skip
+
+
+def samplers(body: dict) -> list[str] | None:
+    """llama-server's `samplers` (a list of names or a string of codes such as "edkypmxt") as canonical
+    names, or None when not given. A list in another order than edgellm's chain, or naming a sampler
+    edgellm lacks (infill, adaptive_p), is refused."""
+    v = body.get("samplers")
+    if v is None:
+        return None
+    if isinstance(v, str):
+        unknown = [c for c in v if c not in _SAMPLER_CODES]
+        if unknown:
+            raise bad(
+                "samplers",
+                f"unknown or unsupported sampler code {unknown[0]!r}",
+                code="unsupported_parameter",
+            )
+        names = [_SAMPLER_CODES[c] for c in v]
+    elif isinstance(v, list) and all(isinstance(x, str) for x in v):
+        names = [_SAMPLER_ALIASES.get(x.lower(), x.lower()) for x in v]
+        unknown = [x for x in names if x not in SAMPLER_ORDER]
+        if unknown:
+            raise bad(
+                "samplers", f"unknown or unsupported sampler {unknown[0]!r}", code="unsupported_parameter"
+            )
+    else:
+        raise bad("samplers", "must be a list of sampler names or a string of sampler codes")
+    ranks = [SAMPLER_ORDER.index(x) for x in names]
+    if ranks != sorted(ranks) or len(set(ranks)) != len(ranks):
+        raise bad(
+            "samplers", f"edgellm runs its samplers in one order ({', '.join(SAMPLER_ORDER)}); a list may "
+            "leave some out but not reorder or repeat them", code="unsupported_parameter",
+        )  # fmt: skip
+    return names
 
 
 def _stop(body: dict) -> list[str]:

@@ -467,6 +467,24 @@ def test_logit_bias_keys_must_be_ascii_digits(key):
     assert oa.parse_chat(dict(body, logit_bias={"12": 1}), lim).sampling["logit_bias"] == {12: 1.0}
 
 
+def test_llama_servers_samplers_list_skips_the_steps_it_leaves_out():
+    from edgellm import openai_api as oa
+
+    lim = oa.Limits(n_ctx=512, n_vocab=49152)
+    body = {"prompt": "hi", "top_p": 0.5, "top_k": 7, "min_p": 0.2, "repeat_penalty": 1.3}
+    s = oa.parse_completion(dict(body, samplers=["top_k", "temperature"]), lim).sampling
+    assert s["top_k"] == 7 and s["top_p"] == 1.0 and s["min_p"] == 0.0 and s["repeat_penalty"] == 1.0
+    assert (
+        oa.parse_completion(dict(body, samplers="edkypmxt"), lim).sampling
+        == oa.parse_completion(body, lim).sampling
+    )
+    assert oa.parse_completion(dict(body, samplers="pm"), lim).sampling["top_k"] == 0
+    for bad in (["temperature", "top_k"], ["top_k", "top_k"], ["mirostat"], "kq", 5, ["infill"]):
+        with pytest.raises(oa.APIError) as e:
+            oa.parse_completion(dict(body, samplers=bad), lim)
+        assert e.value.param == "samplers"
+
+
 @pytest.mark.parametrize(
     "field,value",
     [
