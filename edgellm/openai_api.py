@@ -533,11 +533,12 @@ MAX_EMBED_INPUTS = 2048  # OpenAI's limit on inputs per embeddings request
 
 
 def parse_embeddings(body: Any, lim: Limits, key: str = "input") -> list[str | list[int]]:
-    """POST /v1/embeddings `input` (llama-server's /embedding also takes `content`): a string, a list of
-    strings, token ids, or a list of token-id lists. `encoding_format` is checked by embeddings_body."""
+    """POST /v1/embeddings `input` (or `content`, as llama-server takes it; `input` wins): a string, a list
+    of strings, token ids, or a list of token-id lists; `key` names the field in errors when neither is
+    there."""
     if not isinstance(body, dict):
         raise bad("", "the request body must be a JSON object")
-    name = key if key in body or "content" not in body else "content"
+    name = "input" if "input" in body else ("content" if "content" in body else key)
     x = body.get(name)
     if isinstance(x, str):
         items: list[Any] = [x]

@@ -382,7 +382,6 @@ def create_app(state: State) -> FastAPI:
 
     # -- embeddings (edgellm/embed.py) ------------------------------------------------------------------
     @app.post("/v1/embeddings")
-    @app.post("/embeddings")  # llama-server's alias
     async def embeddings(request: Request):
         llm = _embedder(state)
         body = await _json(request, state.config.max_body)
@@ -397,6 +396,7 @@ def create_app(state: State) -> FastAPI:
         return oa.embeddings_body(vectors, state.model_id, n, body.get("encoding_format", "float"))
 
     @app.post("/embedding")  # llama-server's native shape: one entry per input, its vectors as a list
+    @app.post("/embeddings")  # as llama-server maps it: the native shape (OpenAI's is /v1/embeddings)
     async def native_embedding(request: Request):
         llm = _embedder(state)
         body = await _json(request, state.config.max_body)
