@@ -1,13 +1,12 @@
-"""`edgellm serve`: an OpenAI-compatible HTTP server (FastAPI + uvicorn) over the continuous-batching
-Engine.
-
-Routes: POST /v1/chat/completions and /v1/completions (whole or streamed as server-sent events ending in
-`data: [DONE]`), GET /v1/models, GET /health (503 while the model loads, then 200), GET /metrics
-(Prometheus text), POST /tokenize and /detokenize (llama.cpp's shapes). Every error is OpenAI's error
-JSON with its status: 400 bad parameters, 401 bad key, 404, 405, 413 body too large, 429 queue full,
-503 loading or shutting down; bad input never gets a 500. With an API key set, every route but /health
-needs `Authorization: Bearer KEY`. SIGTERM stops new requests, lets running streams finish for a grace
-period, then ends them with an error event and `[DONE]`.
+"""`edgellm serve`: an HTTP server (FastAPI + uvicorn) over the continuous-batching Engine that speaks
+OpenAI's API (/v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, /v1/models),
+llama-server's (/completion, /infill, /embedding, /tokenize, /detokenize, /apply-template, /props, /slots,
+/health, /metrics) and Ollama's (/api/*), and serves a chat page at /. docs/serving.md lists every route
+and field. Whole answers or streams (server-sent events; Ollama: NDJSON). Every error is OpenAI's error
+JSON with its status: 400 bad parameters (naming the field), 401 bad key, 404, 405, 413 body too large,
+429 queue full, 501 a route this server or model cannot serve, 503 loading or shutting down; bad input
+never gets a 500. With an API key set, every route but /health and / needs it. SIGTERM stops new
+requests, lets running streams finish for a grace period, then ends them with an error event.
 """
 
 from __future__ import annotations
