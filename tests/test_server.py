@@ -492,6 +492,9 @@ def test_llama_servers_samplers_list_skips_the_steps_it_leaves_out():
         ("json_schema", {"type": "object"}),
         ("mirostat", 2),
         ("dry_multiplier", 0.8),
+        ("n_indent", 4),
+        ("t_max_predict_ms", 500),
+        ("min_keep", 2),
         ("n_probs", 3),
     ],  # n_probs: the OpenAI routes ask with logprobs
 )
