@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -962,3 +963,40 @@ def test_the_responses_api_with_the_openai_client(server):
     for bad, name in refusals:
         got = _post(server, "/v1/responses", {"model": "m", "input": "hi", **bad})
         assert got.status_code in (400, 404) and got.json()["error"]["param"] == name, got.text
+
+
+CURL_ROUTES = [  # (method, path, body): every route the issue lists, as curl sends it
+    ("GET", "/health", None), ("GET", "/metrics", None), ("GET", "/props", None), ("GET", "/slots", None),
+    ("GET", "/models", None), ("GET", "/v1/models", None), ("GET", "/openapi.json", None), ("GET", "/", None),
+    ("POST", "/completion", {"prompt": "Hi", "n_predict": 2}),
+    ("POST", "/completions", {"prompt": "Hi", "n_predict": 2}),
+    ("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2}),
+    ("POST", "/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}),
+    ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}),
+    ("POST", "/v1/responses", {"input": "Hi", "max_output_tokens": 2}),
+    ("POST", "/responses", {"input": "Hi", "max_output_tokens": 2}),
+    ("POST", "/embedding", {"content": "Hi"}), ("POST", "/embeddings", {"input": "Hi"}),
+    ("POST", "/v1/embeddings", {"input": "Hi"}),
+    ("POST", "/tokenize", {"content": "Hi"}), ("POST", "/detokenize", {"tokens": [1, 2]}),
+    ("POST", "/apply-template", {"messages": [{"role": "user", "content": "Hi"}]}),
+    ("GET", "/api/tags", None), ("GET", "/api/version", None), ("GET", "/api/ps", None),
+    ("POST", "/api/show", {"model": "SmolLM2-135M-Instruct.Q4_1"}),
+    ("POST", "/api/pull", {"model": "SmolLM2-135M-Instruct.Q4_1", "stream": False}),
+    ("POST", "/api/generate", {"model": "SmolLM2-135M-Instruct.Q4_1", "prompt": "Hi", "stream": False,
+                               "options": {"num_predict": 2}}),
+    ("POST", "/api/chat", {"model": "SmolLM2-135M-Instruct.Q4_1", "stream": False,
+                           "options": {"num_predict": 2}, "messages": [{"role": "user", "content": "Hi"}]}),
+    ("POST", "/api/embed", {"model": "SmolLM2-135M-Instruct.Q4_1", "input": "Hi"}),
+    ("POST", "/api/embeddings", {"model": "SmolLM2-135M-Instruct.Q4_1", "prompt": "Hi"}),
+]  # fmt: skip
+
+
+@pytest.mark.skipif(not shutil.which("curl"), reason="needs curl")
+def test_curl_reaches_every_route(server):
+    for method, path, body in CURL_ROUTES:
+        cmd = ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "-X", method, server.url + path]
+        if body is not None:
+            cmd += ["-H", "Content-Type: application/json", "-d", json.dumps(body)]
+        code = subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
+        assert code == "200", (method, path, code)
+    # and /infill on a model that has fill-in-the-middle tokens is in the infill test
