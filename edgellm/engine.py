@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from edgellm import structured
 from edgellm.generate import StopMatcher
 from edgellm.kvcache import PagedKV
 from edgellm.sampler import RowSampler, Sampler, SamplingParams
@@ -65,6 +66,7 @@ class GenRequest:
     max_tokens: int | None = None  # None: until the context is full
     stop: Sequence[str] = ()
     logprobs: int | None = None  # None: no log-probabilities; k >= 0: the sampled token's and the top k
+    grammar: str | None = None  # a compiled constraint (Engine.compile_grammar): the output must match it
 
 
 class TokenLogprob(NamedTuple):
@@ -156,9 +158,10 @@ class Stream:
 class _Seq(SeqState):
     """Engine-side state of one sequence: its request, stream, sampler, detokenizer and stop matcher."""
 
-    def __init__(self, req: GenRequest, stream: Stream, tokenizer: Any):
+    def __init__(self, req: GenRequest, stream: Stream, tokenizer: Any, guided: Any = None):
         super().__init__(req.prompt_ids)
         self.req = req
+        self.constraint = structured.Constraint(req.grammar, guided) if req.grammar else None
         self.stream = stream
         self.sampler = RowSampler(req.params)
         self.detok = tokenizer.stream()
@@ -254,11 +257,23 @@ class Engine:
             raise RequestRejected(f"token id {bad[0]} is outside the vocabulary of {n_vocab}")
         req.params.validate(n_vocab)
 
+    def compile_grammar(self, grammar: structured.Grammar) -> str:
+        """A constraint compiled for this model's vocabulary, for GenRequest.grammar; GrammarError (a
+        RequestRejected's kind of fault: the request's) names what is wrong."""
+        n_vocab = self.model.config.n_vocab
+        return structured.compile_grammar(grammar, structured.guided_tokenizer(self, self.tokenizer, n_vocab))
+
     def submit(self, req: GenRequest, loop: asyncio.AbstractEventLoop | None = None) -> Stream:
         """Queue a request; its events arrive on the returned Stream (async if `loop` is given)."""
         self.check(req)
         stream = Stream(self, loop)
-        seq = _Seq(req, stream, self.tokenizer)
+        guided = None
+        if req.grammar:
+            guided = structured.guided_tokenizer(self, self.tokenizer, self.model.config.n_vocab)
+        try:
+            seq = _Seq(req, stream, self.tokenizer, guided)
+        except structured.GrammarError as e:
+            raise RequestRejected(str(e)) from None
         with self._lock:
             if not self._accepting:
                 raise ShuttingDown("the server is shutting down")
@@ -461,10 +476,20 @@ class Engine:
             self._finish(s, "stop")
             return
         s.tokens.append(tok)
+        if s.constraint is not None:
+            try:
+                s.constraint.consume(tok)
+            except structured.GrammarError as e:
+                self._finish(s, "error", f"internal error: {e}")
+                return
         text, hit = s.stop.push(s.detok.push(tok))
         if hit:
             s.stream._push(Event(text, tok, logprob=lp))
             self._finish(s, "stop", flush=False)  # what follows the stop string is dropped
+            return
+        if s.constraint is not None and s.constraint.done:  # the grammar is complete: nothing can follow
+            s.stream._push(Event(text, tok, logprob=lp))
+            self._finish(s, "stop")
             return
         limit = s.req.max_tokens is not None and s.n_generated >= s.req.max_tokens
         if limit or len(s.tokens) >= self.n_ctx:
@@ -520,12 +545,24 @@ class ModelRunner:
     def __init__(self, model: Any, cache: Any):
         self.model = model
         self.cache = cache
+        self._masker: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def _masks(self, batch: Sequence[Scheduled]) -> dict[_Seq, concurrent.futures.Future]:
+        """Start the next-token masks of the constrained sequences this step samples, on a worker thread
+        (llguidance releases the GIL), so they are computed while the forward runs."""
+        seqs = [s for s, k in batch if s.constraint is not None and s.n_computed + k == len(s.tokens)]
+        if not seqs:
+            return {}
+        if self._masker is None:
+            self._masker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="edgellm-mask")
+        return {s: self._masker.submit(s.constraint.allowed) for s in seqs}
 
     def execute(self, batch: Sequence[Scheduled]) -> RunnerOutput:
         out = RunnerOutput()
+        masks = self._masks(batch)
         logits_of = self._forward(batch, out)
         out.n_rows = len(logits_of)
-        self._sample([s for s, _ in batch if s in logits_of], logits_of, out)
+        self._sample([s for s, _ in batch if s in logits_of], logits_of, out, masks)
         for s, tok in out.sampled.items():
             if s.req.logprobs is not None:
                 out.logprobs[s] = token_logprob(np.asarray(logits_of[s]), tok, s.req.logprobs)
@@ -569,7 +606,8 @@ class ModelRunner:
             np.concatenate(ids).astype(np.int64),
             self.cache,
         )
-        full = any(s.req.logprobs is not None for s in want)  # log-probabilities need whole rows
+        # log-probabilities and constraints need whole rows
+        full = any(s.req.logprobs is not None or s.constraint is not None for s in want)
         decode = len(want) == n
         if decode and not full and all(s.sampler.is_greedy and not s.sampler.pre for s in want):
             # all decode, all plain greedy: only the argmax ids leave the backend (a device keeps logits)
@@ -586,9 +624,12 @@ class ModelRunner:
             logits = self.model.forward(*args, logits_rows=np.asarray(rows, np.int64))
         return {s: logits[i] for i, s in enumerate(want)}
 
-    def _sample(self, seqs: list[_Seq], logits_of: dict[_Seq, Any], out: RunnerOutput) -> None:
+    def _sample(
+        self, seqs: list[_Seq], logits_of: dict[_Seq, Any], out: RunnerOutput, masks: dict | None = None
+    ) -> None:
         """Sample one token for each sequence in one batched pass (rows that fail fail alone). A sequence
-        whose value is already a token id (decode_greedy) takes it; -1 means its logits were not finite."""
+        whose value is already a token id (decode_greedy) takes it; -1 means its logits were not finite.
+        A constrained row's disallowed tokens are set to -inf first (`masks`)."""
         for s in seqs:
             v = logits_of[s]
             if isinstance(v, int) and v < 0:
@@ -606,6 +647,21 @@ class ModelRunner:
         if not seqs:
             return
         x = np.stack([logits_of[s] for s in seqs])
+        for i, s in enumerate(seqs):
+            if masks and s in masks:
+                try:
+                    allowed = masks[s].result()
+                except Exception as e:  # noqa: BLE001 - the row fails alone
+                    out.failed.append((s, f"the constraint failed: {e}", 500))
+                    continue
+                x[i, : len(allowed)][~allowed] = -np.inf
+                x[i, len(allowed) :] = -np.inf
+        failed = {f[0] for f in out.failed}
+        if failed:
+            keep = [i for i, s in enumerate(seqs) if s not in failed]
+            seqs, x = [seqs[i] for i in keep], x[keep]
+            if not seqs:
+                return
         sampler = Sampler()
         sampler.rows = [s.sampler for s in seqs]
         try:

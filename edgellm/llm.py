@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from edgellm import embed, store
+from edgellm import embed, store, structured
 from edgellm.arch import load_model, matrices
 from edgellm.backends import get_backend
 from edgellm.chat import ChatTemplate
@@ -41,6 +41,30 @@ def _contents(messages: list[dict[str, Any]]) -> list[str]:
             if isinstance(args, str):
                 out.append(args)
     return [c for c in out if c]
+
+
+def _constraint(response_format: Any, grammar: Any) -> structured.Grammar | None:
+    """generate/stream/chat's `response_format` ("json", OpenAI's dict, or a structured.Grammar) and
+    `grammar` (GBNF or Lark text, or a structured.Grammar) as one constraint."""
+    if response_format is not None and grammar is not None:
+        raise ValueError("give response_format or grammar, not both")
+    if isinstance(response_format, structured.Grammar) or isinstance(grammar, structured.Grammar):
+        return response_format or grammar
+    if response_format == "json":
+        return structured.Grammar("json_object")
+    if response_format is not None:
+        from edgellm.openai_api import APIError
+        from edgellm.openai_api import response_format as parse
+
+        try:
+            return parse(response_format)
+        except APIError as e:
+            raise ValueError(e.message) from None
+    if grammar is not None:
+        if not isinstance(grammar, str):
+            raise ValueError("grammar must be GBNF or Lark text, or a structured.Grammar")
+        return structured.Grammar("gbnf", grammar)  # llguidance reads Lark as well as GBNF here
+    return None
 
 
 @dataclass
@@ -240,13 +264,16 @@ class LLM:
             raise ValueError(
                 f"max_tokens must be at least 1 (or None: until the context is full), got {max_tokens}"
             )
+        sampling = dict(sampling)
+        constraint = _constraint(sampling.pop("response_format", None), sampling.pop("grammar", None))
+        compiled = self.engine.compile_grammar(constraint) if constraint is not None else None
         reqs = []
         for i, p in enumerate(prompts):
             ids = p if raw_ids else self.tokenize(p, add_special=True, parse_special=False)
             params = self.params(**sampling)
             if params.seed is not None and len(prompts) > 1:
                 params = replace(params, seed=params.seed + i)  # distinct but reproducible streams
-            reqs.append(GenRequest(list(ids), params, max_tokens, tuple(stop or ())))
+            reqs.append(GenRequest(list(ids), params, max_tokens, tuple(stop or ()), grammar=compiled))
         return reqs
 
     def _run(self, reqs: list[GenRequest]) -> Iterator[Chunk]:

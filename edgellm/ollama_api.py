@@ -105,10 +105,24 @@ def _refuse(body: dict, name: str, ok: Any, why: str) -> None:
 
 
 def _common_refusals(body: dict) -> None:
-    _refuse(body, "format", lambda v: v == "", "structured output (format) is not supported yet")
     _refuse(body, "images", lambda v: v == [], "images are not supported")
     _refuse(body, "tools", lambda v: v == [], "tools are not supported yet")
     _refuse(body, "think", lambda v: v is False, "thinking control is not supported")
+
+
+def output_format(body: dict) -> Any:
+    """Ollama's `format`: "json" (a JSON object) or a JSON schema, as a
+    structured.Grammar; None for free text."""
+    from edgellm.structured import Grammar
+
+    f = body.get("format")
+    if f in (None, ""):
+        return None
+    if f == "json":
+        return Grammar("json_object")
+    if isinstance(f, dict):
+        return Grammar("json_schema", f)
+    raise oa.bad("format", 'must be "json" or a JSON schema object')
 
 
 def model_name(body: dict) -> str:
@@ -135,6 +149,7 @@ def parse_generate(body: Any, n_ctx: int) -> dict[str, Any]:
     sampling, max_tokens, stop = parse_options(body, n_ctx)
     return dict(
         model=model_name(body), prompt=prompt, system=system, raw=bool(body.get("raw")), suffix=suffix,
+        format=output_format(body),
         stream=body.get("stream", True) is not False, sampling=sampling, max_tokens=max_tokens, stop=stop,
     )  # fmt: skip
 
@@ -159,6 +174,7 @@ def parse_chat(body: Any, n_ctx: int) -> dict[str, Any]:
     sampling, max_tokens, stop = parse_options(body, n_ctx)
     return dict(
         model=model_name(body), messages=[{"role": m["role"], "content": m.get("content", "")} for m in msgs],
+        format=output_format(body),
         stream=body.get("stream", True) is not False, sampling=sampling, max_tokens=max_tokens, stop=stop,
     )  # fmt: skip
 

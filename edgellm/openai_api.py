@@ -105,8 +105,6 @@ def _refuse_if_set(body: dict, name: str, ok: Callable[[Any], bool], why: str) -
 
 # (field, "this value is the same as not sending it", why) for llama-server request fields not honoured
 LLAMA_SERVER_UNSUPPORTED: list[tuple[str, Callable[[Any], bool], str]] = [
-    ("grammar", lambda v: v in ("", None), "grammars are not supported yet"),
-    ("json_schema", lambda v: v in ({}, None), "json_schema is not supported yet"),
     ("mirostat", lambda v: v == 0, "mirostat sampling is not supported"),
     ("dynatemp_range", lambda v: v == 0, "dynamic temperature is not supported"),
     ("dry_multiplier", lambda v: v == 0, "DRY sampling is not supported"),
@@ -125,8 +123,8 @@ LLAMA_SERVER_UNSUPPORTED: list[tuple[str, Callable[[Any], bool], str]] = [
     ("reasoning_budget_tokens", lambda v: v == -1, "a reasoning budget is not supported"),
     ("reasoning_format", lambda v: v in ("none", ""), "reasoning extraction is not supported"),
     ("parse_tool_calls", lambda v: v is False, "tool calls are not supported"),
-    ("grammar_lazy", lambda v: v is False, "grammars are not supported yet"),
-    ("grammar_triggers", lambda v: v == [], "grammars are not supported yet"),
+    ("grammar_lazy", lambda v: v is False, "lazy grammars (triggered by a word) are not supported"),
+    ("grammar_triggers", lambda v: v == [], "lazy grammars (triggered by a word) are not supported"),
     ("preserved_tokens", lambda v: v == [], "preserved_tokens is not supported"),
     ("lora", lambda v: v == [], "LoRA adapters are not supported"),
     ("image_data", lambda v: v == [], "images are not supported"),
@@ -158,6 +156,8 @@ class GenerationParams:
     ignore_eos: bool = False  # llama-server's: end-of-generation tokens are banned
     continue_final: bool = False  # chat: the last (assistant) message is continued, not answered
     suffix: str = ""  # completions: the text after the insertion (fill-in-the-middle)
+    grammar: Any = None  # a structured.Grammar the output must match
+    grammar_field: str = ""  # the request field it came from (errors name it)
 
 
 def _sampling(body: dict, lim: Limits) -> dict[str, Any]:
@@ -299,12 +299,7 @@ def _common(
     for name, default_ok, what in LLAMA_SERVER_UNSUPPORTED:
         _refuse_if_set(body, name, default_ok, what)
     _refuse_if_set(body, "functions", lambda v: v == [], "functions are not supported")
-    _refuse_if_set(
-        body,
-        "response_format",
-        lambda v: isinstance(v, dict) and v.get("type") == "text",
-        "only the 'text' response format is supported",
-    )
+    grammar, grammar_field = constraint(body)
     return GenerationParams(
         prompts=[],
         n=n,
@@ -316,7 +311,57 @@ def _common(
         model=model,
         logprobs=_logprobs(body, logprobs),
         ignore_eos=_boolean(body, "ignore_eos"),
+        grammar=grammar,
+        grammar_field=grammar_field,
     )
+
+
+def response_format(rf: Any, field: str = "response_format") -> Any:
+    """OpenAI's response_format (text, json_object, json_schema {name, schema, strict}; llama-server's
+    json_object with a schema) as a structured.Grammar, or None for text."""
+    from edgellm.structured import Grammar
+
+    if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
+        raise bad(field, "must be an object with a type")
+    kind = rf["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema = rf.get("schema")
+        return Grammar("json_schema", schema) if schema else Grammar("json_object")
+    if kind == "json_schema":
+        spec = rf.get("json_schema", rf)  # the Responses API puts name and schema beside type
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise bad(field, "json_schema needs a schema object")
+        return Grammar("json_schema", schema)
+    raise bad(field, f"unknown type {kind!r}: expected text, json_object or json_schema")
+
+
+def constraint(body: dict) -> tuple[Any, str]:
+    """The request's output constraint and the field that set it: OpenAI's response_format, or
+    llama-server's grammar (GBNF) or json_schema. At most one."""
+    from edgellm.structured import Grammar
+
+    found: list[tuple[Any, str]] = []
+    rf = body.get("response_format")
+    if rf is not None:
+        g = response_format(rf)
+        if g is not None:
+            found.append((g, "response_format"))
+    gr = body.get("grammar")
+    if gr not in (None, ""):
+        if not isinstance(gr, str):
+            raise bad("grammar", "must be a string (a GBNF grammar)")
+        found.append((Grammar("gbnf", gr), "grammar"))
+    js = body.get("json_schema")
+    if js not in (None, {}):
+        if not isinstance(js, dict):
+            raise bad("json_schema", "must be a JSON schema object")
+        found.append((Grammar("json_schema", js), "json_schema"))
+    if len(found) > 1:
+        raise bad(found[1][1], f"cannot be combined with {found[0][1]}: give one constraint")
+    return found[0] if found else (None, "")
 
 
 def _logprobs(body: dict, style: str) -> int | None:

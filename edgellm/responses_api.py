@@ -6,8 +6,8 @@ content_part.added, output_text.delta ..., output_text.done, content_part.done, 
 response.completed). `input` is a string or a list of messages whose content is text (input_text /
 output_text parts); `developer` is the system role. Responses are kept in memory (the last
 MAX_STORED, unless `store` is false) so `previous_response_id` continues a conversation and
-`GET /v1/responses/{id}` returns one. Anything else a client may ask (tools, reasoning, images, files,
-JSON output, background runs) is refused by name.
+`GET /v1/responses/{id}` returns one. `text.format` (json_schema, json_object) constrains the output.
+Anything else a client may ask (tools, reasoning, images, files, background runs) is refused by name.
 """
 
 from __future__ import annotations
@@ -80,12 +80,10 @@ def parse(body: Any, lim: oa.Limits) -> tuple[oa.GenerationParams, list[dict], d
     ref(body, "truncation", lambda v: v == "disabled", "only truncation 'disabled' is supported")
     ref(body, "top_logprobs", lambda v: v == 0, "logprobs are not supported on /v1/responses")
     text = body.get("text")
-    if text is not None:
-        fmt = text.get("format") if isinstance(text, dict) else None
-        if not isinstance(text, dict) or (
-            fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text")
-        ):
-            raise oa.bad("text", "only the 'text' format is supported", code="unsupported_parameter")
+    if text is not None and not isinstance(text, dict):
+        raise oa.bad("text", "must be an object")
+    fmt = (text or {}).get("format")
+    grammar = oa.response_format(fmt, "text.format") if fmt is not None else None
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise oa.bad("instructions", "must be a string")
@@ -100,11 +98,13 @@ def parse(body: Any, lim: oa.Limits) -> tuple[oa.GenerationParams, list[dict], d
     if fields:
         raise oa.bad(next(iter(fields)), "is not a /v1/responses field", code="unsupported_parameter")
     p = oa._common(dict(body, stream_options=None), lim, ("max_output_tokens",), logprobs="chat")
+    if grammar is not None:
+        p.grammar, p.grammar_field = grammar, "text.format"
     msgs = input_messages(body)
     echo = {
         "instructions": instructions, "max_output_tokens": p.max_tokens, "previous_response_id": prev,
         "temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0), "store": store,
-        "metadata": metadata,
+        "metadata": metadata, "text": {"format": fmt or {"type": "text"}},
     }  # fmt: skip
     return p, msgs, echo
 
@@ -155,7 +155,7 @@ def response(
         "id": rid, "object": "response", "created_at": created, "status": status,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "error": None, "model": model, "output": output, "parallel_tool_calls": True,
-        "tool_choice": "auto", "tools": [], "text": {"format": {"type": "text"}}, "truncation": "disabled",
+        "tool_choice": "auto", "tools": [], "truncation": "disabled",
         "usage": {"input_tokens": n_in, "input_tokens_details": {"cached_tokens": cached},
                   "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": 0},
                   "total_tokens": n_in + n_out} if done else None,
