@@ -179,6 +179,17 @@ def run(
     verbose: bool = typer.Option(
         False, "--verbose", "-v", help="Print load time, the chat template and tokens/s."
     ),
+    grammar: str | None = typer.Option(
+        None, "--grammar", help="Constrain the answer: a GBNF or Lark grammar."
+    ),
+    grammar_file: Path | None = typer.Option(None, "--grammar-file", help="Read the grammar from a file."),
+    json_schema: str | None = typer.Option(
+        None, "-j", "--json-schema", help="Constrain the answer to JSON matching this schema."
+    ),
+    json_schema_file: Path | None = typer.Option(
+        None, "--json-schema-file", help="Read the schema from a file."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Constrain the answer to a JSON object."),
 ) -> None:
     """Answer a prompt (streamed), or chat interactively when no prompt is given on a terminal.
 
@@ -188,6 +199,7 @@ def run(
     model, text = _split_model_and_prompt(model, model_opt, prompt_arg, prompt)
     text = _gather_prompt(text, file, sys.stdin)
     max_tokens = _max_tokens(n_predict)
+    constraint = _constraint(grammar, grammar_file, json_schema, json_schema_file, as_json)
 
     def log(m: str) -> None:
         print(m, file=sys.stderr, flush=True)
@@ -217,7 +229,9 @@ def run(
         seed=seed,
     )
     llm.params(**sampling)  # validate flags before any work
-    opts = dict(max_tokens=max_tokens, stop=stop or None, **sampling)
+    if constraint is not None:
+        llm.engine.compile_grammar(constraint)  # a bad grammar or schema: one line, before any token
+    opts = dict(max_tokens=max_tokens, stop=stop or None, grammar=constraint, **sampling)
     if text is None:
         _interactive(llm, system, opts, verbose, history_file=store.home() / "chat_history")
         return
@@ -241,6 +255,32 @@ def run(
         log(f"context full ({llm.n_ctx} tokens): stopped; raise -c/--ctx-size")
     if verbose:
         _print_timings(llm, seen)
+
+
+def _constraint(grammar, grammar_file, json_schema, json_schema_file, as_json) -> Any:
+    """The answer's constraint from the flags (at most one), as a structured.Grammar."""
+    from edgellm.structured import Grammar
+
+    given = [n for n, v in (("--grammar", grammar), ("--grammar-file", grammar_file), ("--json-schema",
+             json_schema), ("--json-schema-file", json_schema_file), ("--json", as_json)) if v]  # fmt: skip
+    if len(given) > 1:
+        raise ValueError(f"{given[0]} and {given[1]} both constrain the answer: give one")
+    if grammar_file is not None:
+        grammar = _read_text(grammar_file, "--grammar-file")
+    if json_schema_file is not None:
+        json_schema = _read_text(json_schema_file, "--json-schema-file")
+    if grammar:
+        return Grammar("gbnf", grammar)
+    if json_schema:
+        return Grammar("json_schema", json_schema)
+    return Grammar("json_object") if as_json else None
+
+
+def _read_text(path: Path, flag: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{flag} {path}: {e}") from None
 
 
 @dataclass
@@ -422,7 +462,7 @@ def _chat(llm: Any, system: str | None, opts: dict, verbose: bool) -> None:
 
 def _show(llm: Any, system: str | None, opts: dict) -> None:
     """/show: every setting in effect, sampling defaults (llama.cpp's, then the file's) included."""
-    p = llm.params(**{k: v for k, v in opts.items() if k not in ("max_tokens", "stop")})
+    p = llm.params(**{k: v for k, v in opts.items() if k not in ("max_tokens", "stop", "grammar")})
     n = opts.get("max_tokens")
     rows: list[tuple[str, Any]] = [
         ("model", llm.path.name),
@@ -431,6 +471,7 @@ def _show(llm: Any, system: str | None, opts: dict) -> None:
         ("context", f"{llm.n_ctx} tokens"),
         ("n_predict", "-1 (until the end or the context is full)" if n is None else n),
         ("stop", ", ".join(map(repr, opts.get("stop") or ())) or "none"),
+        ("constraint", opts["grammar"].kind if opts.get("grammar") else "none"),
     ]
     for f in fields(p):
         v = getattr(p, f.name)
@@ -472,7 +513,7 @@ def _set(opts: dict, args: list[str], llm: Any) -> None:
     try:
         value = conv(args[1])
         trial = dict(opts, **{key: value})
-        llm.params(**{k: v for k, v in trial.items() if k not in ("max_tokens", "stop")})
+        llm.params(**{k: v for k, v in trial.items() if k not in ("max_tokens", "stop", "grammar")})
     except ValueError as e:
         print(f"invalid value: {e}")
         return

@@ -158,6 +158,7 @@ class GenerationParams:
     suffix: str = ""  # completions: the text after the insertion (fill-in-the-middle)
     grammar: Any = None  # a structured.Grammar the output must match
     grammar_field: str = ""  # the request field it came from (errors name it)
+    tools: Any = None  # chat: a tools.ToolRequest
 
 
 def _sampling(body: dict, lim: Limits) -> dict[str, Any]:
@@ -294,7 +295,8 @@ def _common(
         include_usage = _boolean(opts, "include_usage")
     _refuse_if_set(body, "echo", lambda v: v is False, "echo is not supported")
     _refuse_if_set(body, "best_of", lambda v: v == 1, "best_of is not supported")
-    _refuse_if_set(body, "tools", lambda v: v == [], "tools are not supported")
+    if logprobs != "chat":  # the chat route reads tools (tools.py)
+        _refuse_if_set(body, "tools", lambda v: v == [], "tools are only supported on chat completions")
     # llama-server's own fields that edgellm cannot honour yet: refused by name, never silently ignored
     for name, default_ok, what in LLAMA_SERVER_UNSUPPORTED:
         _refuse_if_set(body, name, default_ok, what)
@@ -435,7 +437,12 @@ def parse_chat(body: Any, lim: Limits) -> GenerationParams:
     last = msgs[-1]
     if cont and last.get("role") != "assistant":
         raise bad("continue_final_message", "the last message must be the assistant's")
-    p.continue_final = cont or last.get("role") == "assistant"
+    from edgellm import tools
+
+    p.tools = tools.parse(body)
+    if p.tools is not None and p.tools.forced and p.grammar is not None:
+        raise bad("tool_choice", f"a forced tool call cannot be combined with {p.grammar_field}")
+    p.continue_final = cont or (last.get("role") == "assistant" and not last.get("tool_calls"))
     if p.continue_final and not isinstance(last.get("content"), str):
         raise bad("messages", "the assistant message to continue must have text content")
     p.prompts = [msgs]
@@ -522,6 +529,7 @@ class Shaper:
     fingerprint: str = ""  # OpenAI's system_fingerprint: which build and backend answered
     piece: Callable[[int], bytes] | None = None
     offsets: dict[int, int] = field(default_factory=dict)  # completions: text offset reached, per choice
+    tool_names: list[str] | None = None  # chat with tools: <tool_call> blocks become tool_calls
 
     def __post_init__(self) -> None:
         self.id = self.id or new_id("chatcmpl" if self.chat else "cmpl")
@@ -563,6 +571,24 @@ class Shaper:
         choice = {"index": index, "text": text or "", "logprobs": lp, "finish_reason": finish}
         return {**self._head("text_completion"), "choices": [choice]}
 
+    def tool_chunks(self, index: int, calls: list[dict]) -> list[dict[str, Any]]:
+        """Streamed tool calls as OpenAI sends them: per call a delta with its id, type and name (empty
+        arguments), then one with the arguments."""
+        out = []
+        for k, c in enumerate(calls):
+            head = {"index": k, "id": c["id"], "type": "function",
+                    "function": {"name": c["function"]["name"], "arguments": ""}}  # fmt: skip
+            args = {"index": k, "function": {"arguments": c["function"]["arguments"]}}
+            for d in (head, args):
+                choice = {
+                    "index": index,
+                    "delta": {"tool_calls": [d]},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+                out.append({**self._head("chat.completion.chunk"), "choices": [choice]})
+        return out
+
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         head = self._head("chat.completion.chunk" if self.chat else "text_completion")
         return {**head, "choices": [], "usage": usage}
@@ -572,15 +598,17 @@ class Shaper:
     ) -> dict[str, Any]:
         lps = [self._logprobs(i, logprobs[i] if logprobs else None) for i in range(len(texts))]
         if self.chat:
-            choices = [
-                {
-                    "index": i,
-                    "message": {"role": "assistant", "content": t},
-                    "logprobs": lp,
-                    "finish_reason": f,
-                }
-                for i, (t, f, lp) in enumerate(zip(texts, finishes, lps))
-            ]
+            choices = []
+            for i, (t, f, lp) in enumerate(zip(texts, finishes, lps)):
+                message: dict[str, Any] = {"role": "assistant", "content": t}
+                if self.tool_names is not None:
+                    from edgellm.tools import split
+
+                    content, calls = split(t, self.tool_names)
+                    if calls:
+                        message = {"role": "assistant", "content": content or None, "tool_calls": calls}
+                        f = "tool_calls" if f == "stop" else f
+                choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": f})
             return {**self._head("chat.completion"), "choices": choices, "usage": usage}
         choices = [
             {"index": i, "text": t, "logprobs": lp, "finish_reason": f}

@@ -30,7 +30,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edgellm import llama_api as la
-from edgellm import modelinfo, structured
+from edgellm import modelinfo, structured, tools
 from edgellm import ollama_api as ol
 from edgellm import openai_api as oa
 from edgellm import responses_api as ra
@@ -623,7 +623,8 @@ async def _generate(state: State, request: Request, chat: bool):
     p = oa.parse_chat(body, limits) if chat else oa.parse_completion(body, limits)
     prompts = await run_in_threadpool(_prompt_ids, llm, p, chat, state.config.special_in_messages)
     params = _params(llm, p)
-    grammar = await _compile(engine, p.grammar, p.grammar_field)
+    forced = tools.grammar(p.tools) if chat and p.tools is not None else None
+    grammar = await _compile(engine, forced or p.grammar, "tools" if forced else p.grammar_field)
     reqs = []
     for i, ids in enumerate(prompts):
         for j in range(p.n):
@@ -638,6 +639,7 @@ async def _generate(state: State, request: Request, chat: bool):
         model=state.model_id,
         fingerprint=f"edgellm-{_version()}-{llm.backend.name}",
         piece=(lambda t: tok.token_to_piece(t, special=True)) if p.logprobs is not None else None,
+        tool_names=p.tools.names if chat and p.tools is not None and p.tools.active else None,
     )
     usage = request.state.edgellm_usage = [0, 0, 0]  # prompt, completion, cached: the access log reads it
     if p.stream:
@@ -1043,9 +1045,16 @@ def _prompt_ids(llm: Any, p: oa.GenerationParams, chat: bool, special: bool = Fa
     """Token ids of every prompt (chat: rendered with the model's template); 400 if one cannot be."""
     try:
         if chat:
-            return [
-                llm.chat_prompt(p.prompts[0], special_in_content=special, continue_final=p.continue_final)
-            ]
+            msgs, fns = p.prompts[0], None
+            if p.tools is not None and p.tools.active:
+                if not tools.renders_tools(llm.template.source):
+                    why = "this model's chat template does not render tools, so the model cannot see them"
+                    raise oa.bad("tools", f"{why}: use a model whose template does (Qwen2.5, Hermes, ...)")
+                msgs, fns = tools.template_messages(msgs), p.tools.tools
+            ids = llm.chat_prompt(
+                msgs, special_in_content=special, continue_final=p.continue_final, tools=fns
+            )
+            return [ids]
         if p.suffix:  # an insertion: the model's fill-in-the-middle prompt
             return [la.infill_ids(llm.tokenizer, x, p.suffix, n_ctx=llm.n_ctx) for x in p.prompts]
         return [llm.tokenize(x) if isinstance(x, str) else list(x) for x in p.prompts]
@@ -1095,6 +1104,9 @@ async def _sse(streams: list, shaper: oa.Shaper, include_usage: bool, usage: lis
     the last chunk carries llama-server's `timings`."""
     timings = _Timings()
     pending: dict[int, list] = {}  # log-probabilities not yet sent, per choice
+    splitters = (
+        {i: tools.StreamSplitter(shaper.tool_names) for i in range(len(streams))} if shaper.tool_names else {}
+    )
     try:
         if shaper.chat:
             for i in range(len(streams)):
@@ -1109,11 +1121,20 @@ async def _sse(streams: list, shaper: oa.Shaper, include_usage: bool, usage: lis
                 pending.setdefault(i, []).append((ev.token, ev.logprob))
             if ev.usage is not None:
                 timings.add(ev.usage)
-            if ev.text or (ev.finish_reason is not None and pending.get(i)):
-                yield _sse_line(shaper.chunk(i, ev.text, None, logprobs=pending.pop(i, None)))
-            if ev.finish_reason is not None:
+            text, reason, calls = ev.text, ev.finish_reason, []
+            if i in splitters:  # hold back what may be a tool call; parse it at the end
+                text = splitters[i].push(text)
+                if reason is not None:
+                    rest, calls = splitters[i].finish()
+                    text += rest
+                    reason = "tool_calls" if calls and reason == "stop" else reason
+            if text or (reason is not None and pending.get(i)):
+                yield _sse_line(shaper.chunk(i, text, None, logprobs=pending.pop(i, None)))
+            for c in shaper.tool_chunks(i, calls):
+                yield _sse_line(c)
+            if reason is not None:
                 left -= 1
-                last = shaper.chunk(i, None if shaper.chat else "", ev.finish_reason)
+                last = shaper.chunk(i, None if shaper.chat else "", reason)
                 if not left:
                     last["timings"] = timings.body()
                 yield _sse_line(last)

@@ -1,0 +1,199 @@
+"""Tool calling through the model's own chat template, in the Hermes / Qwen format:
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+The request's `tools` are rendered by the template (a template that never reads `tools`, such as
+SmolLM2's, cannot show them to the model: the request is refused); the answer's `<tool_call>` blocks are
+parsed back into OpenAI's `tool_calls`. `tool_choice` "required" or a named function constrains the answer
+to such blocks, with the arguments matching the function's parameter schema (structured.py); "auto" lets
+the model choose and parses what it wrote; "none" renders no tools. This is the format of Qwen2.5,
+Qwen3, Hermes 2/3 and the models trained on them (llama.cpp: common/chat.cpp's Hermes 2 Pro handler);
+other families' formats (Llama 3.1 JSON calls, Mistral [TOOL_CALLS], ...) are not parsed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgellm import openai_api as oa
+from edgellm.structured import Grammar
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+
+
+@dataclass
+class ToolRequest:
+    tools: list[dict]  # OpenAI's [{"type": "function", "function": {name, description?, parameters?}}]
+    choice: str | dict = "auto"  # "auto", "none", "required", or {"type": "function", "function": {name}}
+    parallel: bool = True
+    names: list[str] = field(default_factory=list)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.tools) and self.choice != "none"
+
+    @property
+    def forced(self) -> list[str]:
+        """The functions the answer must call (tool_choice required or named), or [] for auto."""
+        if self.choice == "required":
+            return self.names
+        if isinstance(self.choice, dict):
+            return [self.choice["function"]["name"]]
+        return []
+
+
+def parse(body: dict) -> ToolRequest | None:
+    """`tools`, `tool_choice` and `parallel_tool_calls` of a chat request, checked; None without tools."""
+    tools = body.get("tools")
+    choice = body.get("tool_choice", "auto")
+    parallel = oa._boolean(body, "parallel_tool_calls", True)
+    if tools in (None, []):
+        if choice not in ("auto", "none", None):
+            raise oa.bad("tool_choice", "needs tools")
+        return None
+    if not isinstance(tools, list) or len(tools) > 128:
+        raise oa.bad("tools", "must be a list of at most 128 tools")
+    names = []
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict):
+            raise oa.bad("tools", f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}")
+        name = fn.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise oa.bad("tools", f"tools[{i}].function.name must be 1-64 letters, digits, _ . or -")
+        if name in names:
+            raise oa.bad("tools", f"two tools are named {name!r}")
+        params = fn.get("parameters", {"type": "object"})
+        if not isinstance(params, dict):
+            raise oa.bad("tools", f"tools[{i}].function.parameters must be a JSON schema object")
+        if fn.get("description") is not None and not isinstance(fn["description"], str):
+            raise oa.bad("tools", f"tools[{i}].function.description must be a string")
+        names.append(name)
+    if isinstance(choice, dict):
+        fn = choice.get("function") if choice.get("type") == "function" else None
+        if not isinstance(fn, dict) or fn.get("name") not in names:
+            raise oa.bad("tool_choice", f"must name one of the tools ({', '.join(names)})")
+    elif choice not in ("auto", "none", "required"):
+        raise oa.bad("tool_choice", "must be auto, none, required or {'type': 'function', 'function': ...}")
+    return ToolRequest(tools, choice, parallel, names)
+
+
+def renders_tools(template_source: str) -> bool:
+    """Whether a chat template reads the `tools` variable (so the model sees the tools)."""
+    return re.search(r"\btools\b", template_source or "") is not None
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """Messages as templates expect them: an assistant's tool-call arguments as objects (OpenAI sends
+    them as JSON text; templates write `arguments | tojson`), as llama.cpp's common/chat.cpp does."""
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls")
+        if m.get("role") == "assistant" and isinstance(calls, list):
+            fixed = []
+            for c in calls:
+                fn = dict(c.get("function") or {}) if isinstance(c, dict) else {}
+                if isinstance(fn.get("arguments"), str):
+                    try:
+                        fn["arguments"] = json.loads(fn["arguments"])
+                    except ValueError:
+                        raise oa.bad("messages", "a tool call's arguments must be JSON") from None
+                fixed.append({**c, "function": fn})
+            m = {**m, "tool_calls": fixed}
+        out.append(m)
+    return out
+
+
+def grammar(req: ToolRequest) -> Grammar | None:
+    """For tool_choice required or a named function: the answer is one (or, with parallel calls, one or
+    more) <tool_call> blocks whose JSON names a forced function and whose arguments match its schema."""
+    forced = req.forced
+    if not forced:
+        return None
+    schemas = []
+    for t in req.tools:
+        fn = t["function"]
+        if fn["name"] in forced:
+            args = fn.get("parameters") or {"type": "object"}
+            schemas.append({
+                "type": "object",
+                "properties": {"name": {"const": fn["name"]}, "arguments": args},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            })  # fmt: skip
+    body = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    repeat = "+" if req.parallel and len(forced) > 1 else ""
+    lark = (
+        f'start: call{repeat}\ncall: "{OPEN}\\n" body "\\n{CLOSE}" "\\n"?\nbody: %json {json.dumps(body)}\n'
+    )
+    return Grammar("lark", lark)
+
+
+def new_call(name: str, arguments: Any) -> dict:
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+    }
+
+
+def split(text: str, names: list[str]) -> tuple[str, list[dict]]:
+    """An answer's text outside its tool-call blocks, and the calls (to known functions, with object
+    arguments) parsed from them; a block that does not parse stays in the text."""
+    calls: list[dict] = []
+    kept: list[str] = []
+    pos = 0
+    for m in _BLOCK.finditer(text):
+        try:
+            obj = json.loads(m.group(1))
+        except ValueError:
+            continue
+        ok = isinstance(obj, dict) and obj.get("name") in names
+        if not (ok and isinstance(obj.get("arguments", {}), dict)):
+            continue
+        kept.append(text[pos : m.start()])
+        pos = m.end()
+        calls.append(new_call(obj["name"], obj.get("arguments", {})))
+    kept.append(text[pos:])
+    return "".join(kept).strip() if calls else text, calls
+
+
+class StreamSplitter:
+    """Streams an answer's plain text as it comes and holds back anything that may be a tool call
+    (from `<tool_call>` on, or a tail that could begin it); `finish()` parses what was held."""
+
+    def __init__(self, names: list[str]):
+        self.names = names
+        self.buf = ""
+        self.sent = 0
+        self.in_call = False
+
+    def push(self, text: str) -> str:
+        self.buf += text
+        if self.in_call:
+            return ""
+        at = self.buf.find(OPEN, self.sent)
+        if at >= 0:
+            self.in_call = True
+            out, self.sent = self.buf[self.sent : at], at
+            return out
+        safe = len(self.buf)
+        for k in range(min(len(OPEN) - 1, len(self.buf) - self.sent), 0, -1):
+            if OPEN.startswith(self.buf[-k:]):
+                safe = len(self.buf) - k
+                break
+        out, self.sent = self.buf[self.sent : safe], safe
+        return out
+
+    def finish(self) -> tuple[str, list[dict]]:
+        """(text not yet sent, the calls)."""
+        rest, calls = split(self.buf[self.sent :], self.names)
+        return rest, calls
