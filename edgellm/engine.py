@@ -272,6 +272,12 @@ class Engine:
             guided = structured.guided_tokenizer(self, self.tokenizer, self.model.config.n_vocab)
         try:
             seq = _Seq(req, stream, self.tokenizer, guided)
+            if req.grammar and req.max_tokens is not None:
+                need = structured.min_tokens(req.grammar, guided)
+                if need > req.max_tokens:
+                    raise structured.GrammarError(
+                        f"the constraint needs at least {need} tokens but max_tokens is {req.max_tokens}"
+                    )
         except structured.GrammarError as e:
             raise RequestRejected(str(e)) from None
         with self._lock:

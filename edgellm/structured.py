@@ -182,6 +182,16 @@ def compile_grammar(g: Grammar, gt: GuidedTokenizer) -> str:
     return text
 
 
+def min_tokens(grammar: str, gt: GuidedTokenizer) -> int:
+    """A lower bound on the tokens any answer to the grammar takes: the tokens it forces from the start,
+    plus one if those do not complete it. A request whose max_tokens is below it can never finish."""
+    c = Constraint(grammar, gt)
+    forced = c.m.compute_ff_tokens()
+    if forced and not c.m.consume_tokens(forced):
+        return len(forced)
+    return len(forced) + (0 if c.m.is_accepting() else 1)
+
+
 class Constraint:
     """One sequence's matcher over a compiled grammar."""
 

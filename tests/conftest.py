@@ -41,3 +41,9 @@ def gemma3_path() -> Path:
 @pytest.fixture(scope="session")
 def real_model_paths(smollm2_path: Path, gemma3_path: Path) -> list[Path]:
     return [smollm2_path, gemma3_path]
+
+
+@pytest.fixture(scope="session")
+def qwen_coder_path() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct: a qwen2 model whose chat template renders tools (491 MB)."""
+    return _model("qwen2.5-coder-0.5b")

@@ -391,3 +391,23 @@ def test_chat_recalls_earlier_lines_with_the_up_arrow_in_this_session_and_the_ne
     t.type(UP + UP + b"\r", b"set seed = 7")
     t.type(b"/bye\r", b"/bye")
     assert t.close() == 0
+
+
+def test_run_constrains_the_answer_with_a_grammar_or_a_json_schema(capsys, tmp_path):
+    pytest.importorskip("llguidance")
+    rc, out, err = run(capsys, "run", "-p", "Is water wet?", "--grammar", 'root ::= "yes" | "no"')
+    assert rc == 0 and out.strip() in ("yes", "no"), err
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}  # fmt: skip
+    rc, out, err = run(capsys, "run", "-p", "A number as JSON.", "-j", json.dumps(schema), "--temp", "0")
+    assert rc == 0 and 1 <= json.loads(out)["n"] <= 9, err
+    f = tmp_path / "g.gbnf"
+    f.write_text('root ::= "A" | "B"')
+    rc, out, _ = run(capsys, "run", "-p", "Pick.", "--grammar-file", str(f))
+    assert rc == 0 and out.strip() in ("A", "B")
+    rc, out, _ = run(capsys, "run", "-p", "JSON please.", "--json", "-n", "40", "--temp", "0")
+    assert rc == 0 and out.lstrip().startswith("{")
+    rc, out, err = run(capsys, "run", "-p", "x", "-j", '{"type": "objekt"}')
+    assert rc == 1 and out == "" and err.startswith("error:") and "objekt" in err and err.count("\n") == 1
+    rc, _, err = run(capsys, "run", "-p", "x", "--json", "--grammar", 'root ::= "a"')
+    assert rc == 1 and "give one" in err

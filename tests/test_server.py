@@ -1000,3 +1000,119 @@ def test_curl_reaches_every_route(server):
         code = subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
         assert code == "200", (method, path, code)
     # and /infill on a model that has fill-in-the-middle tokens is in the infill test
+
+
+# -- structured output and tools ------------------------------------------------------------------------
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 12},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120}}}  # fmt: skip
+
+
+def test_structured_output_on_every_route(server):
+    """OpenAI's response_format (json_schema, json_object), llama-server's json_schema and grammar on
+    /completion and the chat route, Ollama's format, /v1/responses' text.format: each answer parses and
+    matches; a bad schema or grammar is a 400 naming its field, before any token."""
+    pytest.importorskip("llguidance")
+    client = _client(server)
+    msgs = [{"role": "user", "content": "A person as JSON."}]
+    rf = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON, "strict": True}}
+    r = client.chat.completions.create(
+        model="m", messages=msgs, max_tokens=60, temperature=0, response_format=rf
+    )
+    person = json.loads(r.choices[0].message.content)
+    assert set(person) == {"name", "age"} and 0 <= person["age"] <= 120
+    streamed = client.chat.completions.create(
+        model="m", messages=msgs, max_tokens=60, temperature=0, response_format=rf, stream=True
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert text == r.choices[0].message.content
+    obj = client.chat.completions.create(model="m", messages=msgs, max_tokens=60, temperature=0,
+                                         response_format={"type": "json_object"})  # fmt: skip
+    assert obj.choices[0].message.content.startswith("{")
+    native = _post(
+        server, "/completion", {"prompt": "A person:", "json_schema": PERSON, "n_predict": 60}
+    ).json()
+    assert set(json.loads(native["content"])) == {"name", "age"}
+    g = _post(server, "/completion", {"prompt": "Is ice cold?", "grammar": 'root ::= " yes" | " no"'}).json()
+    assert g["content"] in (" yes", " no") and g["tokens_predicted"] <= 2
+    chat_g = _post(server, "/v1/chat/completions", {"messages": msgs, "grammar": 'root ::= "ok"'}).json()
+    assert chat_g["choices"][0]["message"]["content"] == "ok"
+    name = httpx.get(server.url + "/api/tags").json()["models"][0]["name"]
+    ol = _post(server, "/api/chat", {"model": name, "messages": msgs, "format": PERSON, "stream": False,
+                                     "options": {"temperature": 0, "num_predict": 60}}).json()  # fmt: skip
+    assert set(json.loads(ol["message"]["content"])) == {"name", "age"}
+    fmt = {"format": {"type": "json_schema", "name": "p", "schema": PERSON}}
+    resp = client.responses.create(
+        model="m", input="A person.", max_output_tokens=60, temperature=0, text=fmt
+    )
+    assert set(json.loads(resp.output_text)) == {"name", "age"}
+    for path, body, field in [
+        ("/v1/chat/completions", {"messages": msgs, "response_format": {"type": "json_schema",
+                                  "json_schema": {"schema": {"type": "objekt"}}}}, "response_format"),
+        ("/v1/chat/completions", {"messages": msgs, "response_format": {"type": "yaml"}}, "response_format"),
+        ("/completion", {"prompt": "x", "grammar": "root ::= [a-z"}, "grammar"),
+        ("/completion", {"prompt": "x", "json_schema": {"type": "string", "format": "nope"}}, "json_schema"),
+        ("/completion", {"prompt": "x", "grammar": 'root ::= "a"', "json_schema": PERSON}, "json_schema"),
+        ("/api/generate", {"model": name, "prompt": "x", "format": "yaml"}, "format"),
+    ]:  # fmt: skip
+        bad = _post(server, path, body)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == field, (body, bad.text)
+    short = _post(
+        server,
+        "/completion",
+        {"prompt": "x", "n_predict": 2, "grammar": 'root ::= "the quick brown fox jumps over the lazy dog"'},
+    )
+    assert short.status_code == 400 and "at least" in short.json()["error"]["message"]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    no = _post(server, "/v1/chat/completions", {"messages": msgs, "tools": tools})
+    assert no.status_code == 400 and no.json()["error"]["param"] == "tools"  # SmolLM2's template has none
+
+
+@pytest.fixture(scope="module")
+def qwen_server(qwen_coder_path, tmp_path_factory):
+    pytest.importorskip("fastapi")
+    pytest.importorskip("llguidance")
+    s = Server(qwen_coder_path, tmp_path_factory.mktemp("qwen") / "qwen.log", "--parallel", "2")
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                   "required": ["city"], "additionalProperties": False}}}  # fmt: skip
+
+
+def test_tool_calls_with_the_openai_client_on_qwen(qwen_server):
+    """tool_choice required and a named function: tool_calls whose arguments match the schema, whole and
+    streamed as OpenAI's deltas; the tool's answer goes back as a tool message and the model answers."""
+    client = _client(qwen_server)
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice in ("required", named):
+        r = client.chat.completions.create(model="m", messages=msgs, tools=[WEATHER], tool_choice=choice,
+                                           max_tokens=60, temperature=0)  # fmt: skip
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls" and c.message.content is None
+        [call] = c.message.tool_calls
+        assert call.function.name == "get_weather" and set(json.loads(call.function.arguments)) == {"city"}
+    stream = client.chat.completions.create(model="m", messages=msgs, tools=[WEATHER], tool_choice="required",
+                                            max_tokens=60, temperature=0, stream=True)  # fmt: skip
+    deltas, finish = [], None
+    for ch in stream:
+        if ch.choices:
+            deltas += ch.choices[0].delta.tool_calls or []
+            finish = ch.choices[0].finish_reason or finish
+    assert finish == "tool_calls" and deltas[0].id and deltas[0].function.name == "get_weather"
+    assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
+    follow = msgs + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 18}'},
+    ]
+    r = client.chat.completions.create(
+        model="m", messages=follow, tools=[WEATHER], max_tokens=30, temperature=0
+    )
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls") and r.usage.prompt_tokens > 100

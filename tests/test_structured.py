@@ -1,0 +1,200 @@
+"""Structured output (edgellm/structured.py, tools.py): every constrained answer of the real SmolLM2
+parses and validates against its schema, grammar or regex; constrained and free rows decoded together
+give each row what it gets alone; a forced tool call on the real Qwen2.5-Coder-0.5B parses into
+OpenAI's tool_calls; bad schemas and grammars fail before any token."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+pytest.importorskip("llguidance")
+jsonschema = pytest.importorskip("jsonschema")
+
+import edgellm  # noqa: E402
+from edgellm import tools  # noqa: E402
+from edgellm.engine import GenRequest, RequestRejected  # noqa: E402
+from edgellm.structured import Grammar, GrammarError  # noqa: E402
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 16},
+        "age": {"type": "integer", "minimum": 18, "maximum": 99},
+        "score": {"type": "number", "minimum": 0, "maximum": 1},
+        "color": {"enum": ["red", "green", "blue"]},
+        "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "minItems": 1, "maxItems": 3},
+        "address": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 12},
+                "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+            },
+            "required": ["city", "zip"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["name", "age", "score", "color", "code", "tags", "address"],
+    "additionalProperties": False,
+}
+LIST = {
+    "type": "array",
+    "items": {"type": "integer", "minimum": -5, "maximum": 5},
+    "minItems": 2,
+    "maxItems": 4,
+}
+
+
+@pytest.fixture(scope="module")
+def llm(smollm2_path):
+    return edgellm.LLM(smollm2_path, backend="native", threads=1, n_ctx=1024)
+
+
+def _chat(llm, content: str, **kw):
+    return llm.chat([{"role": "user", "content": content}], max_tokens=kw.pop("max_tokens", 200), **kw)
+
+
+@pytest.mark.parametrize("seed", [None, 1, 2])
+def test_json_schema_answers_parse_and_validate(llm, seed):
+    """Objects, arrays with bounds, enums, bounded integers and numbers, patterns, a nested object and
+    additionalProperties: false, greedy and sampled."""
+    sampling = {"temperature": 0} if seed is None else {"temperature": 0.9, "seed": seed}
+    rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    out = _chat(llm, "Describe a person as JSON.", response_format=rf, **sampling)
+    assert out.finish_reason == "stop", out.text
+    jsonschema.validate(json.loads(out.text), PERSON)
+    rf = {"type": "json_schema", "json_schema": {"schema": LIST}}
+    arr = _chat(llm, "Some numbers:", response_format=rf, **sampling)
+    jsonschema.validate(json.loads(arr.text), LIST)
+    obj = _chat(llm, "Any JSON object.", response_format="json", max_tokens=120, **sampling)
+    if obj.finish_reason == "stop":  # an unbounded object may run to max_tokens; when it ends, it parses
+        assert isinstance(json.loads(obj.text), dict)
+    else:
+        assert obj.text.startswith("{")
+
+
+def test_gbnf_lark_regex_and_choice_constraints(llm):
+    gbnf = r"""root ::= "(" num " + " num ") = " num
+num ::= [0-9] [0-9]?"""
+    out = _chat(llm, "Write a sum.", grammar=gbnf, temperature=0)
+    assert re.fullmatch(r"\([0-9]{1,2} \+ [0-9]{1,2}\) = [0-9]{1,2}", out.text), out.text
+    lark = 'start: "Answer: " ("yes" | "no")'
+    assert _chat(llm, "Is fire hot?", grammar=lark, temperature=0).text in ("Answer: yes", "Answer: no")
+    rx = Grammar("regex", r"[A-Z][a-z]{2,8}, [0-9]{1,3}")
+    out = _chat(llm, "A name and a number.", grammar=rx, temperature=0.8, seed=3)
+    assert re.fullmatch(r"[A-Z][a-z]{2,8}, [0-9]{1,3}", out.text), out.text
+    pick = _chat(
+        llm, "Pick a fruit.", grammar=Grammar("choice", ["apple", "banana", "cherry"]), temperature=0
+    )
+    assert pick.text in ("apple", "banana", "cherry") and pick.finish_reason == "stop"
+
+
+def test_constrained_and_free_rows_decoded_together_get_what_they_get_alone(llm):
+    engine = llm.engine
+    asks = [
+        ("Describe a person as JSON.", Grammar("json_schema", PERSON)),
+        ("Tell me about the sea.", None),
+        ("A name and a number.", Grammar("regex", r"[A-Z][a-z]{2,8}, [0-9]{1,3}")),
+        ("Name a color.", None),
+    ]
+    reqs = [
+        GenRequest(llm.chat_prompt([{"role": "user", "content": q}]), llm.params(temperature=0), 40,
+                   grammar=engine.compile_grammar(g) if g else None)
+        for q, g in asks
+    ]  # fmt: skip
+
+    def run(batch):
+        streams = [engine.submit(r) for r in batch]
+        while not all(s.done for s in streams):
+            engine.step()
+            for s in streams:
+                s.ready()
+        return streams
+
+    alone = []
+    for r in reqs:
+        st = engine.submit(r)
+        toks = []
+        while not st.done:
+            engine.step()
+            toks += [ev.token for ev in st.ready() if ev.token is not None]
+        alone.append(toks)
+    streams = [engine.submit(r) for r in reqs]
+    together = [[] for _ in reqs]
+    while not all(s.done for s in streams):
+        engine.step()
+        for i, s in enumerate(streams):
+            together[i] += [ev.token for ev in s.ready() if ev.token is not None]
+    assert together == alone
+    assert engine.runner._masker is not None  # the masks were computed on the worker thread
+
+
+def test_bad_schemas_and_grammars_fail_before_any_token(llm):
+    engine = llm.engine
+    for g, what in [
+        (Grammar("json_schema", {"type": "objekt"}), "objekt"),
+        (Grammar("json_schema", {"type": "string", "format": "hostname-ish"}), "format"),
+        (Grammar("json_schema", '{"type": '), "not valid JSON"),
+        (Grammar("gbnf", "root ::= [a-z"), "GBNF"),
+        (Grammar("regex", "(ab"), "regex"),
+        (Grammar("choice", []), "choice"),
+    ]:
+        with pytest.raises(GrammarError, match=what):
+            engine.compile_grammar(g)
+    with pytest.raises(GrammarError):
+        Grammar("xml", "<a/>")
+    long = engine.compile_grammar(Grammar("choice", ["the quick brown fox jumps over the lazy dog"]))
+    with pytest.raises(RequestRejected, match="at least"):
+        engine.submit(GenRequest(llm.tokenize("x"), llm.params(), 3, grammar=long))
+    with pytest.raises(ValueError, match="not both"):
+        _chat(llm, "x", response_format="json", grammar='root ::= "a"')
+
+
+def test_tool_call_blocks_are_split_from_text_and_streamed_safely():
+    names = ["get_weather"]
+    text = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    content, calls = tools.split(text, names)
+    assert content == "Sure." and calls[0]["function"]["name"] == "get_weather"
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo"}
+    assert tools.split("<tool_call>{bad}</tool_call>", names) == ("<tool_call>{bad}</tool_call>", [])
+    assert tools.split('<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>', names)[1] == []
+    s = tools.StreamSplitter(names)
+    pieces = [
+        s.push(p)
+        for p in [
+            "Sure.",
+            "\n<tool",
+            "_call>\n{",
+            '"name": "get_weather", ',
+            '"arguments": {}}',
+            "\n</tool_call>",
+        ]
+    ]
+    assert "".join(pieces) == "Sure.\n" and "<" not in "".join(pieces)
+    rest, calls = s.finish()
+    assert rest == "" and len(calls) == 1
+    plain = tools.StreamSplitter(names)
+    assert plain.push("a <to") == "a " and plain.push("ast> c") == "<toast> c"  # a held tail, not a call
+
+
+def test_a_forced_tool_call_on_qwen_parses(qwen_coder_path):
+    """Qwen2.5-Coder-0.5B's template renders the tools; tool_choice required constrains the answer to a
+    <tool_call> whose arguments match the function's schema."""
+    llm = edgellm.LLM(qwen_coder_path, backend="native", threads=2, n_ctx=1024)
+    fn = {"name": "get_weather", "description": "Current weather in a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                         "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"],
+                         "additionalProperties": False}}  # fmt: skip
+    req = tools.parse({"tools": [{"type": "function", "function": fn}], "tool_choice": "required"})
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    ids = llm.chat_prompt(msgs, tools=req.tools)
+    assert "get_weather" in llm.detokenize(ids)  # the template showed the model the tool
+    grammar = llm.engine.compile_grammar(tools.grammar(req))
+    out = llm._collect([GenRequest(ids, llm.params(temperature=0), 60, grammar=grammar)])[0]
+    content, calls = tools.split(out.text, req.names)
+    assert len(calls) == 1 and calls[0]["function"]["name"] == "get_weather", out.text
+    jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), fn["parameters"])
+    assert content == ""
