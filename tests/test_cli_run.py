@@ -99,7 +99,8 @@ def test_interactive_chat_commands(capsys, monkeypatch):
     rows = dict(line.split(None, 1) for line in ("model" + first).splitlines())
     assert rows == {
         "model": "SmolLM2-135M-Instruct.Q4_1.gguf", "backend": "reference", "threads": "1",
-        "context": "512 tokens", "n_predict": "6", "stop": "none", "temperature": "0.0", "top_k": "40",
+        "context": "512 tokens", "n_predict": "6", "stop": "none", "constraint": "none", "temperature": "0.0",
+        "top_k": "40",
         "top_p": "0.95", "min_p": "0.05", "typical_p": "1.0", "repeat_penalty": "1.0",
         "frequency_penalty": "0.0", "presence_penalty": "0.0", "repeat_last_n": "64", "logit_bias": "none",
         "seed": "random", "system": "'Be brief.'",

@@ -489,8 +489,6 @@ def test_llama_servers_samplers_list_skips_the_steps_it_leaves_out():
 @pytest.mark.parametrize(
     "field,value",
     [
-        ("grammar", "root ::= [a-z]+"),
-        ("json_schema", {"type": "object"}),
         ("mirostat", 2),
         ("dry_multiplier", 0.8),
         ("n_indent", 4),
@@ -507,7 +505,7 @@ def test_llama_server_fields_edgellm_cannot_honour_are_refused_by_name(field, va
     with pytest.raises(oa.APIError) as e:
         oa.parse_completion(body, lim)
     assert e.value.status == 400 and e.value.param == field
-    oa.parse_completion({"prompt": "hi", field: {"grammar": "", "json_schema": {}}.get(field, 0)}, lim)
+    oa.parse_completion({"prompt": "hi", field: 0}, lim)  # the value that turns it off is accepted
 
 
 def test_a_client_trickling_header_lines_is_closed_within_the_header_timeout(smollm2_path, tmp_path):
@@ -631,7 +629,7 @@ def test_the_official_ollama_client_works_unchanged(server):
 def test_ollama_routes_refuse_what_they_cannot_honour_by_name(server):
     url = server.url
     assert httpx.get(url + "/api/version").json()["version"]
-    r = httpx.post(url + "/api/generate", json={"model": "", "prompt": "x", "format": "json"})
+    r = httpx.post(url + "/api/generate", json={"model": "", "prompt": "x", "format": "yaml"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "format"
     r = httpx.post(url + "/api/generate", json={"prompt": "x", "options": {"mirostat": 2}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "options.mirostat"
@@ -1034,7 +1032,7 @@ def test_structured_output_on_every_route(server):
     ).json()
     assert set(json.loads(native["content"])) == {"name", "age"}
     g = _post(server, "/completion", {"prompt": "Is ice cold?", "grammar": 'root ::= " yes" | " no"'}).json()
-    assert g["content"] in (" yes", " no") and g["tokens_predicted"] <= 2
+    assert g["content"] in (" yes", " no") and g["tokens_predicted"] <= 3  # " no" may take 3 when sampled
     chat_g = _post(server, "/v1/chat/completions", {"messages": msgs, "grammar": 'root ::= "ok"'}).json()
     assert chat_g["choices"][0]["message"]["content"] == "ok"
     name = httpx.get(server.url + "/api/tags").json()["models"][0]["name"]
