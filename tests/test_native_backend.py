@@ -353,6 +353,19 @@ def test_gemma3_greedy_and_teacher_forced_steps_match_llama_cpp(gemma3_path):
     assert llm.model.backend.captured(llm.model, kv, 1) is not None  # softcap, GeGLU, sliding window
 
 
+def test_qwen2_greedy_and_teacher_forced_steps_match_llama_cpp(qwen_coder_path):
+    """Qwen2.5-Coder-0.5B (qwen2: QKV bias, Q5_0/Q8_0/Q6_K/Q4_K) on the native backend: every fixture
+    prompt's greedy tokens up to the first near-tie, and the forced steps of one."""
+    import edgellm
+
+    llm = edgellm.LLM(qwen_coder_path, backend="native", n_ctx=256, threads=2)
+    cases = load_fixture("qwen2.5-coder-0.5b")["greedy"]
+    for case in cases:
+        check_greedy(llm, dict(case, ids=case["ids"][:32], margins=case["margins"][:32]))
+    n, notes = check_forced_steps(llm, cases[2])
+    assert n <= len(cases[2]["ids"]) // 10, notes
+
+
 def test_a_forked_child_runs_the_ops_on_its_own_thread(nb):
     """The pool's workers stay in the parent: a child process must not wait for them."""
     import os
