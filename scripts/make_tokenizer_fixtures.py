@@ -443,7 +443,11 @@ def default_models() -> dict[str, Path]:
         sys.path.insert(0, str(ROOT))
         from edgellm import store
 
-        for name, alias in (("smollm2", "smollm2-135m"), ("gemma3", "gemma3-270m")):
+        for name, alias in (
+            ("smollm2", "smollm2-135m"),
+            ("gemma3", "gemma3-270m"),
+            ("qwen2.5-coder", "qwen2.5-coder-0.5b"),
+        ):
             spec = store.spec_for(alias)
             if spec is not None and store.is_cached(spec):
                 models[name] = store.cached_path(spec)

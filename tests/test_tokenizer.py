@@ -76,7 +76,7 @@ def _vocab_facts_match(tok: Tokenizer, fx: dict) -> None:
     assert hashlib.sha256(control).hexdigest() == fx["control_sha256"]
 
 
-# --- the two real models -----------------------------------------------------------------------------
+# --- the real models -----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def smollm2(smollm2_path: Path) -> Tokenizer:
     return Tokenizer.from_gguf(ModelFile(smollm2_path))
@@ -85,6 +85,14 @@ def smollm2(smollm2_path: Path) -> Tokenizer:
 @pytest.fixture(scope="module")
 def gemma3(gemma3_path: Path) -> Tokenizer:
     return Tokenizer.from_gguf(ModelFile(gemma3_path))
+
+
+@pytest.fixture(scope="module")
+def qwen_coder(qwen_coder_path: Path) -> Tokenizer:
+    return Tokenizer.from_gguf(ModelFile(qwen_coder_path))
+
+
+_FIXTURE_NAMES = {"smollm2": "smollm2", "gemma3": "gemma3", "qwen_coder": "qwen2.5-coder"}
 
 
 def test_corpus_is_large_and_varied():
@@ -96,23 +104,23 @@ def test_corpus_is_large_and_varied():
         assert probe in joined, probe
 
 
-@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+@pytest.mark.parametrize("name", ["smollm2", "gemma3", "qwen_coder"])
 def test_ids_and_text_identical_to_llama_cpp(name: str, request: pytest.FixtureRequest):
     tok = request.getfixturevalue(name)
-    bad = _mismatches(tok, _fixture(name))
+    bad = _mismatches(tok, _fixture(_FIXTURE_NAMES[name]))
     assert not bad, f"{len(bad)} mismatches with llama.cpp:\n" + "\n".join(bad[:20])
 
 
-@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+@pytest.mark.parametrize("name", ["smollm2", "gemma3", "qwen_coder"])
 def test_vocabulary_facts_identical_to_llama_cpp(name: str, request: pytest.FixtureRequest):
-    _vocab_facts_match(request.getfixturevalue(name), _fixture(name))
+    _vocab_facts_match(request.getfixturevalue(name), _fixture(_FIXTURE_NAMES[name]))
 
 
-@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+@pytest.mark.parametrize("name", ["smollm2", "gemma3", "qwen_coder"])
 def test_decode_encode_round_trips_where_llama_cpp_does(name: str, request: pytest.FixtureRequest):
     tok = request.getfixturevalue(name)
     n = 0
-    for s, case in zip(CORPUS, _fixture(name)["cases"], strict=True):
+    for s, case in zip(CORPUS, _fixture(_FIXTURE_NAMES[name])["cases"], strict=True):
         if case["d"] == s:  # llama.cpp's own round trip holds
             assert tok.decode(tok.encode(s, add_special=False)) == s
             assert tok.decode(tok.encode(s, add_special=True)) == s  # BOS decodes to nothing
