@@ -16,6 +16,7 @@ import typer
 
 from edgellm import store
 from edgellm.backends import names as backend_names
+from edgellm.cli_serve import spec_config
 from edgellm.sampler import SamplingParams
 
 DEFAULT_N_PREDICT = 512
@@ -190,6 +191,11 @@ def run(
         None, "--json-schema-file", help="Read the schema from a file."
     ),
     as_json: bool = typer.Option(False, "--json", help="Constrain the answer to a JSON object."),
+    spec_type: str = typer.Option(
+        "none", "--spec-type", help="Speculative decoding: none or ngram-simple (prompt lookup)."
+    ),
+    draft_max: int = typer.Option(8, "--draft-max", help="Speculative tokens guessed per step at most."),
+    draft_min: int = typer.Option(1, "--draft-min", help="Fewer guesses found than this: none are tried."),
 ) -> None:
     """Answer a prompt (streamed), or chat interactively when no prompt is given on a terminal.
 
@@ -212,6 +218,7 @@ def run(
         chat_template=chat_template,
         use_mmap=not no_mmap,
         log=log,
+        spec=spec_config(spec_type, draft_max, draft_min),
     )
     if mlock:
         _mlock(llm)
@@ -347,6 +354,12 @@ def _print_timings(llm: Any, seen: Seen) -> None:
         f"{_rate(seen.tokens - 1, gen_s)}{stopped}",
         file=sys.stderr,
     )
+    if getattr(t, "draft_tokens", 0):
+        rate = t.draft_accepted / t.draft_tokens
+        print(
+            f"speculative: {t.draft_tokens} tokens guessed, {t.draft_accepted} kept ({rate:.0%})",
+            file=sys.stderr,
+        )
 
 
 HELP = """commands: /bye (or Ctrl-D) exit, /clear forget the conversation, /set temp 0.2 (also top_k, top_p,

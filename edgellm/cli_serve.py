@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import typer
 
@@ -13,6 +14,19 @@ from edgellm.cli_eval import model_option
 
 class ServeError(ValueError):
     pass
+
+
+def spec_config(kind: str, draft_max: int, draft_min: int) -> Any:
+    """--spec-type/--draft-max/--draft-min as a speculative.SpecConfig (None for none); bad values are
+    one error line."""
+    from edgellm.speculative import SpecConfig
+
+    if kind == "none":
+        return None
+    try:
+        return SpecConfig(kind=kind, draft_max=draft_max, draft_min=draft_min)
+    except ValueError as e:
+        raise ServeError(f"--spec-type/--draft-max/--draft-min: {e}") from None
 
 
 def serve(
@@ -53,6 +67,11 @@ def serve(
     header_timeout: float = typer.Option(
         10.0, "--header-timeout", help="Seconds a connection has to send its request headers."
     ),
+    spec_type: str = typer.Option(
+        "none", "--spec-type", help="Speculative decoding: none or ngram-simple (prompt lookup)."
+    ),
+    draft_max: int = typer.Option(8, "--draft-max", help="Speculative tokens guessed per step at most."),
+    draft_min: int = typer.Option(1, "--draft-min", help="Fewer guesses found than this: none are tried."),
     no_webui: bool = typer.Option(False, "--no-webui", help="Do not serve the chat page at /."),
     slots: bool = typer.Option(True, "--slots/--no-slots", help="Serve the read-only GET /slots."),
     embeddings: bool = typer.Option(
@@ -113,6 +132,7 @@ def serve(
         pooling=pooling,
         webui=not no_webui,
         slots=slots,
+        spec=spec_config(spec_type, draft_max, draft_min),
     )
 
     def ready(state) -> None:

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from edgellm import structured
+from edgellm import speculative, structured
 from edgellm.generate import StopMatcher
 from edgellm.kvcache import PagedKV
 from edgellm.sampler import RowSampler, Sampler, SamplingParams
@@ -67,6 +67,7 @@ class GenRequest:
     stop: Sequence[str] = ()
     logprobs: int | None = None  # None: no log-probabilities; k >= 0: the sampled token's and the top k
     grammar: str | None = None  # a compiled constraint (Engine.compile_grammar): the output must match it
+    speculative: bool = True  # may guess ahead when the engine speculates (speculative.py)
 
 
 class TokenLogprob(NamedTuple):
@@ -84,6 +85,8 @@ class Usage:
     cached_tokens: int  # prompt tokens served by the prefix cache
     ttft_s: float | None  # arrival to first token
     total_s: float | None = None  # arrival to the end
+    draft_tokens: int = 0  # speculative guesses checked
+    draft_accepted: int = 0  # of those, kept
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,8 @@ class _Seq(SeqState):
         super().__init__(req.prompt_ids)
         self.req = req
         self.constraint = structured.Constraint(req.grammar, guided) if req.grammar else None
+        self.spec: speculative.SeqSpec | None = None  # set by the engine when it may guess for this one
+        self.draft: list[int] = []  # this step's guesses, appended to tokens until the step is applied
         self.stream = stream
         self.sampler = RowSampler(req.params)
         self.detok = tokenizer.stream()
@@ -179,6 +184,8 @@ class EngineStats:
     prompt_tokens_computed: int = 0  # positions run through the model for prompts (cache misses, recomputes)
     generated_tokens: int = 0
     preempted: int = 0
+    draft_tokens: int = 0  # speculative guesses checked
+    draft_accepted: int = 0  # of those, kept
     steps: int = 0
     busy_s: float = 0.0
 
@@ -201,6 +208,7 @@ class Engine:
         max_batch_tokens: int = DEFAULT_BATCH_TOKENS,
         max_queue: int = 64,
         prefix_caching: bool = True,
+        spec: speculative.SpecConfig | None = None,
     ):
         if n_ctx <= 0 or max_seqs <= 0 or block_size <= 0 or max_batch_tokens <= 0 or max_queue < 0:
             raise ValueError("n_ctx, max_seqs, block_size and max_batch_tokens must be positive")
@@ -217,6 +225,11 @@ class Engine:
         cache = model.new_kv_cache(n_ctx, max_seqs, block_size, n_blocks, window_rings=not prefix_caching)
         self.kv = PagedKV(cache, prefix_caching)
         self.eog = tokenizer.eog_ids
+        # guesses overwrite K/V ahead of a sequence; a sliding-window ring would lose entries it still needs
+        rings = (
+            not prefix_caching and bool(model.window_layers()) if hasattr(model, "window_layers") else False
+        )
+        self.spec = spec if spec is not None and spec.kind != "none" and not rings else None
         self.stats = EngineStats()
         self._rates: collections.deque[tuple[float, int, int]] = collections.deque()  # (t, prompt, gen)
         self._lock = threading.Lock()
@@ -272,6 +285,8 @@ class Engine:
             guided = structured.guided_tokenizer(self, self.tokenizer, self.model.config.n_vocab)
         try:
             seq = _Seq(req, stream, self.tokenizer, guided)
+            if self.spec is not None and req.speculative and not req.grammar and req.logprobs is None:
+                seq.spec = speculative.SeqSpec(self.spec)
             if req.grammar and req.max_tokens is not None:
                 need = structured.min_tokens(req.grammar, guided)
                 if need > req.max_tokens:
@@ -353,6 +368,8 @@ class Engine:
             "prompt_tokens_computed_total": s.prompt_tokens_computed,
             "generation_tokens_total": s.generated_tokens,
             "preemptions_total": s.preempted,
+            "draft_tokens_total": s.draft_tokens,
+            "draft_accepted_total": s.draft_accepted,
             "steps_total": s.steps,
             "queue_length": len(self.sched.waiting) + len(self._inbox),
             "running": len(self.sched.running),
@@ -430,7 +447,9 @@ class Engine:
         self.stats.finished[reason] += 1
         now = time.perf_counter()
         ttft = (s.t_first - s.t_arrival) if s.t_first else None
-        usage = Usage(s.n_prompt, s.n_generated, s.n_cached, ttft, now - s.t_arrival)
+        sp = s.spec
+        usage = Usage(s.n_prompt, s.n_generated, s.n_cached, ttft, now - s.t_arrival,
+                      sp.drafted if sp else 0, sp.accepted if sp else 0)  # fmt: skip
         s.stream._push(Event(text, None, reason, error, usage, status if reason == "error" else 200))
 
     def _step(self) -> None:
@@ -438,10 +457,12 @@ class Engine:
         t0 = time.perf_counter()
         plan: StepPlan | None = None
         try:
+            drafted = self._propose()
             plan = self.sched.schedule()
             if plan.finished:  # a sequence that alone outgrew the pool ends (runs nothing): its memory
                 self._update_from_output(plan, RunnerOutput())  # is free now, so plan again into it
                 plan = self.sched.schedule()
+            self._keep_scheduled_drafts(plan, drafted)
             out = self.runner.execute(plan.run) if plan.run else RunnerOutput()
             self._update_from_output(plan, out)
         except Exception as e:  # noqa: BLE001 - a bug must not kill the engine: fail what ran
@@ -452,6 +473,65 @@ class Engine:
         if plan.run:
             self.stats.steps += 1
             self.stats.busy_s += time.perf_counter() - t0
+
+    def _propose(self) -> list[_Seq]:
+        """Speculation: guess the next tokens of each decoding sequence that may (prompt lookup), while
+        few decode; the guesses are appended to its tokens for this step only. Returns who guessed."""
+        cfg = self.spec
+        if cfg is None:
+            return []
+        decoders = [s for s in self.sched.running if s.pending == 1 and s.spec is not None]
+        if not decoders or sum(1 for s in self.sched.running if s.pending == 1) > cfg.max_batch:
+            return []
+        drafted = []
+        for s in decoders:
+            k = min(s.spec.k, self.n_ctx - len(s.tokens) - 1)
+            if s.req.max_tokens is not None:
+                k = min(k, s.req.max_tokens - s.n_generated - 1)
+            if k < cfg.draft_min:
+                continue
+            d = speculative.ngram_draft(s.tokens, k, cfg.ngram_max, cfg.ngram_min)
+            d = d[: speculative.bucket(len(d))]  # a few step sizes: a few captured plans, not one per length
+            if len(d) < cfg.draft_min:
+                continue
+            extra = self.kv.blocks_for(s.n_computed + 1 + len(d)) - self.kv.blocks_for(s.n_computed + 1)
+            if extra > self.kv.n_available() - len(self.sched.running):
+                continue  # guesses never take memory another sequence needs
+            s.draft = d
+            s.tokens.extend(d)
+            drafted.append(s)
+        return drafted
+
+    def _keep_scheduled_drafts(self, plan: StepPlan, drafted: list[_Seq]) -> None:
+        """Guesses run only whole: a drafted sequence the plan feeds less than all of (the step's token
+        budget) or not at all (preempted, ended) drops them and, if it runs, decodes its one token."""
+        for s in drafted:
+            i = next((j for j, r in enumerate(plan.run) if r.seq is s), None)
+            if i is not None and plan.run[i].n_tokens == 1 + len(s.draft):
+                continue
+            del s.tokens[len(s.tokens) - len(s.draft) :]
+            s.draft = []
+            if i is not None:
+                plan.run[i] = Scheduled(s, 1)
+
+    def _apply_speculation(self, plan: StepPlan, s: _Seq, taken: list[int]) -> None:
+        """A drafted sequence's step: its guesses leave its tokens, what the check kept is accepted token
+        by token (a stop ends it as usual) and its plan entry counts the positions whose K/V are sound:
+        the last real token and the kept guesses."""
+        d = s.draft
+        del s.tokens[len(s.tokens) - len(d) :]
+        s.draft = []
+        kept = len(taken) - 1
+        s.spec.record(len(d), kept)  # type: ignore[union-attr]
+        self.stats.draft_tokens += len(d)
+        self.stats.draft_accepted += kept
+        for tok in taken:
+            if s.done:
+                break
+            self._accept(s, tok)
+        for j, r in enumerate(plan.run):
+            if r.seq is s:
+                plan.run[j] = Scheduled(s, 1 + kept)
 
     def _update_from_output(self, plan: StepPlan, out: RunnerOutput) -> None:
         """Apply a step: end what the plan ended and the rows that failed, append and stream the sampled
@@ -465,6 +545,12 @@ class Engine:
             self._finish(s, "error", error, status=status)
         for s, tok in out.sampled.items():
             self._accept(s, tok, out.logprobs.get(s))
+        for s, taken in out.speculated.items():
+            self._apply_speculation(plan, s, taken)
+        for s, _, _ in out.failed:  # a drafted row that failed: its guesses go
+            if s.draft:
+                del s.tokens[len(s.tokens) - len(s.draft) :]
+                s.draft = []
         n_prompt = self.sched.update_from_output(plan, out.computed)
         self.stats.prompt_tokens_computed += n_prompt
         if out.computed:
@@ -515,6 +601,7 @@ class RunnerOutput:
     sampled: dict[_Seq, int] = field(default_factory=dict)
     failed: list[tuple[_Seq, str, int]] = field(default_factory=list)
     logprobs: dict[_Seq, TokenLogprob] = field(default_factory=dict)  # rows whose request asked
+    speculated: dict[_Seq, list[int]] = field(default_factory=dict)  # drafted rows: kept guesses + 1
     n_rows: int = 0  # logits rows the forward produced (tokens generated, sampled or not)
 
 
@@ -568,7 +655,14 @@ class ModelRunner:
         masks = self._masks(batch)
         logits_of = self._forward(batch, out)
         out.n_rows = len(logits_of)
-        self._sample([s for s, _ in batch if s in logits_of], logits_of, out, masks)
+        drafted = [s for s, _ in batch if s in logits_of and s.draft]
+        for s in drafted:  # check the guesses (speculative.verify)
+            try:
+                history = s.tokens[: len(s.tokens) - len(s.draft)]
+                out.speculated[s] = speculative.verify(s.sampler, logits_of[s], s.draft, history)
+            except ValueError as e:
+                out.failed.append((s, f"sampling failed: {e}", 400))
+        self._sample([s for s, _ in batch if s in logits_of and not s.draft], logits_of, out, masks)
         for s, tok in out.sampled.items():
             if s.req.logprobs is not None:
                 out.logprobs[s] = token_logprob(np.asarray(logits_of[s]), tok, s.req.logprobs)
@@ -604,7 +698,8 @@ class ModelRunner:
             ids.append(np.full(k, s.slot))
             n += k
             if start + k == len(s.tokens):
-                rows.append(n - 1)
+                d = len(s.draft)
+                rows.extend(range(n - 1 - d, n))  # a drafted row: logits after each guess too
                 want.append(s)
         args = (
             np.asarray(toks, np.int64),
@@ -614,20 +709,33 @@ class ModelRunner:
         )
         # log-probabilities and constraints need whole rows
         full = any(s.req.logprobs is not None or s.constraint is not None for s in want)
-        decode = len(want) == n
+        decode = len(rows) == n  # every fed token needs its logits: a decode step (drafted rows too)
+        drafted = any(s.draft for s in want)
+
+        def split(out: Any) -> list:  # a drafted sequence takes its rows as one (d + 1, ...) block
+            blocks, i = [], 0
+            for s in want:
+                d = len(s.draft)
+                blocks.append(out[i : i + d + 1] if d else out[i])
+                i += d + 1
+            return blocks
+
         if decode and not full and all(s.sampler.is_greedy and not s.sampler.pre for s in want):
             # all decode, all plain greedy: only the argmax ids leave the backend (a device keeps logits)
-            picked = self.model.decode_greedy(*args)
-            logits = [int(t) for t in picked]
-        elif decode and not full and _keeps_logits(self.model) and all(s.sampler.top_k_first for s in want):
+            picked = np.asarray(self.model.decode_greedy(*args), np.int64)
+            logits = [v if isinstance(v, np.ndarray) else int(v) for v in split(picked)]
+        elif (
+            decode and not full and not drafted and _keeps_logits(self.model)
+            and all(s.sampler.top_k_first for s in want)
+        ):  # fmt: skip
             # all decode on a device, every chain starting with top-k: only k candidates per row cross
             k = max([s.sampler.params.top_k for s in want if not s.sampler.is_greedy] or [1])
             ids, vals = self.model.decode_top_k(*args, k)
             logits = [_TopK(ids[i], vals[i]) for i in range(len(want))]
         elif decode:  # all decode: the backend's fast path
-            logits = self.model.decode_step(*args)  # (native: a captured plan replayed in one call)
+            logits = split(self.model.decode_step(*args))  # (native: a captured plan replayed in one call)
         else:
-            logits = self.model.forward(*args, logits_rows=np.asarray(rows, np.int64))
+            logits = split(self.model.forward(*args, logits_rows=np.asarray(rows, np.int64)))
         return {s: logits[i] for i, s in enumerate(want)}
 
     def _sample(

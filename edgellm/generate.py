@@ -31,6 +31,8 @@ class Timings:
     prompt_s: float = 0.0
     generated_tokens: int = 0
     generation_s: float = 0.0
+    draft_tokens: int = 0  # speculative guesses checked
+    draft_accepted: int = 0  # of those, kept
 
     @property
     def prompt_tps(self) -> float:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from edgellm import embed, store, structured
+from edgellm import embed, speculative, store, structured
 from edgellm.arch import load_model, matrices
 from edgellm.backends import get_backend
 from edgellm.chat import ChatTemplate
@@ -120,6 +120,7 @@ class LLM:
         chat_template: str | None = None,
         use_mmap: bool = True,
         log=None,
+        spec: speculative.SpecConfig | str | None = None,
     ):
         t0 = time.perf_counter()
         self.path = store.resolve(str(model) if model is not None else None, log=log)
@@ -136,6 +137,8 @@ class LLM:
             raise ValueError(f"context size must be positive, got {self.n_ctx}")
         self.default_params = SamplingParams.from_gguf_metadata(self.file.metadata)
         self._engine: Engine | None = None
+        # speculative decoding for every call ("ngram-simple", or a SpecConfig): speculative.py
+        self.spec = speculative.SpecConfig(kind=spec) if isinstance(spec, str) else spec
         self.last_timings = Timings()  # of the last generate / stream / chat call
         self.load_s = time.perf_counter() - t0
 
@@ -147,8 +150,9 @@ class LLM:
         if self._engine is not None:
             self._engine.shutdown(grace=0.0)
         opts: dict[str, Any] = dict(
-            max_seqs=ENGINE_SEQS, kv_tokens=ENGINE_CONTEXTS * self.n_ctx, max_batch_tokens=PREFILL_CHUNK
-        )
+            max_seqs=ENGINE_SEQS, kv_tokens=ENGINE_CONTEXTS * self.n_ctx, max_batch_tokens=PREFILL_CHUNK,
+            spec=self.spec,
+        )  # fmt: skip
         opts.update({k: v for k, v in options.items() if v is not None})
         self._engine = Engine(self.model, self.tokenizer, n_ctx=self.n_ctx, **opts)
         return self._engine
@@ -309,6 +313,8 @@ class LLM:
                             t.prompt_tokens += ev.usage.prompt_tokens - ev.usage.cached_tokens
                             t.cached_tokens += ev.usage.cached_tokens
                             t.generated_tokens += ev.usage.completion_tokens
+                            t.draft_tokens += ev.usage.draft_tokens
+                            t.draft_accepted += ev.usage.draft_accepted
                         if ev.finish_reason == "error":
                             raise RuntimeError(ev.error or "generation failed")
                         if ev.text or ev.token is not None or ev.finish_reason:

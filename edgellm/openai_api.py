@@ -159,6 +159,7 @@ class GenerationParams:
     grammar: Any = None  # a structured.Grammar the output must match
     grammar_field: str = ""  # the request field it came from (errors name it)
     tools: Any = None  # chat: a tools.ToolRequest
+    speculative: bool = True  # false (or llama-server's speculative.n_max 0): no guessing for this one
 
 
 def _sampling(body: dict, lim: Limits) -> dict[str, Any]:
@@ -315,6 +316,7 @@ def _common(
         ignore_eos=_boolean(body, "ignore_eos"),
         grammar=grammar,
         grammar_field=grammar_field,
+        speculative=_boolean(body, "speculative", True) and body.get("speculative.n_max") != 0,
     )
 
 

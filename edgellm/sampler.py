@@ -408,6 +408,26 @@ class RowSampler:
             c = step(c)
         return draw(c, self.rng)
 
+    def distribution(
+        self, logits: np.ndarray, history: Sequence[int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The distribution __call__ draws from, as (ids, probabilities): after the logit steps and the
+        filters, the softmax of what survives (greedy: the argmax with probability 1). Speculative
+        decoding checks drafts against it."""
+        x = np.asarray(logits, dtype=np.float32)
+        hist: Sequence[int] = () if history is None else history
+        for step in self.pre:
+            x = step(x, hist)
+        if not np.isfinite(x.max()):
+            raise ValueError(_NO_TOKEN)
+        if self.is_greedy:
+            return np.array([greedy(x)], np.int64), np.ones(1)
+        c = candidates(x)
+        for step in self.filters:
+            c = step(c)
+        w = np.exp((c.logits - c.logits.max()).astype(np.float64))
+        return np.asarray(c.ids, np.int64), w / w.sum()
+
     @property
     def top_k_first(self) -> bool:
         """Whether the chain can start from the row's top-k candidates (greedy, or top-k is its first

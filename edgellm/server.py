@@ -76,6 +76,7 @@ class ServerConfig:
     pooling: str | None = None  # embeddings' pooling (default: the file's, else "last")
     webui: bool = True  # the chat page at /
     slots: bool = True  # the read-only GET /slots (llama-server's --slots / --no-slots)
+    spec: Any = None  # speculative.SpecConfig: prompt-lookup speculative decoding (--spec-type)
 
 
 @dataclass
@@ -140,6 +141,7 @@ def load(state: State) -> None:
             max_batch_tokens=c.batch_tokens,
             max_queue=c.queue_size,
             prefix_caching=c.prefix_cache,
+            spec=c.spec,
         )
         engine.start()
     except Exception as e:  # noqa: BLE001 - reported on /health and the log
@@ -631,7 +633,7 @@ async def _generate(state: State, request: Request, chat: bool):
             q = params
             if q.seed is not None and (len(prompts) > 1 or p.n > 1):
                 q = replace(q, seed=(q.seed + i * p.n + j) % (1 << 64))  # distinct, reproducible choices
-            reqs.append(GenRequest(ids, q, p.max_tokens, tuple(p.stop), p.logprobs, grammar))
+            reqs.append(GenRequest(ids, q, p.max_tokens, tuple(p.stop), p.logprobs, grammar, p.speculative))
     streams = _submit(engine, reqs)
     tok = llm.tokenizer
     shaper = oa.Shaper(
@@ -680,17 +682,22 @@ class _Timings:
     """llama-server's `timings` for a request's sequences, from their final usage."""
 
     def __init__(self) -> None:
-        self.prompt_n = self.gen_n = 0
+        self.prompt_n = self.gen_n = self.draft_n = self.draft_accepted = 0
         self.prompt_s = self.total_s = 0.0
 
     def add(self, u: Any) -> None:
+        self.draft_n += u.draft_tokens
+        self.draft_accepted += u.draft_accepted
         self.prompt_n += u.prompt_tokens - u.cached_tokens
         self.gen_n += u.completion_tokens
         self.prompt_s = max(self.prompt_s, u.ttft_s or 0.0)
         self.total_s = max(self.total_s, u.total_s or 0.0)
 
     def body(self) -> dict[str, float]:
-        return la.timings(self.prompt_n, self.prompt_s, self.gen_n, max(0.0, self.total_s - self.prompt_s))
+        t = la.timings(self.prompt_n, self.prompt_s, self.gen_n, max(0.0, self.total_s - self.prompt_s))
+        if self.draft_n:  # llama-server's names for speculative decoding's figures
+            t.update(draft_n=self.draft_n, draft_n_accepted=self.draft_accepted)
+        return t
 
 
 async def _responses(state: State, request: Request):
@@ -833,7 +840,8 @@ async def _native_answer(state: State, request: Request, engine: Engine, p: Any,
     llm = state.llm
     grammar = await _compile(engine, p.grammar, p.grammar_field)
     t0 = time.perf_counter()
-    streams = _submit(engine, [GenRequest(prompt, params, p.max_tokens, tuple(p.stop), p.logprobs, grammar)])
+    req = GenRequest(prompt, params, p.max_tokens, tuple(p.stop), p.logprobs, grammar, p.speculative)
+    streams = _submit(engine, [req])
     usage = request.state.edgellm_usage = [0, 0, 0]
     eog = llm.tokenizer.eog_ids
     settings = la.generation_settings(params, llm.n_ctx, p.max_tokens, p.stop)
@@ -853,12 +861,18 @@ async def _native_answer(state: State, request: Request, engine: Engine, p: Any,
             "generation_settings": {**settings, "stream": p.stream}, "prompt": llm.tokenizer.decode(prompt),
             "has_new_line": "\n" in text, "truncated": False, "stop_type": st,
             "stopping_word": "" if st != "word" else next((w for w in p.stop if w), ""),
-            "timings": la.timings(usage[0] - usage[2], ttft, usage[1], time.perf_counter() - t0 - ttft),
+            "timings": {**la.timings(usage[0] - usage[2], ttft, usage[1], time.perf_counter() - t0 - ttft),
+                        **({"draft_n": drafts[0], "draft_n_accepted": drafts[1]} if drafts[0] else {})},
             **probs(lps),
         }  # fmt: skip
 
-    def events() -> AsyncIterator[Event]:
-        return _one_stream(streams, usage)
+    drafts = [0, 0]  # speculative guesses checked and kept
+
+    async def events() -> AsyncIterator[Event]:
+        async for ev in _one_stream(streams, usage):
+            if ev.usage is not None:
+                drafts[:] = [ev.usage.draft_tokens, ev.usage.draft_accepted]
+            yield ev
 
     if p.stream:
 
@@ -1208,6 +1222,8 @@ _METRICS = [  # (engine key, prometheus name, type, help)
     ("prompt_tokens_computed_total", "prompt_tokens_computed_total", "counter", "Prompt tokens computed."),
     ("generation_tokens_total", "generation_tokens_total", "counter", "Tokens generated."),
     ("preemptions_total", "preemptions_total", "counter", "Sequences preempted for KV memory."),
+    ("draft_tokens_total", "draft_tokens_total", "counter", "Speculative tokens guessed and checked."),
+    ("draft_accepted_total", "draft_accepted_total", "counter", "Speculative tokens kept."),
     ("steps_total", "steps_total", "counter", "Engine steps (forward passes)."),
     ("queue_length", "queue_length", "gauge", "Requests waiting for a slot or memory."),
     ("running", "running_sequences", "gauge", "Sequences in the running batch."),

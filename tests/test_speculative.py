@@ -1,0 +1,91 @@
+"""Speculative decoding by prompt lookup (edgellm/speculative.py): the n-gram guesser, exactness at
+temperature 0 on the real SmolLM2 (the same tokens as plain decoding, greedy fast path and full-row path),
+the speculative-sampling rule keeping the target's distribution (tested statistically), the per-request
+switch and the load rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import edgellm
+from edgellm import speculative
+from edgellm.engine import GenRequest
+from edgellm.sampler import RowSampler, SamplingParams
+from edgellm.speculative import SpecConfig, ngram_draft
+
+COPY = (
+    "Repeat this list exactly:\nalpha, beta, gamma, delta, epsilon, zeta, eta, theta\n"
+    "alpha, beta, gamma, delta, epsilon, zeta, eta, theta\n"
+)
+
+
+def test_ngram_draft_takes_what_followed_the_latest_earlier_occurrence():
+    t = [1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3]
+    assert ngram_draft(t, 2, n_max=3, n_min=2) == [7, 8]  # the latest earlier "1 2 3" is followed by 7 8
+    assert ngram_draft(t, 5, n_max=3, n_min=2) == [7, 8, 5, 1, 2]
+    assert ngram_draft([4, 5, 6], 3) == [] and ngram_draft([1], 3) == []
+    assert ngram_draft([5, 6, 1, 5, 6], 2, n_max=2, n_min=2) == [1, 5]
+    assert [speculative.bucket(n) for n in range(9)] == [0, 1, 1, 3, 3, 3, 3, 7, 7]
+    with pytest.raises(ValueError):
+        SpecConfig(kind="draft-model")
+
+
+@pytest.fixture(scope="module")
+def llm(smollm2_path):
+    return edgellm.LLM(smollm2_path, backend="native", threads=1, n_ctx=512)
+
+
+def _tokens(llm, prompt: str, spec, n=48, **sampling) -> tuple[list[int], object]:
+    engine = llm.open_engine(spec=spec)
+    ids = llm.chat_prompt([{"role": "user", "content": prompt}])
+    out = llm._collect([GenRequest(ids, llm.params(**sampling), n)])[0]
+    return out.tokens, engine.stats
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0, "repeat_penalty": 1.1}])
+def test_greedy_text_is_plain_decodings_and_guesses_are_kept(llm, sampling):
+    """Plain greedy rows go through the backend's argmax; a repeat penalty makes them full rows."""
+    for prompt in (COPY, "Write a haiku about the sea."):
+        plain, _ = _tokens(llm, prompt, None, **sampling)
+        spec, stats = _tokens(llm, prompt, SpecConfig(), **sampling)
+        assert spec == plain, prompt
+        if prompt is COPY:  # guesses were checked (a repeat penalty steers away from copying: none kept)
+            assert stats.draft_tokens > 0
+            assert stats.draft_accepted > 0 or "repeat_penalty" in sampling
+
+
+def test_speculative_sampling_keeps_the_targets_distribution():
+    """verify() on fixed logits: the first token's distribution over many draws equals the sampler's
+    own (chi-square), whether the guess is likely, unlikely or outside the candidates; a kept guess is
+    followed by a draw from the next row's distribution."""
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((2, 50)).astype(np.float32) * 2
+    sampler = RowSampler(SamplingParams(temperature=0.8, top_k=8, top_p=0.95, min_p=0.0, seed=1))
+    ids, probs = sampler.distribution(logits[0])
+    want = dict(zip(ids.tolist(), probs.tolist()))
+    n = 20000
+    for guess in (int(ids[np.argmax(probs)]), int(ids[np.argmin(probs)]), 49 if 49 not in want else 0):
+        counts: dict[int, int] = {}
+        for _ in range(n):
+            first = speculative.verify(sampler, logits, [guess], [])[0]
+            counts[first] = counts.get(first, 0) + 1
+        assert set(counts) <= set(want)
+        chi2 = sum((counts.get(t, 0) - n * p) ** 2 / (n * p) for t, p in want.items())
+        assert chi2 < 40, (guess, chi2)  # 7 degrees of freedom: p < 1e-5 of failing by chance
+    kept = [speculative.verify(sampler, logits, [int(ids[np.argmax(probs)])], []) for _ in range(2000)]
+    seconds = [k[1] for k in kept if len(k) == 2]
+    ids2, _ = sampler.distribution(logits[1])
+    assert seconds and set(seconds) <= set(ids2.tolist())
+
+
+def test_requests_can_opt_out_and_a_busy_engine_does_not_guess(llm):
+    engine = llm.open_engine(spec=SpecConfig(max_batch=2))
+    ids = llm.chat_prompt([{"role": "user", "content": COPY}])
+    llm._collect([GenRequest(ids, llm.params(temperature=0), 32, speculative=False)])
+    assert engine.stats.draft_tokens == 0
+    llm._collect([GenRequest(ids, llm.params(temperature=0), 32) for _ in range(3)])  # 3 decode > 2
+    assert engine.stats.draft_tokens == 0
+    out = llm._collect([GenRequest(ids, llm.params(temperature=0.2, seed=4), 32)])[0]
+    assert engine.stats.draft_tokens > 0 and len(out.tokens) > 0  # sampled rows guess too
+    llm.open_engine(spec=None)
