@@ -192,7 +192,10 @@ def run(
     ),
     as_json: bool = typer.Option(False, "--json", help="Constrain the answer to a JSON object."),
     spec_type: str = typer.Option(
-        "none", "--spec-type", help="Speculative decoding: none or ngram-simple (prompt lookup)."
+        "none", "--spec-type", help="Speculative decoding: none, ngram-simple (prompt lookup) or draft."
+    ),
+    model_draft: str | None = typer.Option(
+        None, "-md", "--model-draft", help="Draft model (alias or .gguf) with the same vocabulary."
     ),
     draft_max: int = typer.Option(8, "--draft-max", help="Speculative tokens guessed per step at most."),
     draft_min: int = typer.Option(1, "--draft-min", help="Fewer guesses found than this: none are tried."),
@@ -218,7 +221,7 @@ def run(
         chat_template=chat_template,
         use_mmap=not no_mmap,
         log=log,
-        spec=spec_config(spec_type, draft_max, draft_min),
+        spec=spec_config(spec_type, draft_max, draft_min, model_draft),
     )
     if mlock:
         _mlock(llm)

@@ -16,15 +16,17 @@ class ServeError(ValueError):
     pass
 
 
-def spec_config(kind: str, draft_max: int, draft_min: int) -> Any:
-    """--spec-type/--draft-max/--draft-min as a speculative.SpecConfig (None for none); bad values are
-    one error line."""
+def spec_config(kind: str, draft_max: int, draft_min: int, model_draft: str | None = None) -> Any:
+    """--spec-type/--draft-max/--draft-min/-md as a speculative.SpecConfig (None for none; -md alone means
+    a draft model, as llama.cpp's); bad values are one error line."""
     from edgellm.speculative import SpecConfig
 
+    if model_draft:
+        kind = "draft" if kind in ("none", "draft") else kind
     if kind == "none":
         return None
     try:
-        return SpecConfig(kind=kind, draft_max=draft_max, draft_min=draft_min)
+        return SpecConfig(kind=kind, model=model_draft, draft_max=draft_max, draft_min=draft_min)
     except ValueError as e:
         raise ServeError(f"--spec-type/--draft-max/--draft-min: {e}") from None
 
@@ -68,7 +70,10 @@ def serve(
         10.0, "--header-timeout", help="Seconds a connection has to send its request headers."
     ),
     spec_type: str = typer.Option(
-        "none", "--spec-type", help="Speculative decoding: none or ngram-simple (prompt lookup)."
+        "none", "--spec-type", help="Speculative decoding: none, ngram-simple (prompt lookup) or draft."
+    ),
+    model_draft: str | None = typer.Option(
+        None, "-md", "--model-draft", help="Draft model (alias or .gguf) with the same vocabulary."
     ),
     draft_max: int = typer.Option(8, "--draft-max", help="Speculative tokens guessed per step at most."),
     draft_min: int = typer.Option(1, "--draft-min", help="Fewer guesses found than this: none are tried."),
@@ -132,7 +137,7 @@ def serve(
         pooling=pooling,
         webui=not no_webui,
         slots=slots,
-        spec=spec_config(spec_type, draft_max, draft_min),
+        spec=spec_config(spec_type, draft_max, draft_min, model_draft),
     )
 
     def ready(state) -> None:

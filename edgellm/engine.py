@@ -209,6 +209,7 @@ class Engine:
         max_queue: int = 64,
         prefix_caching: bool = True,
         spec: speculative.SpecConfig | None = None,
+        draft_model: Any = None,
     ):
         if n_ctx <= 0 or max_seqs <= 0 or block_size <= 0 or max_batch_tokens <= 0 or max_queue < 0:
             raise ValueError("n_ctx, max_seqs, block_size and max_batch_tokens must be positive")
@@ -230,6 +231,11 @@ class Engine:
             not prefix_caching and bool(model.window_layers()) if hasattr(model, "window_layers") else False
         )
         self.spec = spec if spec is not None and spec.kind != "none" and not rings else None
+        self.draft = None
+        if self.spec is not None and self.spec.kind == "draft":
+            if draft_model is None:
+                raise ValueError("speculative kind 'draft' needs the draft model")
+            self.draft = speculative.DraftModel(draft_model, n_ctx, max_seqs)
         self.stats = EngineStats()
         self._rates: collections.deque[tuple[float, int, int]] = collections.deque()  # (t, prompt, gen)
         self._lock = threading.Lock()
@@ -442,6 +448,8 @@ class Engine:
         if s.done:
             return
         s.done = True
+        if self.draft is not None:
+            self.draft.forget(s)
         text = s.stop.flush() + s.detok.flush() if flush and reason in ("stop", "length") else ""
         self.sched.finish(s, keep_tail=reason in ("stop", "length", "cancelled"))
         self.stats.finished[reason] += 1
@@ -490,7 +498,10 @@ class Engine:
                 k = min(k, s.req.max_tokens - s.n_generated - 1)
             if k < cfg.draft_min:
                 continue
-            d = speculative.ngram_draft(s.tokens, k, cfg.ngram_max, cfg.ngram_min)
+            if self.draft is not None:
+                d = self.draft.propose(s, speculative.bucket(k))
+            else:
+                d = speculative.ngram_draft(s.tokens, k, cfg.ngram_max, cfg.ngram_min)
             d = d[: speculative.bucket(len(d))]  # a few step sizes: a few captured plans, not one per length
             if len(d) < cfg.draft_min:
                 continue
@@ -522,6 +533,8 @@ class Engine:
         del s.tokens[len(s.tokens) - len(d) :]
         s.draft = []
         kept = len(taken) - 1
+        if self.draft is not None:
+            self.draft.kept(s, len(s.tokens), len(d), kept)
         s.spec.record(len(d), kept)  # type: ignore[union-attr]
         self.stats.draft_tokens += len(d)
         self.stats.draft_accepted += kept

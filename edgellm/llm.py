@@ -139,6 +139,15 @@ class LLM:
         self._engine: Engine | None = None
         # speculative decoding for every call ("ngram-simple", or a SpecConfig): speculative.py
         self.spec = speculative.SpecConfig(kind=spec) if isinstance(spec, str) else spec
+        self.draft_model = None
+        if self.spec is not None and self.spec.kind == "draft":  # -md: a second model, the same backend
+            draft_file = ModelFile(store.resolve(self.spec.model, log=log), use_mmap=use_mmap)
+            if not speculative.same_vocabulary(Tokenizer.from_gguf(draft_file), self.tokenizer):
+                raise ValueError(
+                    f"the draft model {draft_file.path.name} has another vocabulary than {self.path.name}: "
+                    "a draft must share the target's tokens"
+                )
+            self.draft_model = load_model(draft_file, self.backend)
         self.last_timings = Timings()  # of the last generate / stream / chat call
         self.load_s = time.perf_counter() - t0
 
@@ -151,7 +160,7 @@ class LLM:
             self._engine.shutdown(grace=0.0)
         opts: dict[str, Any] = dict(
             max_seqs=ENGINE_SEQS, kv_tokens=ENGINE_CONTEXTS * self.n_ctx, max_batch_tokens=PREFILL_CHUNK,
-            spec=self.spec,
+            spec=self.spec, draft_model=self.draft_model,
         )  # fmt: skip
         opts.update({k: v for k, v in options.items() if v is not None})
         self._engine = Engine(self.model, self.tokenizer, n_ctx=self.n_ctx, **opts)

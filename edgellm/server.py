@@ -127,7 +127,10 @@ def load(state: State) -> None:
 
     c = state.config
     try:
-        llm = LLM(c.model, backend=c.backend, threads=c.threads, n_ctx=c.n_ctx, chat_template=c.chat_template)
+        llm = LLM(
+            c.model, backend=c.backend, threads=c.threads, n_ctx=c.n_ctx, chat_template=c.chat_template,
+            spec=c.spec,
+        )  # fmt: skip
         kv_tokens = None
         if c.kv_budget:
             kv_tokens = parse_kv_budget(c.kv_budget, llm.model.kv_bytes_per_token())
@@ -141,7 +144,6 @@ def load(state: State) -> None:
             max_batch_tokens=c.batch_tokens,
             max_queue=c.queue_size,
             prefix_caching=c.prefix_cache,
-            spec=c.spec,
         )
         engine.start()
     except Exception as e:  # noqa: BLE001 - reported on /health and the log

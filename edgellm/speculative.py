@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-KINDS = ("none", "ngram-simple")
+KINDS = ("none", "ngram-simple", "draft")
+PREFILL_CHUNK = 256  # a draft model catches up on a sequence's tokens in chunks of this many
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class SpecConfig:
     while at most this many sequences decode."""
 
     kind: str = "ngram-simple"
+    model: str | None = None  # kind "draft": the draft model's alias or path (-md/--model-draft)
     draft_max: int = 8
     draft_min: int = 1
     ngram_max: int = 4
@@ -40,6 +42,8 @@ class SpecConfig:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown speculative kind {self.kind!r}: expected one of {', '.join(KINDS)}")
+        if (self.kind == "draft") != (self.model is not None):
+            raise ValueError("a draft model goes with kind 'draft' (-md/--model-draft), and only with it")
         if not (1 <= self.draft_min <= self.draft_max <= 64):
             raise ValueError("draft sizes must satisfy 1 <= draft_min <= draft_max <= 64")
         if not (1 <= self.ngram_min <= self.ngram_max <= 16) or self.max_batch < 1:
@@ -70,6 +74,59 @@ def bucket(n: int) -> int:
     while 2 * (b + 1) - 1 <= n:
         b = 2 * (b + 1) - 1
     return b
+
+
+class DraftModel:
+    """A small model with the target's vocabulary that guesses a sequence's next tokens greedily. It keeps
+    a KV cache of its own, one row per engine slot, and catches up on each sequence's tokens (its prompt
+    on the first guess, then what was kept) before guessing; guesses the target rejects leave stale K/V
+    past the sequence's end, overwritten when the real tokens come (attention stops at a row's position)."""
+
+    def __init__(self, model: Any, n_ctx: int, n_seqs: int):
+        self.model = model
+        self.n_ctx = n_ctx
+        self.cache = model.new_kv_cache(n_ctx, n_seqs, window_rings=False)
+        self._state: dict[int, tuple[int, int]] = {}  # seq id -> (slot, positions with sound K/V)
+
+    def propose(self, seq: Any, k: int) -> list[int]:
+        slot, tokens = seq.slot, seq.tokens
+        known_slot, done = self._state.get(seq.id, (slot, 0))
+        done = done if known_slot == slot else 0
+        done = min(done, len(tokens) - 1)
+        m = self.model
+        x = None
+        if len(tokens) - done == 1:  # the usual catch-up: the target's last token, one decode step
+            t = np.array([tokens[-1]], np.int64)
+            x = np.asarray(m.decode_step(t, np.array([done]), np.array([slot]), self.cache))[0]
+            done = len(tokens)
+        for s in range(done, len(tokens), PREFILL_CHUNK):
+            part = np.asarray(tokens[s : s + PREFILL_CHUNK], np.int64)
+            pos = np.arange(s, s + len(part), dtype=np.int64)
+            x = m.forward(part, pos, np.full(len(part), slot, np.int64), self.cache,
+                          logits_rows=np.array([len(part) - 1], np.int64))[0]  # fmt: skip
+        out: list[int] = []
+        n = len(tokens)
+        for i in range(k):
+            t = int(np.argmax(x))
+            out.append(t)
+            if i == k - 1 or n + i + 1 >= self.n_ctx:
+                break
+            x = np.asarray(m.decode_step(np.array([t]), np.array([n + i]), np.array([slot]), self.cache))[0]
+        self._state[seq.id] = (slot, n + len(out) - 1)
+        return out
+
+    def kept(self, seq: Any, n_before: int, n_draft: int, n_kept: int) -> None:
+        """After the check: the draft's K/V are sound for the sequence's tokens before this step and the
+        guesses kept (the last guess was never fed to it)."""
+        self._state[seq.id] = (seq.slot, n_before + min(n_kept, n_draft - 1))
+
+    def forget(self, seq: Any) -> None:
+        self._state.pop(seq.id, None)
+
+
+def same_vocabulary(a: Any, b: Any) -> bool:
+    """Whether two tokenizers have the same tokens, in the same order (a draft must)."""
+    return a.vocab_size == b.vocab_size and a.vocab.texts == b.vocab.texts
 
 
 class SeqSpec:

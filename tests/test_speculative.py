@@ -89,3 +89,20 @@ def test_requests_can_opt_out_and_a_busy_engine_does_not_guess(llm):
     out = llm._collect([GenRequest(ids, llm.params(temperature=0.2, seed=4), 32)])[0]
     assert engine.stats.draft_tokens > 0 and len(out.tokens) > 0  # sampled rows guess too
     llm.open_engine(spec=None)
+
+
+def test_a_draft_model_with_the_same_vocabulary_guesses_and_another_is_refused(smollm2_path, gemma3_path):
+    """SmolLM2 drafting for itself: every guess is kept and the text is plain decoding's; a draft with
+    another vocabulary (Gemma 3) is refused in one line."""
+    spec = SpecConfig(kind="draft", model=str(smollm2_path), draft_max=4)
+    llm = edgellm.LLM(smollm2_path, backend="native", threads=1, n_ctx=512, spec=spec)
+    ids = llm.chat_prompt([{"role": "user", "content": "Write a haiku about the sea."}])
+    drafted = llm._collect([GenRequest(ids, llm.params(temperature=0), 40)])[0]
+    stats = llm.engine.stats
+    assert stats.draft_tokens > 0 and stats.draft_accepted == stats.draft_tokens
+    llm.open_engine(spec=SpecConfig(kind="none"))  # the same LLM, plain decoding
+    assert llm.engine.spec is None
+    assert llm._collect([GenRequest(ids, llm.params(temperature=0), 40)])[0].tokens == drafted.tokens
+    with pytest.raises(ValueError, match="another vocabulary"):
+        edgellm.LLM(smollm2_path, backend="native", threads=1, n_ctx=256,
+                    spec=SpecConfig(kind="draft", model=str(gemma3_path)))  # fmt: skip
