@@ -1070,7 +1070,10 @@ def test_structured_output_on_every_route(server):
 def qwen_server(qwen_coder_path, tmp_path_factory):
     pytest.importorskip("fastapi")
     pytest.importorskip("llguidance")
-    s = Server(qwen_coder_path, tmp_path_factory.mktemp("qwen") / "qwen.log", "--parallel", "2")
+    s = Server(
+        qwen_coder_path, tmp_path_factory.mktemp("qwen") / "qwen.log", "--parallel", "2",
+        "--spec-type", "ngram-simple",
+    )  # fmt: skip
     try:
         s.wait_ready()
         yield s
@@ -1114,3 +1117,23 @@ def test_tool_calls_with_the_openai_client_on_qwen(qwen_server):
         model="m", messages=follow, tools=[WEATHER], max_tokens=30, temperature=0
     )
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls") and r.usage.prompt_tokens > 100
+
+
+def test_prompt_lookup_speculation_reports_its_guesses(qwen_server):
+    """--spec-type ngram-simple: a copying answer's guesses show in timings (llama-server's draft_n,
+    draft_n_accepted) and /metrics; a request can switch it off."""
+    text = "alpha, beta, gamma, delta, epsilon, zeta, eta, theta, iota, kappa"
+    msgs = [{"role": "user", "content": f"Repeat exactly: {text}"}]
+    r = _post(
+        qwen_server, "/v1/chat/completions", {"messages": msgs, "max_tokens": 40, "temperature": 0}
+    ).json()
+    t = r["timings"]
+    assert t["draft_n"] > 0 and 0 < t["draft_n_accepted"] <= t["draft_n"], t
+    body = {"messages": msgs, "max_tokens": 40, "temperature": 0, "speculative": False}
+    off = _post(qwen_server, "/v1/chat/completions", body).json()
+    assert "draft_n" not in off["timings"]
+    assert off["choices"][0]["message"]["content"] == r["choices"][0]["message"]["content"]
+    native = _post(qwen_server, "/completion", {"prompt": f"{text}\n{text[:20]}", "n_predict": 16,
+                                                "temperature": 0}).json()  # fmt: skip
+    assert native["timings"]["draft_n"] > 0
+    assert _metrics(qwen_server)["edgellm_draft_accepted_total"] > 0
