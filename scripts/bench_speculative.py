@@ -1,0 +1,72 @@
+"""Speculative decoding's speed: plain decoding vs prompt lookup (ngram-simple) vs a draft model, on an
+editing prompt whose answer copies much of the prompt and on a free-writing prompt; greedy, so every
+variant must give the same text (checked).
+
+    python scripts/bench_speculative.py [--target qwen2.5-coder-1.5b] [--draft qwen2.5-coder-0.5b] [-r 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import edgellm
+from edgellm.speculative import SpecConfig
+
+CODE = """import json
+
+
+def load_config(path):
+    with open(path) as f:
+        data = json.load(f)
+    if "name" not in data:
+        raise ValueError("config needs a name")
+    return data
+
+
+def save_config(path, data):
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)
+"""
+PROMPTS = {
+    "edit": "Add type hints to every function in this code. Reply with the whole code only.\n\n" + CODE,
+    "free": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-n", "--n-predict", type=int, default=128)
+    ap.add_argument("-r", "--repetitions", type=int, default=3)
+    a = ap.parse_args()
+    variants = {
+        "plain": None,
+        "ngram-simple": SpecConfig(),
+        "draft": SpecConfig(kind="draft", model=a.draft, draft_max=4),
+    }
+    base: dict[str, tuple[float, str]] = {}
+    for name, spec in variants.items():
+        llm = edgellm.LLM(a.target, threads=a.threads, n_ctx=2048, spec=spec)
+        for kind, prompt in PROMPTS.items():
+            msgs = [{"role": "user", "content": prompt}]
+            rates, text, drafted, kept = [], "", 0, 0
+            for _ in range(a.repetitions):
+                llm.open_engine()  # a fresh prefix cache: every run computes its prompt
+                out = llm.chat(msgs, max_tokens=a.n_predict, temperature=0)
+                t = out.timings
+                rates.append(t.generated_tokens / t.generation_s)
+                text, drafted, kept = out.text, t.draft_tokens, t.draft_accepted
+            rate = statistics.median(rates)
+            if name == "plain":
+                base[kind] = (rate, text)
+            same = text == base[kind][1]
+            acc = f", {kept}/{drafted} guesses kept ({kept / drafted:.0%})" if drafted else ""
+            print(f"{a.target} {kind:<5} {name:<13} {rate:6.1f} tok/s = {rate / base[kind][0]:.2f}x plain"
+                  f"{acc}; same text: {same}", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
