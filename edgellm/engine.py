@@ -493,6 +493,8 @@ class Engine:
             return []
         drafted = []
         for s in decoders:
+            if not s.spec.ready():
+                continue
             k = min(s.spec.k, self.n_ctx - len(s.tokens) - 1)
             if s.req.max_tokens is not None:
                 k = min(k, s.req.max_tokens - s.n_generated - 1)

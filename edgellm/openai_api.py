@@ -622,33 +622,52 @@ class Shaper:
 MAX_EMBED_INPUTS = 2048  # OpenAI's limit on inputs per embeddings request
 
 
-def parse_embeddings(body: Any, lim: Limits, key: str = "input") -> list[str | list[int]]:
-    """POST /v1/embeddings `input` (or `content`, as llama-server takes it; `input` wins): a string, a list
-    of strings, token ids, or a list of token-id lists; `key` names the field in errors when neither is
-    there."""
+def _one_prompt(x: Any) -> list | None:
+    """One of llama-server's prompt forms as its pieces (strings and token ids, in order), or None:
+    a string, token ids mixed with strings, {"prompt_string": s}, {"content": [text parts]}."""
+    if isinstance(x, str):
+        return [x]
+    if isinstance(x, list) and x and all(isinstance(t, str) or _is_int(t) for t in x):
+        return x
+    if isinstance(x, dict) and isinstance(x.get("prompt_string"), str):
+        return [x["prompt_string"]]
+    if isinstance(x, dict) and isinstance(x.get("content"), list) and x["content"]:
+        parts = x["content"]
+        if all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in parts
+        ):
+            return ["".join(p["text"] for p in parts)]
+    return None
+
+
+def parse_embeddings(body: Any, lim: Limits, key: str = "input") -> list[list]:
+    """POST /v1/embeddings `input` (or `content`, as llama-server takes it; `input` wins): one prompt or
+    a list of them, each in one of llama-server's forms (_one_prompt), as lists of pieces for
+    llama_api.prompt_ids; `key` names the field in errors when neither is there."""
     if not isinstance(body, dict):
         raise bad("", "the request body must be a JSON object")
     name = "input" if "input" in body else ("content" if "content" in body else key)
     x = body.get(name)
-    if isinstance(x, str):
-        items: list[Any] = [x]
-    elif isinstance(x, list) and x and all(_is_int(t) for t in x):
-        items = [x]
-    elif isinstance(x, list) and x and all(isinstance(i, (str, list)) for i in x):
-        items = x
+    if isinstance(x, (str, dict)) or (isinstance(x, list) and any(_is_int(t) for t in x)):
+        items = [_one_prompt(x)]  # one prompt: a string, a prompt object, or ids with strings mixed in
+    elif isinstance(x, list) and x:
+        items = [_one_prompt(i) for i in x]
     else:
         raise bad(name, "must be a string, token ids, or a non-empty list of those")
+    if any(i is None for i in items):
+        raise bad(name, "each input must be a string, token ids (with strings mixed in), "
+                  "{'prompt_string': ...} or {'content': [text parts]}")  # fmt: skip
     if len(items) > MAX_EMBED_INPUTS:
         raise bad(name, f"at most {MAX_EMBED_INPUTS} inputs per request")
     for i, it in enumerate(items):
-        if isinstance(it, list) and not (it and all(_is_int(t) and 0 <= t < lim.n_vocab for t in it)):
+        if any(_is_int(t) and not 0 <= t < lim.n_vocab for t in it):
             raise bad(name, f"input {i}: token ids must be integers in [0, {lim.n_vocab})")
-        if isinstance(it, str) and not it:
+        if all(isinstance(t, str) and not t for t in it):
             raise bad(name, f"input {i} is empty")
     fmt = body.get("encoding_format", "float")
     if fmt not in ("float", "base64"):
         raise bad("encoding_format", "must be 'float' or 'base64'")
-    return items
+    return items  # type: ignore[return-value]
 
 
 def embeddings_body(vectors: list[Any], model: str, n_tokens: int, fmt: str) -> dict[str, Any]:

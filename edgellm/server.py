@@ -419,9 +419,10 @@ def create_app(state: State) -> FastAPI:
         q = ol.parse_embed(body)
         _ollama_check_model(state, q["model"])
         t0 = time.perf_counter()
-        ids = [_ollama_truncate(llm, llm.tokenize(t), q["truncate"]) for t in q["input"]]
         pooling = state.config.pooling or llm.pooling
-        vectors, n = await _embed(state, request, ids, "mean" if pooling == "none" else pooling, 2)
+        pooling = "mean" if pooling == "none" else pooling
+        items = [[t] for t in q["input"]]
+        vectors, n = await _embed(state, request, items, pooling, 2, truncate=q["truncate"])
         return {"model": q["model"] or state.model_id, "embeddings": [v.tolist() for v in vectors],
                 "total_duration": int((time.perf_counter() - t0) * 1e9), "load_duration": 0,
                 "prompt_eval_count": n}  # fmt: skip
@@ -435,7 +436,7 @@ def create_app(state: State) -> FastAPI:
         _ollama_check_model(state, body.get("model") or "")
         pooling = state.config.pooling or llm.pooling
         vectors, _ = await _embed(
-            state, request, [body["prompt"]], "mean" if pooling == "none" else pooling, -1
+            state, request, [[body["prompt"]]], "mean" if pooling == "none" else pooling, -1
         )
         return {"embedding": vectors[0].tolist()}
 
@@ -789,19 +790,17 @@ def _embedder(state: State) -> Any:
     return state.llm
 
 
-def _ollama_truncate(llm: Any, ids: list[int], truncate: bool) -> list[int]:
-    if len(ids) > llm.n_ctx and truncate:
-        return ids[: llm.n_ctx]
-    return ids
-
-
-async def _embed(state: State, request: Request, items: list, pooling: str, norm: int) -> tuple[list, int]:
+async def _embed(
+    state: State, request: Request, items: list, pooling: str, norm: int, truncate: bool = False
+) -> tuple[list, int]:
     """Each input's embedding (texts tokenized with BOS), computed on the engine's thread between steps;
     (vectors, input tokens in all)."""
     llm = state.llm
     vectors, n = [], 0
     for it in items:
-        ids = llm.tokenize(it) if isinstance(it, str) else list(it)
+        ids = la.prompt_ids(llm.tokenizer, it)  # llama-server's mixed prompts: BOS once
+        if truncate:  # Ollama's truncate: keep the first n_ctx tokens
+            ids = ids[: llm.n_ctx]
         try:
             vectors.append(await run_in_threadpool(llm.embed_ids, ids, pooling, norm))
         except ContextOverflow as e:

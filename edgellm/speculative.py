@@ -137,12 +137,26 @@ class SeqSpec:
         self.k = cfg.draft_max
         self.drafted = 0
         self.accepted = 0
+        self.rest = 0  # steps to skip guessing (after guesses that were all rejected)
+        self._backoff = 0
+
+    def ready(self) -> bool:
+        """Whether to guess this step (a sequence whose guesses keep failing pauses, longer each time)."""
+        if self.rest > 0:
+            self.rest -= 1
+            return False
+        return True
 
     def record(self, n_draft: int, n_kept: int) -> None:
         self.drafted += n_draft
         self.accepted += n_kept
         # all kept: guess further; some rejected: guess as far as was kept this time (at least 1)
         self.k = min(self.cfg.draft_max, self.k * 2) if n_kept == n_draft else max(1, n_kept)
+        if n_kept == 0:  # a wasted step: pause 1, 2, 4 ... 32 steps before the next guess
+            self._backoff = min(32, max(1, self._backoff * 2))
+            self.rest = self._backoff
+        else:
+            self._backoff = 0
 
 
 def verify(sampler: Any, rows: np.ndarray, draft: list[int], history: list[int]) -> list[int]:

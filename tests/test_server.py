@@ -831,6 +831,10 @@ def test_embeddings_on_the_openai_native_and_ollama_routes(server, fim_server):
     ids = httpx.post(server.url + "/tokenize", json={"content": "hello world"}).json()["tokens"]
     by_ids = c.embeddings.create(model="m", input=ids)
     assert np.allclose(by_ids.data[0].embedding, v, atol=1e-6)
+    parts = [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]
+    forms = [ids, {"prompt_string": "hello world"}, {"content": parts}, [ids[0], " world"]]
+    mixed = _post(server, "/v1/embeddings", {"input": forms}).json()["data"]  # llama-server's prompt forms
+    assert len(mixed) == 4 and all(np.allclose(d["embedding"], v, atol=1e-6) for d in mixed)
     native = httpx.post(server.url + "/embedding", json={"content": "hello world"}).json()
     assert len(native) == 1 and np.allclose(native[0]["embedding"][0], v, atol=1e-6)
     # /embeddings is llama-server's native route too (whether the body says input or content)
