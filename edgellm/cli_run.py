@@ -16,7 +16,7 @@ import typer
 
 from edgellm import store
 from edgellm.backends import names as backend_names
-from edgellm.cli_serve import spec_config
+from edgellm.cli_serve import SPEC_OPTIONS, spec_config
 from edgellm.sampler import SamplingParams
 
 DEFAULT_N_PREDICT = 512
@@ -191,14 +191,10 @@ def run(
         None, "--json-schema-file", help="Read the schema from a file."
     ),
     as_json: bool = typer.Option(False, "--json", help="Constrain the answer to a JSON object."),
-    spec_type: str = typer.Option(
-        "none", "--spec-type", help="Speculative decoding: none, ngram-simple (prompt lookup) or draft."
-    ),
-    model_draft: str | None = typer.Option(
-        None, "-md", "--model-draft", help="Draft model (alias or .gguf) with the same vocabulary."
-    ),
-    draft_max: int = typer.Option(8, "--draft-max", help="Speculative tokens guessed per step at most."),
-    draft_min: int = typer.Option(1, "--draft-min", help="Fewer guesses found than this: none are tried."),
+    spec_type: str = SPEC_OPTIONS["spec_type"](),
+    model_draft: str | None = SPEC_OPTIONS["model_draft"](),
+    draft_max: int = SPEC_OPTIONS["draft_max"](),
+    draft_min: int = SPEC_OPTIONS["draft_min"](),
 ) -> None:
     """Answer a prompt (streamed), or chat interactively when no prompt is given on a terminal.
 

@@ -16,6 +16,21 @@ class ServeError(ValueError):
     pass
 
 
+# the speculative-decoding flags `run` and `serve` share (llama.cpp's names)
+SPEC_OPTIONS = {
+    "spec_type": lambda: typer.Option(
+        "none", "--spec-type", help="Speculative decoding: none, ngram-simple (prompt lookup) or draft."
+    ),
+    "model_draft": lambda: typer.Option(
+        None, "-md", "--model-draft", help="Draft model (alias or .gguf) with the same vocabulary."
+    ),
+    "draft_max": lambda: typer.Option(8, "--draft-max", help="Speculative tokens guessed per step at most."),
+    "draft_min": lambda: typer.Option(
+        1, "--draft-min", help="Fewer guesses found than this: none are tried."
+    ),
+}
+
+
 def spec_config(kind: str, draft_max: int, draft_min: int, model_draft: str | None = None) -> Any:
     """--spec-type/--draft-max/--draft-min/-md as a speculative.SpecConfig (None for none; -md alone means
     a draft model, as llama.cpp's); bad values are one error line."""
@@ -69,14 +84,10 @@ def serve(
     header_timeout: float = typer.Option(
         10.0, "--header-timeout", help="Seconds a connection has to send its request headers."
     ),
-    spec_type: str = typer.Option(
-        "none", "--spec-type", help="Speculative decoding: none, ngram-simple (prompt lookup) or draft."
-    ),
-    model_draft: str | None = typer.Option(
-        None, "-md", "--model-draft", help="Draft model (alias or .gguf) with the same vocabulary."
-    ),
-    draft_max: int = typer.Option(8, "--draft-max", help="Speculative tokens guessed per step at most."),
-    draft_min: int = typer.Option(1, "--draft-min", help="Fewer guesses found than this: none are tried."),
+    spec_type: str = SPEC_OPTIONS["spec_type"](),
+    model_draft: str | None = SPEC_OPTIONS["model_draft"](),
+    draft_max: int = SPEC_OPTIONS["draft_max"](),
+    draft_min: int = SPEC_OPTIONS["draft_min"](),
     no_webui: bool = typer.Option(False, "--no-webui", help="Do not serve the chat page at /."),
     slots: bool = typer.Option(True, "--slots/--no-slots", help="Serve the read-only GET /slots."),
     embeddings: bool = typer.Option(

@@ -56,6 +56,12 @@ def _wait(drv, cond, timeout=120):
     return WebDriverWait(drv, timeout, poll_frequency=0.1).until(cond)
 
 
+def _fill(drv, element_id: str, text: str) -> None:
+    e = drv.find_element(By.ID, element_id)
+    e.clear()
+    e.send_keys(text)
+
+
 def _answers(drv) -> list[str]:
     return [e.text for e in drv.find_elements(By.CSS_SELECTOR, ".msg.assistant")]
 
@@ -72,12 +78,8 @@ def test_the_chat_page_asks_for_the_key_streams_an_answer_and_keeps_the_conversa
     _wait(drv, lambda d: d.find_element(By.ID, "model").text == "SmolLM2-135M-Instruct.Q4_1")
     drv.find_element(By.TAG_NAME, "summary").click()  # settings: a system prompt and temperature 0
     drv.find_element(By.ID, "system").send_keys("You are a geography teacher.")
-    t = drv.find_element(By.ID, "temperature")
-    t.clear()
-    t.send_keys("0")
-    m = drv.find_element(By.ID, "max_tokens")
-    m.clear()
-    m.send_keys("12")
+    _fill(drv, "temperature", "0")
+    _fill(drv, "max_tokens", "12")
     drv.find_element(By.ID, "input").send_keys("What is the capital of France?")
     drv.find_element(By.ID, "send").click()
     _wait(drv, lambda d: d.find_element(By.ID, "send").is_enabled() and _answers(d) and _answers(d)[0])
@@ -100,9 +102,7 @@ def test_the_stop_button_ends_a_long_answer_and_frees_the_server(server, browser
     drv.find_element(By.ID, "new").click()
     assert not drv.find_elements(By.CSS_SELECTOR, ".msg")  # a new chat is empty
     drv.execute_script("document.querySelector('details').open = true")
-    m = drv.find_element(By.ID, "max_tokens")
-    m.clear()
-    m.send_keys("400")
+    _fill(drv, "max_tokens", "400")
     drv.find_element(By.ID, "input").send_keys("Write a very long story about a dragon.")
     drv.find_element(By.ID, "send").click()
     _wait(drv, lambda d: _answers(d) and len(_answers(d)[0]) > 10)  # streaming has started
@@ -126,9 +126,7 @@ def test_message_text_is_shown_as_text_never_as_markup(server, browser):
     drv = browser
     drv.find_element(By.ID, "new").click()
     drv.execute_script("document.querySelector('details').open = true")
-    m = drv.find_element(By.ID, "max_tokens")
-    m.clear()
-    m.send_keys("1")
+    _fill(drv, "max_tokens", "1")
     drv.find_element(By.ID, "input").send_keys('<img src=x onerror="document.title=1"><b>bold</b>')
     drv.find_element(By.ID, "send").click()
     _wait(drv, lambda d: d.find_element(By.ID, "send").is_enabled() and _answers(d))
