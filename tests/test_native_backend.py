@@ -11,6 +11,7 @@ Tolerance for matmul: the same products of the same quantized numbers in another
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -402,3 +403,32 @@ def test_registered_and_threads_never_exceed_the_cores():
 
 
 assert N_VOCAB > 17  # the token ids BATCH_STEPS uses
+
+
+@pytest.mark.slow
+def test_qwen2_after_a_4k_token_prompt_gives_llama_cpps_next_token_distribution(qwen_coder_path):
+    """The long context (Qwen2.5 trains at 32k): after 4,096 tokens of the license texts, the next-token
+    distribution matches llama.cpp's (scripts/make_long_context_fixture.py): the same top token and a
+    small KL over llama.cpp's top 64 (the rest folded into one bin). Slow: a 4k prefill."""
+    import json
+
+    import edgellm
+
+    fx = json.loads(
+        (Path(__file__).parent / "fixtures" / "forward" / "qwen2.5-coder-0.5b-long.json").read_text()
+    )
+    llm = edgellm.LLM(qwen_coder_path, backend="native", n_ctx=4200, threads=2)
+    m, ids = llm.model, np.asarray(fx["ids"], np.int64)
+    kv = m.new_kv_cache(len(ids), 1)
+    for s in range(0, len(ids), 512):
+        part = ids[s : s + 512]
+        x = m.forward(part, np.arange(s, s + len(part)), np.zeros(len(part), np.int64), kv,
+                      logits_rows=np.array([len(part) - 1]))[0]  # fmt: skip
+    x = x.astype(np.float64)
+    lp = x - x.max() - np.log(np.exp(x - x.max()).sum())
+    top, want = np.asarray(fx["top_ids"]), np.exp(np.asarray(fx["top_logprobs"]))
+    got = np.exp(lp[top])
+    p = np.append(want, max(0.0, 1 - want.sum()))
+    q = np.append(got, max(1e-12, 1 - got.sum()))
+    kl = float(np.sum(p * (np.log(np.maximum(p, 1e-12)) - np.log(np.maximum(q, 1e-12)))))
+    assert int(np.argmax(lp)) == int(top[0]) and kl < 0.01, (int(np.argmax(lp)), int(top[0]), kl)
