@@ -175,6 +175,13 @@ class _Seq(SeqState):
         self.t_arrival = time.perf_counter()
         self.t_first: float | None = None
 
+    def drop_draft(self) -> list[int]:
+        """Take this step's guesses back out of the tokens; returns them."""
+        d, self.draft = self.draft, []
+        if d:
+            del self.tokens[len(self.tokens) - len(d) :]
+        return d
+
 
 @dataclass
 class EngineStats:
@@ -227,9 +234,7 @@ class Engine:
         self.kv = PagedKV(cache, prefix_caching)
         self.eog = tokenizer.eog_ids
         # guesses overwrite K/V ahead of a sequence; a sliding-window ring would lose entries it still needs
-        rings = (
-            not prefix_caching and bool(model.window_layers()) if hasattr(model, "window_layers") else False
-        )
+        rings = not prefix_caching and bool(getattr(model, "window_layers", list)())
         self.spec = spec if spec is not None and spec.kind != "none" and not rings else None
         self.draft = None
         if self.spec is not None and self.spec.kind == "draft":
@@ -280,7 +285,7 @@ class Engine:
         """A constraint compiled for this model's vocabulary, for GenRequest.grammar; GrammarError (a
         RequestRejected's kind of fault: the request's) names what is wrong."""
         n_vocab = self.model.config.n_vocab
-        return structured.compile_grammar(grammar, structured.guided_tokenizer(self, self.tokenizer, n_vocab))
+        return structured.compile_grammar(grammar, structured.guided_tokenizer(self.tokenizer, n_vocab))
 
     def submit(self, req: GenRequest, loop: asyncio.AbstractEventLoop | None = None) -> Stream:
         """Queue a request; its events arrive on the returned Stream (async if `loop` is given)."""
@@ -288,13 +293,13 @@ class Engine:
         stream = Stream(self, loop)
         guided = None
         if req.grammar:
-            guided = structured.guided_tokenizer(self, self.tokenizer, self.model.config.n_vocab)
+            guided = structured.guided_tokenizer(self.tokenizer, self.model.config.n_vocab)
         try:
             seq = _Seq(req, stream, self.tokenizer, guided)
             if self.spec is not None and req.speculative and not req.grammar and req.logprobs is None:
                 seq.spec = speculative.SeqSpec(self.spec)
-            if req.grammar and req.max_tokens is not None:
-                need = structured.min_tokens(req.grammar, guided)
+            if seq.constraint is not None and req.max_tokens is not None:
+                need = seq.constraint.min_tokens()
                 if need > req.max_tokens:
                     raise structured.GrammarError(
                         f"the constraint needs at least {need} tokens but max_tokens is {req.max_tokens}"
@@ -522,8 +527,7 @@ class Engine:
             i = next((j for j, r in enumerate(plan.run) if r.seq is s), None)
             if i is not None and plan.run[i].n_tokens == 1 + len(s.draft):
                 continue
-            del s.tokens[len(s.tokens) - len(s.draft) :]
-            s.draft = []
+            s.drop_draft()
             if i is not None:
                 plan.run[i] = Scheduled(s, 1)
 
@@ -531,9 +535,7 @@ class Engine:
         """A drafted sequence's step: its guesses leave its tokens, what the check kept is accepted token
         by token (a stop ends it as usual) and its plan entry counts the positions whose K/V are sound:
         the last real token and the kept guesses."""
-        d = s.draft
-        del s.tokens[len(s.tokens) - len(d) :]
-        s.draft = []
+        d = s.drop_draft()
         kept = len(taken) - 1
         if self.draft is not None:
             self.draft.kept(s, len(s.tokens), len(d), kept)
@@ -563,9 +565,7 @@ class Engine:
         for s, taken in out.speculated.items():
             self._apply_speculation(plan, s, taken)
         for s, _, _ in out.failed:  # a drafted row that failed: its guesses go
-            if s.draft:
-                del s.tokens[len(s.tokens) - len(s.draft) :]
-                s.draft = []
+            s.drop_draft()
         n_prompt = self.sched.update_from_output(plan, out.computed)
         self.stats.prompt_tokens_computed += n_prompt
         if out.computed:

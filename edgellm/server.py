@@ -840,7 +840,6 @@ async def _native_answer(state: State, request: Request, engine: Engine, p: Any,
     """A native completion's answer (`/completion` and `/infill`), whole or as SSE `data:` chunks."""
     llm = state.llm
     grammar = await _compile(engine, p.grammar, p.grammar_field)
-    t0 = time.perf_counter()
     req = GenRequest(prompt, params, p.max_tokens, tuple(p.stop), p.logprobs, grammar, p.speculative)
     streams = _submit(engine, [req])
     usage = request.state.edgellm_usage = [0, 0, 0]
@@ -851,10 +850,9 @@ async def _native_answer(state: State, request: Request, engine: Engine, p: Any,
     def probs(items: list) -> dict:
         return {"completion_probabilities": la.probabilities(items, piece)} if p.logprobs else {}
 
-    def final(
-        text: str, reason: str, last: int | None, ttft: float | None, tokens: list[int], lps: list
-    ) -> dict:
-        ttft = ttft or 0.0
+    timings = _Timings()  # from the sequence's final usage
+
+    def final(text: str, reason: str, last: int | None, tokens: list[int], lps: list) -> dict:
         st = la.stop_type(reason, last, eog, p.stop)
         return {
             "content": text, "tokens": tokens, "id_slot": 0, "stop": True, "model": state.model_id,
@@ -862,17 +860,14 @@ async def _native_answer(state: State, request: Request, engine: Engine, p: Any,
             "generation_settings": {**settings, "stream": p.stream}, "prompt": llm.tokenizer.decode(prompt),
             "has_new_line": "\n" in text, "truncated": False, "stop_type": st,
             "stopping_word": "" if st != "word" else next((w for w in p.stop if w), ""),
-            "timings": {**la.timings(usage[0] - usage[2], ttft, usage[1], time.perf_counter() - t0 - ttft),
-                        **({"draft_n": drafts[0], "draft_n_accepted": drafts[1]} if drafts[0] else {})},
+            "timings": timings.body(),
             **probs(lps),
         }  # fmt: skip
-
-    drafts = [0, 0]  # speculative guesses checked and kept
 
     async def events() -> AsyncIterator[Event]:
         async for ev in _one_stream(streams, usage):
             if ev.usage is not None:
-                drafts[:] = [ev.usage.draft_tokens, ev.usage.draft_accepted]
+                timings.add(ev.usage)
             yield ev
 
     if p.stream:
@@ -885,8 +880,7 @@ async def _native_answer(state: State, request: Request, engine: Engine, p: Any,
                         last = ev.token
                     lps = [(ev.token, ev.logprob)] if ev.logprob is not None else []
                     if ev.finish_reason is not None:
-                        ttft = ev.usage.ttft_s if ev.usage else None
-                        yield _sse_line(final(ev.text, ev.finish_reason, last, ttft, [], lps))
+                        yield _sse_line(final(ev.text, ev.finish_reason, last, [], lps))
                     elif ev.text or ev.token is not None:
                         tk = [ev.token] if ev.token is not None else []
                         chunk = {"content": ev.text, "tokens": tk, "stop": False, "id_slot": 0, **probs(lps)}
@@ -897,7 +891,7 @@ async def _native_answer(state: State, request: Request, engine: Engine, p: Any,
                 _cancel_all(streams)
 
         return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    texts, toks, lps, reason, ttft = [], [], [], "stop", None
+    texts, toks, lps, reason = [], [], [], "stop"
     try:
         async for ev in events():
             texts.append(ev.text)
@@ -905,11 +899,10 @@ async def _native_answer(state: State, request: Request, engine: Engine, p: Any,
                 toks.append(ev.token)
                 if ev.logprob is not None:
                     lps.append((ev.token, ev.logprob))
-            if ev.finish_reason is not None:
-                reason, ttft = ev.finish_reason, ev.usage.ttft_s if ev.usage else None
+            reason = ev.finish_reason or reason
     finally:
         _cancel_all(streams)
-    return final("".join(texts), reason, toks[-1] if toks else None, ttft, toks, lps)
+    return final("".join(texts), reason, toks[-1] if toks else None, toks, lps)
 
 
 async def _one_stream(streams: list, usage: list[int]) -> AsyncIterator[Event]:

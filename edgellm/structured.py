@@ -43,14 +43,6 @@ def _llg() -> Any:
     return llguidance
 
 
-def available() -> bool:
-    try:
-        _llg()
-    except NotInstalled:
-        return False
-    return True
-
-
 @dataclass(frozen=True)
 class Grammar:
     """What the output must match. `source`: the schema (a dict, or JSON text), the grammar text, the
@@ -160,14 +152,14 @@ class GuidedTokenizer:
 _cache_lock = threading.Lock()
 
 
-def guided_tokenizer(owner: Any, tokenizer: Any, n_vocab: int) -> GuidedTokenizer:
-    """The owner's GuidedTokenizer, made on first use (the owner is an LLM or an Engine)."""
+def guided_tokenizer(tokenizer: Any, n_vocab: int) -> GuidedTokenizer:
+    """The tokenizer's GuidedTokenizer for `n_vocab` logits, made on first use and kept on it (every
+    engine the model opens shares it)."""
     with _cache_lock:
-        g = getattr(owner, "_guided_tokenizer", None)
-        if g is None:
-            g = GuidedTokenizer(tokenizer, n_vocab)
-            owner._guided_tokenizer = g
-        return g
+        cache = tokenizer.__dict__.setdefault("_guided", {})
+        if n_vocab not in cache:
+            cache[n_vocab] = GuidedTokenizer(tokenizer, n_vocab)
+        return cache[n_vocab]
 
 
 def compile_grammar(g: Grammar, gt: GuidedTokenizer) -> str:
@@ -180,16 +172,6 @@ def compile_grammar(g: Grammar, gt: GuidedTokenizer) -> str:
             f"invalid {g.kind.replace('_', ' ')}: {messages[0] if messages else 'unknown error'}"
         )
     return text
-
-
-def min_tokens(grammar: str, gt: GuidedTokenizer) -> int:
-    """A lower bound on the tokens any answer to the grammar takes: the tokens it forces from the start,
-    plus one if those do not complete it. A request whose max_tokens is below it can never finish."""
-    c = Constraint(grammar, gt)
-    forced = c.m.compute_ff_tokens()
-    if forced and not c.m.consume_tokens(forced):
-        return len(forced)
-    return len(forced) + (0 if c.m.is_accepting() else 1)
 
 
 class Constraint:
@@ -218,9 +200,12 @@ class Constraint:
         """Nothing can follow what was generated (the grammar is complete and closed)."""
         return self.m.is_stopped()
 
-    @property
-    def accepting(self) -> bool:
-        return self.m.is_accepting()
-
-    def forced_text(self) -> bytes:
-        return self.m.compute_ff_bytes()
+    def min_tokens(self) -> int:
+        """A lower bound on the tokens any answer still takes: those the grammar forces from here, plus
+        one if they do not complete it (on a copy: this matcher does not move). A request whose
+        max_tokens is below it can never finish."""
+        m = self.m.deep_copy()
+        forced = m.compute_ff_tokens()
+        if forced and not m.consume_tokens(forced):
+            return len(forced)
+        return len(forced) + (0 if m.is_accepting() else 1)
