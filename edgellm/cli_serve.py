@@ -19,7 +19,10 @@ class ServeError(ValueError):
 # the speculative-decoding flags `run` and `serve` share (llama.cpp's names)
 SPEC_OPTIONS = {
     "spec_type": lambda: typer.Option(
-        "none", "--spec-type", help="Speculative decoding: none, ngram-simple (prompt lookup) or draft."
+        "none",
+        "--spec-type",
+        help="Speculative decoding: none, ngram-simple (prompt lookup; with -md, the draft model guesses "
+        "where the lookup finds nothing) or draft.",
     ),
     "model_draft": lambda: typer.Option(
         None, "-md", "--model-draft", help="Draft model (alias or .gguf) with the same vocabulary."
@@ -33,7 +36,8 @@ SPEC_OPTIONS = {
 
 def spec_config(kind: str, draft_max: int, draft_min: int, model_draft: str | None = None) -> Any:
     """--spec-type/--draft-max/--draft-min/-md as a speculative.SpecConfig (None for none; -md alone means
-    a draft model, as llama.cpp's); bad values are one error line."""
+    a draft model, as llama.cpp's; -md with ngram-simple: lookup first, else the model); bad values are
+    one error line."""
     from edgellm.speculative import SpecConfig
 
     if model_draft:

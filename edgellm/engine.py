@@ -237,9 +237,9 @@ class Engine:
         rings = not prefix_caching and bool(getattr(model, "window_layers", list)())
         self.spec = spec if spec is not None and spec.kind != "none" and not rings else None
         self.draft = None
-        if self.spec is not None and self.spec.kind == "draft":
+        if self.spec is not None and self.spec.model is not None:
             if draft_model is None:
-                raise ValueError("speculative kind 'draft' needs the draft model")
+                raise ValueError(f"speculative decoding with {self.spec.model} needs that draft model loaded")
             self.draft = speculative.DraftModel(draft_model, n_ctx, max_seqs)
         self.stats = EngineStats()
         self._rates: collections.deque[tuple[float, int, int]] = collections.deque()  # (t, prompt, gen)
@@ -505,10 +505,12 @@ class Engine:
                 k = min(k, s.req.max_tokens - s.n_generated - 1)
             if k < cfg.draft_min:
                 continue
-            if self.draft is not None:
-                d = self.draft.propose(s, speculative.bucket(k))
-            else:
+            d = []
+            if cfg.kind == "ngram-simple":
                 d = speculative.ngram_draft(s.tokens, k, cfg.ngram_max, cfg.ngram_min)
+            s.spec.by_model = not d and self.draft is not None  # lookup first (kind ngram-simple + -md)
+            if s.spec.by_model:
+                d = self.draft.propose(s, speculative.bucket(k))
             d = d[: speculative.bucket(len(d))]  # a few step sizes: a few captured plans, not one per length
             if len(d) < cfg.draft_min:
                 continue
@@ -537,8 +539,8 @@ class Engine:
         the last real token and the kept guesses."""
         d = s.drop_draft()
         kept = len(taken) - 1
-        if self.draft is not None:
-            self.draft.kept(s, len(s.tokens), len(d), kept)
+        if s.spec.by_model:  # type: ignore[union-attr]
+            self.draft.kept(s, len(s.tokens), len(d), kept)  # type: ignore[union-attr]
         s.spec.record(len(d), kept)  # type: ignore[union-attr]
         self.stats.draft_tokens += len(d)
         self.stats.draft_accepted += kept

@@ -140,7 +140,7 @@ class LLM:
         # speculative decoding for every call ("ngram-simple", or a SpecConfig): speculative.py
         self.spec = speculative.SpecConfig(kind=spec) if isinstance(spec, str) else spec
         self.draft_model = None
-        if self.spec is not None and self.spec.kind == "draft":  # -md: a second model, the same backend
+        if self.spec is not None and self.spec.model is not None:  # -md: a second model, the same backend
             draft_file = ModelFile(store.resolve(self.spec.model, log=log), use_mmap=use_mmap)
             if not speculative.same_vocabulary(Tokenizer.from_gguf(draft_file), self.tokenizer):
                 raise ValueError(

@@ -32,7 +32,9 @@ class SpecConfig:
     while at most this many sequences decode."""
 
     kind: str = "ngram-simple"
-    model: str | None = None  # kind "draft": the draft model's alias or path (-md/--model-draft)
+    # the draft model's alias or path (-md/--model-draft): kind "draft" guesses with it; kind
+    # "ngram-simple" with a model looks up first and asks the model only where the lookup finds nothing
+    model: str | None = None
     draft_max: int = 8
     draft_min: int = 1
     ngram_max: int = 4
@@ -42,8 +44,10 @@ class SpecConfig:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown speculative kind {self.kind!r}: expected one of {', '.join(KINDS)}")
-        if (self.kind == "draft") != (self.model is not None):
-            raise ValueError("a draft model goes with kind 'draft' (-md/--model-draft), and only with it")
+        if self.kind == "draft" and self.model is None:
+            raise ValueError("speculative kind 'draft' needs a draft model (-md/--model-draft)")
+        if self.kind == "none" and self.model is not None:
+            raise ValueError("a draft model (-md/--model-draft) needs speculative decoding, not kind 'none'")
         if not (1 <= self.draft_min <= self.draft_max <= 64):
             raise ValueError("draft sizes must satisfy 1 <= draft_min <= draft_max <= 64")
         if not (1 <= self.ngram_min <= self.ngram_max <= 16) or self.max_batch < 1:
@@ -138,6 +142,7 @@ class SeqSpec:
         self.drafted = 0
         self.accepted = 0
         self.rest = 0  # steps to skip guessing (after guesses that were all rejected)
+        self.by_model = False  # whether this step's guesses came from the draft model (else lookup)
         self._backoff = 0
 
     def ready(self) -> bool:

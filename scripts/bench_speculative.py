@@ -3,6 +3,7 @@ editing prompt whose answer copies much of the prompt and on a free-writing prom
 variant must give the same text (checked).
 
     python scripts/bench_speculative.py [--target qwen2.5-coder-1.5b] [--draft qwen2.5-coder-0.5b] [-r 3]
+        [--variants plain,ngram-simple,draft,both] [--draft-max 8]
 """
 
 from __future__ import annotations
@@ -41,12 +42,19 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-n", "--n-predict", type=int, default=128)
     ap.add_argument("-r", "--repetitions", type=int, default=3)
+    ap.add_argument("--draft-max", type=int, default=8)
+    ap.add_argument("--variants", default="plain,ngram-simple,draft,both", help="comma-separated, plain first")
     a = ap.parse_args()
-    variants = {
+    every = {
         "plain": None,
-        "ngram-simple": SpecConfig(),
-        "draft": SpecConfig(kind="draft", model=a.draft, draft_max=4),
+        "ngram-simple": SpecConfig(draft_max=a.draft_max),
+        "draft": SpecConfig(kind="draft", model=a.draft, draft_max=a.draft_max),
+        "both": SpecConfig(model=a.draft, draft_max=a.draft_max),  # prompt lookup, else the draft model
     }
+    names = a.variants.split(",")
+    if names[0] != "plain" or any(n not in every for n in names):
+        ap.error(f"--variants: plain first, then any of {', '.join(every)}")
+    variants = {n: every[n] for n in names}
     base: dict[str, tuple[float, str]] = {}
     for name, spec in variants.items():
         llm = edgellm.LLM(a.target, threads=a.threads, n_ctx=2048, spec=spec)

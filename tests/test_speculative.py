@@ -106,3 +106,26 @@ def test_a_draft_model_with_the_same_vocabulary_guesses_and_another_is_refused(s
     with pytest.raises(ValueError, match="another vocabulary"):
         edgellm.LLM(smollm2_path, backend="native", threads=1, n_ctx=256,
                     spec=SpecConfig(kind="draft", model=str(gemma3_path)))  # fmt: skip
+
+
+def test_lookup_first_then_the_draft_model(smollm2_path):
+    """kind ngram-simple with a draft model: the lookup guesses where the text repeats, the model where it
+    does not. SmolLM2 drafting for itself keeps every model guess, so the draft's cache caught up on the
+    tokens the lookup steps took; the text is plain decoding's."""
+    spec = SpecConfig(model=str(smollm2_path), draft_max=4)
+    llm = edgellm.LLM(smollm2_path, backend="native", threads=1, n_ctx=512, spec=spec)
+    steps: list[tuple[int, int]] = []
+    kept = llm.engine.draft.kept
+    llm.engine.draft.kept = lambda seq, n0, nd, nk: (steps.append((nd, nk)), kept(seq, n0, nd, nk))[1]
+    ids = llm.chat_prompt([{"role": "user", "content": COPY}])
+    both = llm._collect([GenRequest(ids, llm.params(temperature=0), 48)])[0]
+    stats = llm.engine.stats
+    by_model = sum(nd for nd, _ in steps)
+    assert steps and all(nk == nd for nd, nk in steps)  # the model's guesses: all kept
+    assert stats.draft_tokens > by_model  # and the lookup guessed too
+    llm.open_engine(spec=None)
+    assert llm._collect([GenRequest(ids, llm.params(temperature=0), 48)])[0].tokens == both.tokens
+    with pytest.raises(ValueError, match="needs a draft model"):
+        SpecConfig(kind="draft")
+    with pytest.raises(ValueError, match="not kind 'none'"):
+        SpecConfig(kind="none", model="x.gguf")
