@@ -320,3 +320,15 @@ def test_gemma3_greedy_and_teacher_forced_steps_match_llama_cpp(gemma3_path):
     check_greedy(llm, dict(case, ids=case["ids"][:16], margins=case["margins"][:16]))
     n, notes = check_forced_steps(llm, case)
     assert n <= len(case["ids"]) // 10, notes
+
+
+def test_qwen2_greedy_and_teacher_forced_steps_match_llama_cpp(qwen_coder_path):
+    """qwen2 (Qwen2.5-Coder-0.5B: QKV bias, tied head, Q5_0/Q8_0/Q6_K/Q4_K) on numba against llama.cpp:
+    one fixture prompt's greedy tokens up to the first near-tie, and its forced steps."""
+    import edgellm
+
+    llm = edgellm.LLM(qwen_coder_path, backend="numba", n_ctx=256)
+    case = load_fixture("qwen2.5-coder-0.5b")["greedy"][2]
+    check_greedy(llm, dict(case, ids=case["ids"][:16], margins=case["margins"][:16]))
+    n, notes = check_forced_steps(llm, case)
+    assert n <= len(case["ids"]) // 10, notes
