@@ -25,25 +25,45 @@ SPEC_OPTIONS = {
         "where the lookup finds nothing) or draft.",
     ),
     "model_draft": lambda: typer.Option(
-        None, "-md", "--model-draft", help="Draft model (alias or .gguf) with the same vocabulary."
+        None,
+        "-md",
+        "--model-draft",
+        "--spec-draft-model",
+        help="Draft model (alias or .gguf) with the same vocabulary.",
     ),
-    "draft_max": lambda: typer.Option(8, "--draft-max", help="Speculative tokens guessed per step at most."),
+    "draft_max": lambda: typer.Option(
+        8, "--draft-max", "--spec-draft-n-max", help="Speculative tokens guessed per step at most."
+    ),
     "draft_min": lambda: typer.Option(
-        1, "--draft-min", help="Fewer guesses found than this: none are tried."
+        1, "--draft-min", "--spec-draft-n-min", help="Fewer guesses found than this: none are tried."
     ),
 }
 
 
+# llama.cpp's --spec-type names (a comma-separated list there too) as edgellm's kinds
+SPEC_TYPES = {"none": "none", "ngram-simple": "ngram-simple", "draft": "draft", "draft-simple": "draft"}
+
+
 def spec_config(kind: str, draft_max: int, draft_min: int, model_draft: str | None = None) -> Any:
-    """--spec-type/--draft-max/--draft-min/-md as a speculative.SpecConfig (None for none; -md alone means
-    a draft model, as llama.cpp's; -md with ngram-simple: lookup first, else the model); bad values are
-    one error line."""
+    """--spec-type/--draft-max/--draft-min/-md as a speculative.SpecConfig (None for none). As llama.cpp's:
+    -md alone means a draft model, and --spec-type is a list: ngram-simple with a draft model (-md, and
+    draft-simple or not) looks up first and asks the model where the lookup finds nothing. A llama.cpp
+    kind edgellm lacks is refused by name; bad values are one error line."""
     from edgellm.speculative import SpecConfig
 
+    names = [k.strip() for k in kind.split(",") if k.strip()] or ["none"]
+    unknown = [k for k in names if k not in SPEC_TYPES]
+    if unknown:
+        raise ServeError(f"--spec-type {','.join(unknown)}: not supported (edgellm has ngram-simple, "
+                         "draft-simple/draft and none)")  # fmt: skip
+    kinds = {SPEC_TYPES[k] for k in names} - {"none"}
+    if "draft" in kinds and not model_draft:
+        raise ServeError("--spec-type draft needs a draft model: -md/--model-draft FILE")
     if model_draft:
-        kind = "draft" if kind in ("none", "draft") else kind
-    if kind == "none":
+        kinds.add("draft")
+    if not kinds:
         return None
+    kind = "ngram-simple" if "ngram-simple" in kinds else "draft"
     try:
         return SpecConfig(kind=kind, model=model_draft, draft_max=draft_max, draft_min=draft_min)
     except ValueError as e:

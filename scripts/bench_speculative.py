@@ -43,7 +43,7 @@ def main() -> None:
     ap.add_argument("-n", "--n-predict", type=int, default=128)
     ap.add_argument("-r", "--repetitions", type=int, default=3)
     ap.add_argument("--draft-max", type=int, default=8)
-    ap.add_argument("--variants", default="plain,ngram-simple,draft,both", help="comma-separated, plain first")
+    ap.add_argument("--variants", default="plain,ngram-simple,draft,both", help="plain first, then others")
     a = ap.parse_args()
     every = {
         "plain": None,

@@ -6,7 +6,7 @@ answers are the same text), greedy, streamed; a round is each client's requests 
 Reported: tokens streamed / wall time of the round, and speculative / plain per server and concurrency.
 
     python scripts/bench_speculative_serve.py [--model qwen2.5-coder-1.5b] [--threads 2]
-        [--concurrency 1 8] [--llama-server PATH/llama-server]
+        [--concurrency 1 8] [--llama-server PATH/llama-server] [--draft qwen2.5-coder-0.5b]
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="requests per client")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--llama-server", help="llama.cpp's llama-server binary (omit: edgellm only)")
+    ap.add_argument("--draft", help="also a draft model (alias or path): -md, llama-server's draft-simple")
     args = ap.parse_args()
 
     from edgellm import store
@@ -87,29 +88,34 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="bench_spec_serve_")
     slots, t = str(max(args.concurrency)), str(args.threads)
     results: dict[str, dict[str, dict[int, float]]] = {}
-    for spec in ("none", "ngram-simple"):
+    specs = {"none": [], "ngram-simple": []}
+    if args.draft:
+        specs["draft-simple"] = ["-md", str(store.resolve(args.draft))]
+    for spec, more in specs.items():
         port = free_port()
         cmd = [sys.executable, "-m", "edgellm", "serve", path, "--port", str(port), "-t", t, "--parallel",
-               slots, "-c", "4096", "--spec-type", spec]  # fmt: skip
+               slots, "-c", "4096", "--spec-type", spec, *more]  # fmt: skip
         log = os.path.join(tmp, f"edgellm-{spec}.log")
         results.setdefault("edgellm", {})[spec] = measure(f"edgellm {spec}", cmd, f"http://127.0.0.1:{port}",
                                                           "/health", args, log)  # fmt: skip
         if args.llama_server:
             port = free_port()
             cmd = [args.llama_server, "-m", path, "--port", str(port), "-t", t, "-np", slots, "-c",
-                   str(4096 * int(slots)), "--spec-type", spec]  # fmt: skip
+                   str(4096 * int(slots)), "--spec-type", spec, *more]  # fmt: skip
             log = os.path.join(tmp, f"llama-server-{spec}.log")
             results.setdefault("llama-server", {})[spec] = measure(
                 f"llama-server {spec}", cmd, f"http://127.0.0.1:{port}", "/health", args, log
             )
     print(f"\n{args.model}, {args.threads} threads, {slots} slots, editing prompt, greedy, max_tokens "
           f"{args.max_tokens}\n")  # fmt: skip
-    print("| server | clients | plain tok/s | ngram-simple tok/s | ratio |")
-    print("|---|---|---|---|---|")
+    heads = " | ".join(f"{k} tok/s (ratio)" for k in list(specs)[1:])
+    print(f"| server | clients | plain tok/s | {heads} |")
+    print("|---|---|---|" + "---|" * (len(specs) - 1))
     for name, res in results.items():
         for conc in args.concurrency:
-            a, b = res["none"][conc], res["ngram-simple"][conc]
-            print(f"| {name} | {conc} | {a:.1f} | {b:.1f} | {b / a:.2f}x |")
+            a = res["none"][conc]
+            cells = " | ".join(f"{res[k][conc]:.1f} ({res[k][conc] / a:.2f}x)" for k in list(specs)[1:])
+            print(f"| {name} | {conc} | {a:.1f} | {cells} |")
 
 
 if __name__ == "__main__":

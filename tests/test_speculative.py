@@ -129,3 +129,19 @@ def test_lookup_first_then_the_draft_model(smollm2_path):
         SpecConfig(kind="draft")
     with pytest.raises(ValueError, match="not kind 'none'"):
         SpecConfig(kind="none", model="x.gguf")
+
+
+def test_llama_cpps_spec_type_lists_and_names():
+    from edgellm.cli_serve import ServeError, spec_config
+
+    assert spec_config("none", 8, 1) is None
+    assert spec_config("ngram-simple", 4, 1) == SpecConfig(draft_max=4)
+    assert spec_config("none", 8, 1, "d.gguf") == SpecConfig(kind="draft", model="d.gguf")  # -md alone
+    assert spec_config("draft-simple", 8, 1, "d.gguf") == SpecConfig(kind="draft", model="d.gguf")
+    both = SpecConfig(kind="ngram-simple", model="d.gguf")
+    assert spec_config("draft-simple,ngram-simple", 8, 1, "d.gguf") == both
+    assert spec_config("ngram-simple", 8, 1, "d.gguf") == both
+    for bad, says in [("ngram-mod", "ngram-mod: not supported"), ("draft", "needs a draft model"),
+                      ("ngram-simple", "draft_min <= draft_max")]:  # fmt: skip
+        with pytest.raises(ServeError, match=says):
+            spec_config(bad, 2 if "draft_min" in says else 8, 3 if "draft_min" in says else 1)
