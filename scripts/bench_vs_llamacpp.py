@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -41,13 +42,40 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 
 
+BUSY: list[float] = []  # the CPU seconds / wall seconds of the last _run_json's process
+
+
 def _run_json(cmd: list[str], timeout: float = 900) -> object:
+    """Run cmd and parse its JSON output; BUSY[0] becomes the cores it kept busy on average (its user +
+    system CPU time over its wall time: the threads it really used, not the ones it was asked for)."""
+    r0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    r1, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - t0
+    BUSY[:] = [(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime) / wall]
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-2000:]}")
     return json.loads(
         p.stdout[p.stdout.index("{") if p.stdout.lstrip().startswith("{") else p.stdout.index("[") :]
     )
+
+
+def cpu_description() -> dict:
+    """The CPU's model name, logical CPUs and the SIMD flags the kernels care about (/proc/cpuinfo)."""
+    model, flags = "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, val = line.partition(":")
+            if key.strip() == "model name" and model == "unknown":
+                model = val.strip()
+            elif key.strip() in ("flags", "Features") and not flags:
+                flags = set(val.split())
+    except OSError:
+        pass
+    keep = sorted(f for f in flags if f in SIMD_FLAGS or f.startswith(("avx512", "amx")))
+    return {"model": model, "logical_cpus": os.cpu_count(), "flags": keep}
+
+
+SIMD_FLAGS = {"sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "asimd", "asimddp", "i8mm", "sve", "bf16"}
 
 
 def llama_bench(exe: str, model: Path, threads: int, n_prompt: int, n_gen: int, device: str | None) -> dict:
@@ -71,7 +99,7 @@ def llama_bench(exe: str, model: Path, threads: int, n_prompt: int, n_gen: int, 
             "json",
         ]
     )
-    res = {}
+    res = {"busy": BUSY[0], "threads": out[0].get("n_threads") if out else None}
     for row in out:
         if row.get("n_prompt", 0) > 0 and row.get("n_gen", 0) == 0:
             res["pp"] = float(row["avg_ts"])
@@ -108,6 +136,8 @@ def edgellm_bench(model: Path, backend: str, threads: int, n_prompt: int, n_gen:
         "rss_beyond": out["rss_beyond_model_mb"],
         "bytes_per_token": out["weight_bytes_per_token"],
         "backend": out["backend"],
+        "threads": out["threads"],
+        "busy": BUSY[0],
     }
 
 
@@ -228,15 +258,19 @@ def main() -> int:
         v = [x[k] for x in rows if x.get(k) is not None]
         return statistics.median(v) if v else None
 
+    cpu = cpu_description()
     print(
         f"\nmedians of {a.rounds} interleaved rounds, pp{a.p} / tg{a.n}, tokens/s; "
         "ratio = edgellm / llama.cpp\n"
+        f"CPU: {cpu['model']}, {cpu['logical_cpus']} logical CPUs, flags {' '.join(cpu['flags'])}\n"
+        "threads: asked (llama-bench's n_threads / edgellm's) and cores kept busy on average "
+        "(CPU time / wall time of the whole process, load included)\n"
     )
     print(
         "| model | threads | llama.cpp pp | llama.cpp tg | backend | pp | tg | pp ratio | tg ratio "
-        "| tg GB/s (% of bw) | RSS beyond model MiB |"
+        "| tg GB/s (% of bw) | RSS beyond model MiB | threads llama.cpp / edgellm (busy) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for f in files:
         for t in a.threads:
             ref = samples[(f.name, t, "llama.cpp")]
@@ -249,7 +283,8 @@ def main() -> int:
                     f"| {f.name} | {t} | {lpp:.1f} | {ltg:.1f} | {rows[0]['backend']} | {pp:.1f} | "
                     f"{tg:.1f} | "
                     f"{pp / lpp:.2f} | {tg / ltg:.2f} | {gbs:.1f} ({100 * gbs / bw[t]:.0f}%) | "
-                    f"{med(rows, 'rss_beyond'):.0f} |"
+                    f"{med(rows, 'rss_beyond'):.0f} | {ref[0].get('threads')} ({med(ref, 'busy'):.2f}) / "
+                    f"{rows[0]['threads']} ({med(rows, 'busy'):.2f}) |"
                 )
     print(
         "\nmemory read bandwidth (numpy sum over 1 GiB): "
@@ -268,6 +303,7 @@ def main() -> int:
                     "samples": {"|".join(map(str, k)): v for k, v in samples.items()},
                     "bandwidth_gbs": bw,
                     "first_token_s": ttft,
+                    "cpu": cpu,
                 },
                 indent=1,
             )
