@@ -235,6 +235,43 @@ def test_types_without_a_kernel_use_the_reference_product(nb, monkeypatch):
     assert_matmul_matches_oracle(nb, qt, rng.standard_normal((2, 256)).astype(np.float32))
 
 
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_K, T.F16], ids=lambda t: t.name)
+def test_kernels_release_the_gil(nb, t):
+    """One long matmul on a worker thread while the main thread keeps stepping: holding the GIL, the op
+    would stop Python for all of its time; the kernels are nogil, so Python runs on during the op (the
+    server's event loop during a step)."""
+    import threading
+    import time
+
+    w = nb.bind(random_weight(t, 1024, 2048, rng))
+    x = rng.standard_normal((16, 2048)).astype(np.float32)
+    nb.matmul(w, x)  # compiled (or loaded) before timing
+    op_s = 0.0
+    while op_s < 0.3 and len(x) < 8192:  # rows enough for a call of >= 0.3 s
+        x = np.concatenate([x, x])
+        t0 = time.perf_counter()
+        nb.matmul(w, x)
+        op_s = time.perf_counter() - t0
+    window: list[float] = []
+
+    def work():
+        t = time.perf_counter()
+        nb.matmul(w, x)
+        window.extend([t, time.perf_counter()])
+
+    th = threading.Thread(target=work)
+    seen, i = [], 0
+    th.start()
+    while th.is_alive():
+        i += 1
+        if i % 64 == 0:
+            seen.append(time.perf_counter())
+    th.join()
+    a, b = window
+    mid = [s for s in seen if a + 0.2 * (b - a) < s < b - 0.2 * (b - a)]  # Python ran during the op
+    assert op_s >= 0.3 and len(mid) > 100, (op_s, len(mid), len(seen))
+
+
 def test_registered_and_respects_threads():
     b = get_backend("numba", threads=1)
     assert isinstance(b, NumbaBackend) and b.threads == 1

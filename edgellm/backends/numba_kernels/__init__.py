@@ -60,7 +60,7 @@ _FLOAT_ROWS = types.void(_i, _W, _F, _F, _i, _i)  # kind, w, xf, out, lo, hi
 
 # One splitter per family (each compiled for exactly one function-pointer signature, then closed to new
 # compilations so that callers pass the row kernel as a pointer instead of specializing on it).
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _split_legacy(rows, kind, w, qa, da, sa, out, n_chunks):
     """rows(kind, w, ..., out, lo, hi) over n_chunks contiguous ranges of weight rows, in parallel."""
     m = w.shape[0]
@@ -71,7 +71,7 @@ def _split_legacy(rows, kind, w, qa, da, sa, out, n_chunks):
         rows(kind, w, qa, da, sa, out, t * m // n_chunks, (t + 1) * m // n_chunks)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _split_kquant(rows, kind, w, qa, da, bs, out, n_chunks):
     m = w.shape[0]
     if n_chunks <= 1:
@@ -81,7 +81,7 @@ def _split_kquant(rows, kind, w, qa, da, bs, out, n_chunks):
         rows(kind, w, qa, da, bs, out, t * m // n_chunks, (t + 1) * m // n_chunks)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _split_float(rows, kind, w, xf, out, n_chunks):
     m = w.shape[0]
     if n_chunks <= 1:
@@ -91,7 +91,7 @@ def _split_float(rows, kind, w, xf, out, n_chunks):
         rows(kind, w, xf, out, t * m // n_chunks, (t + 1) * m // n_chunks)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def matmul_legacy(kind, w, x, out, n_chunks):
     n, k = x.shape
     qa = np.empty((n, k), np.int8)
@@ -101,7 +101,7 @@ def matmul_legacy(kind, w, x, out, n_chunks):
     _split_legacy(legacy.rows, kind, w, qa, da, sa, out, n_chunks)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def matmul_kquant(kind, w, x, out, n_chunks):
     n, k = x.shape
     qa = np.empty((n, k), np.int8)
@@ -111,7 +111,7 @@ def matmul_kquant(kind, w, x, out, n_chunks):
     _split_kquant(kquants.rows, kind, w, qa, da, bs, out, n_chunks)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def matmul_float(kind, w, x, out, n_chunks):
     xf = x
     if kind == floats.F16_KIND:

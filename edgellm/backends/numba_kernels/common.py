@@ -75,7 +75,7 @@ def bf16_round(f):
     return np.uint32(h << np.uint32(16)).view(np.float32)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def quantize_q8_0(x, qa, da, sa, with_sum):
     """x (N, K) float32 -> qa (N, K) int8, da (N, K/32) f16-rounded scales as float32; with_sum also
     fills sa (N, K/32) with Q8_1's s = f16(d * sum(q)) (x86 quantize_row_q8_1)."""
@@ -100,7 +100,7 @@ def quantize_q8_0(x, qa, da, sa, with_sum):
                 sa[r, b] = f16_round(d * F32(total))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def quantize_q8_k(x, qa, da, bsums):
     """x (N, K) float32 -> qa (N, K) int8, da (N, K/256) float32, bsums (N, K/16) int32 sums of 16 quants."""
     n_rows, k = x.shape
@@ -132,7 +132,7 @@ def quantize_q8_k(x, qa, da, bsums):
             da[r, b] = F32(1) / iscale
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def round_rows_f16(x, out):
     """out = x rounded to f16 values (ggml converts activations to f16 for F16 weights)."""
     n_rows, k = x.shape
@@ -141,7 +141,7 @@ def round_rows_f16(x, out):
             out[r, j] = f16_round(x[r, j])
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def round_rows_bf16(x, out):
     """out = x rounded to bf16 values (the vec_dot_type of BF16 weights is BF16)."""
     n_rows, k = x.shape

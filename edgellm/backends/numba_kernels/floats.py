@@ -54,7 +54,7 @@ def _lanes(acc, wb, xb):
     )
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def rows(kind, w, xf, out, lo, hi):
     """out[:, lo:hi] = float weight rows lo..hi-1 (raw bytes, F32/F16/BF16 `kind`) times xf (N, K) float32
     activations already rounded to the weight's vec_dot_type."""

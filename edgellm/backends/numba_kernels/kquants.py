@@ -251,7 +251,7 @@ def _q4k16(blk, t, h):
     )
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _fused_q4_k(w, qa, da, bs, out, lo, hi):
     """Few activation rows, Q4_K: super-blocks unpacked inside the dot (loads only, which LLVM vectorizes;
     unpacking to memory first makes it wait on stores it cannot prove independent)."""
@@ -314,7 +314,7 @@ def _q3k16(blk, g):
     )
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _fused_q3_k(w, qa, da, bs, out, lo, hi):
     """Few activation rows, Q3_K: super-blocks unpacked inside the dot, as _fused_q4_k."""
     nsb = qa.shape[1] // 256
@@ -364,7 +364,7 @@ def _q2k16(blk, g):
     )
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _fused_q2_k(w, qa, da, bs, out, lo, hi):
     """Few activation rows, Q2_K: super-blocks unpacked inside the dot, as _fused_q4_k."""
     nsb = qa.shape[1] // 256
@@ -389,7 +389,7 @@ def _fused_q2_k(w, qa, da, bs, out, lo, hi):
             out[n, r] = sumf
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def rows(kind, w, qa, da, bs, out, lo, hi):
     """out[:, lo:hi] = weight rows lo..hi-1 of K-quant `kind` times Q8_K activations (qa (N, K) int8,
     da (N, K/256) float32, bs (N, K/16) int32 bsums)."""
@@ -403,7 +403,7 @@ def rows(kind, w, qa, da, bs, out, lo, hi):
         _rows_unpacked(kind, w, qa, da, bs, out, lo, hi)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _rows_unpacked(kind, w, qa, da, bs, out, lo, hi):
     """Many activation rows: each weight row unpacked once (quants times scales as int16), then dotted."""
     nsb = qa.shape[1] // 256

@@ -167,7 +167,7 @@ def _unpack_row(kind, row, nb, wq, dw, mw):
         _unpack_block(kind, blk, wq[b * 32 : b * 32 + 32])
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _rows_unpacked(kind, w, qa, da, sa, out, lo, hi):
     """Unpack each weight row once, then integer block sums against every activation row (the same for
     every type), then each type's float terms. `kind` is a runtime value: its branches sit outside the
@@ -221,27 +221,27 @@ def _rows_unpacked(kind, w, qa, da, sa, out, lo, hi):
 
 
 # Few activation rows: one compiled loop per common type, blocks unpacked inside the dot.
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _fused_q4_0(w, qa, da, sa, out, lo, hi):
     _rows_fused(Q4_0, w, qa, da, sa, out, lo, hi)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _fused_q4_1(w, qa, da, sa, out, lo, hi):
     _rows_fused(Q4_1, w, qa, da, sa, out, lo, hi)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _fused_q5_0(w, qa, da, sa, out, lo, hi):
     _rows_fused(Q5_0, w, qa, da, sa, out, lo, hi)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _fused_q8_0(w, qa, da, sa, out, lo, hi):
     _rows_fused(Q8_0, w, qa, da, sa, out, lo, hi)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def rows(kind, w, qa, da, sa, out, lo, hi):
     """out[:, lo:hi] = weight rows lo..hi-1 of a legacy `kind` times activations quantized to Q8_0/Q8_1
     (qa (N, K) int8, da and sa (N, K/32) float32: f16-rounded d and Q8_1's s)."""

@@ -18,7 +18,7 @@ from edgellm.backends.numba_kernels.floats import _f16_bits_to_f32
 F32 = np.float32
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def rms_norm(x, weight, has_weight, eps, out):
     """x, out (N, D) float32: ggml_compute_forward_rms_norm_f32 (sum of squares in double), then * weight."""
     n, d = x.shape
@@ -33,7 +33,7 @@ def rms_norm(x, weight, has_weight, eps, out):
             out[r, j] = y * weight[j] if has_weight else y
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def rope(x, cos, sin, n_dims, neox, out):
     """x, out (N, H, Dh); cos, sin (N, n_dims/2): rotate pairs (i, i + n_dims/2) (neox) or (2i, 2i+1)."""
     n, h, dh = x.shape
@@ -60,7 +60,7 @@ def _slot(table, block_size, s, p):
     return table[s, p // block_size] * block_size + p % block_size
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def attention(q, k, v, kc, vc, table, block_size, seq_ids, positions, scale, window, softcap, out):
     """Store k, v (N, Hkv, Dh) into this layer's caches kc, vc (slots, Hkv, Dh) uint16 (f16 bits) at
     (seq, position) through the int32 block table (seqs, max blocks), then causal attention of q (N, H, Dh)
@@ -134,7 +134,7 @@ def attention(q, k, v, kc, vc, table, block_size, seq_ids, positions, scale, win
                     out[r, g * group + i, d] = acc[i, d]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def silu_mul(gate, up, out):
     """SwiGLU over flat float32 arrays: gate / (1 + exp(-gate)) * up."""
     for i in range(gate.size):
@@ -142,7 +142,7 @@ def silu_mul(gate, up, out):
         out[i] = g / (F32(1) + np.exp(-g)) * up[i]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def gelu_mul(gate, up, table, out):
     """GeGLU with ggml's GELU(tanh) table indexed by the f16 bits of gate (table: 65536 float32 values)."""
     for i in range(gate.size):
