@@ -237,7 +237,6 @@ class Engine:
         rings = not prefix_caching and bool(getattr(model, "window_layers", list)())
         self.spec = spec if spec is not None and spec.kind != "none" and not rings else None
         self.draft = None
-        self.costs = speculative.StepCosts()  # what decode steps of each size cost here (guesses' price)
         if self.spec is not None and self.spec.model is not None:
             if draft_model is None:
                 raise ValueError(f"speculative decoding with {self.spec.model} needs that draft model loaded")
@@ -477,10 +476,7 @@ class Engine:
                 self._update_from_output(plan, RunnerOutput())  # is free now, so plan again into it
                 plan = self.sched.schedule()
             self._keep_scheduled_drafts(plan, drafted)
-            t1 = time.perf_counter()
             out = self.runner.execute(plan.run) if plan.run else RunnerOutput()
-            if self.spec is not None and plan.run and all(_decodes(r) for r in plan.run):
-                self.costs.observe(sum(r.n_tokens for r in plan.run), time.perf_counter() - t1)
             self._update_from_output(plan, out)
         except Exception as e:  # noqa: BLE001 - a bug must not kill the engine: fail what ran
             ended = [f.seq for f in plan.finished] if plan else []
@@ -498,35 +494,24 @@ class Engine:
         if cfg is None:
             return []
         decoders = [s for s in self.sched.running if s.pending == 1 and s.spec is not None]
-        n_decoding = sum(1 for s in self.sched.running if s.pending == 1)
-        if not decoders or n_decoding > cfg.max_batch:
+        if not decoders or sum(1 for s in self.sched.running if s.pending == 1) > cfg.max_batch:
             return []
         drafted = []
-        rows, tokens = n_decoding, float(n_decoding)  # the step so far, and the tokens it should make
         for s in decoders:
-            sp = s.spec
-            sp.shadow = None
-            room = min(cfg.draft_max, self.n_ctx - len(s.tokens) - 1)
+            if not s.spec.ready():
+                continue
+            k = min(s.spec.k, self.n_ctx - len(s.tokens) - 1)
             if s.req.max_tokens is not None:
-                room = min(room, s.req.max_tokens - s.n_generated - 1)
-            if room < cfg.draft_min:
+                k = min(k, s.req.max_tokens - s.n_generated - 1)
+            if k < cfg.draft_min:
                 continue
             d = []
             if cfg.kind == "ngram-simple":
-                d = speculative.ngram_draft(s.tokens, room, cfg.ngram_max, cfg.ngram_min)
-            sp.by_model = not d and self.draft is not None  # lookup first (kind ngram-simple + -md)
-            if sp.by_model:
-                if not sp.ready():
-                    continue
-                d = self.draft.propose(s, speculative.bucket(min(sp.k, room)))
-                d = d[: speculative.bucket(len(d))]  # a few step sizes: a few captured plans
-            elif d:  # as many lookup guesses as pay for their rows on this machine (maybe none)
-                n = speculative.best_guesses(sp.alpha, len(d), rows, tokens, self.costs)
-                if n < cfg.draft_min:
-                    sp.shadow = d[0]  # checked against the token that comes, for free
-                    continue
-                tokens += speculative.expected_extra(sp.alpha, n)
-                d = d[:n]
+                d = speculative.ngram_draft(s.tokens, k, cfg.ngram_max, cfg.ngram_min)
+            s.spec.by_model = not d and self.draft is not None  # lookup first (kind ngram-simple + -md)
+            if s.spec.by_model:
+                d = self.draft.propose(s, speculative.bucket(k))
+            d = d[: speculative.bucket(len(d))]  # a few step sizes: a few captured plans, not one per length
             if len(d) < cfg.draft_min:
                 continue
             extra = self.kv.blocks_for(s.n_computed + 1 + len(d)) - self.kv.blocks_for(s.n_computed + 1)
@@ -535,7 +520,6 @@ class Engine:
             s.draft = d
             s.tokens.extend(d)
             drafted.append(s)
-            rows += len(d)
         return drafted
 
     def _keep_scheduled_drafts(self, plan: StepPlan, drafted: list[_Seq]) -> None:
@@ -579,9 +563,6 @@ class Engine:
         for s, error, status in out.failed:
             self._finish(s, "error", error, status=status)
         for s, tok in out.sampled.items():
-            if s.spec is not None and s.spec.shadow is not None:  # the lookup's unplayed guess
-                s.spec.observe(int(tok == s.spec.shadow), 1)
-                s.spec.shadow = None
             self._accept(s, tok, out.logprobs.get(s))
         for s, taken in out.speculated.items():
             self._apply_speculation(plan, s, taken)
@@ -625,11 +606,6 @@ class Engine:
             self._finish(s, "length")
             return
         s.stream._push(Event(text, tok, logprob=lp))
-
-
-def _decodes(r: Scheduled) -> bool:
-    """Whether a planned row is a decode: its last token, and its guesses if it has any."""
-    return len(r.seq.tokens) - r.seq.n_computed == r.n_tokens == 1 + len(r.seq.draft)
 
 
 @dataclass

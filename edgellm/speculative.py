@@ -9,11 +9,9 @@ probability 1) is kept with probability p(d) under the target's sampling distrib
 the token is drawn from p without d, renormalized: the standard speculative-sampling rule (Leviathan et
 al. 2023, Chen et al. 2023) for a deterministic draft, so each token's distribution is the target's.
 
-Adapting to the machine and its load: a forward over a sequence's guesses costs more than its one-token
-decode (on a compute-bound CPU nearly a step per extra row), so the engine measures what steps of each
-size cost (StepCosts) and guesses only as many tokens as pay for themselves given how often the lookup
-has been right for that sequence (best_guesses), and drafts only while few sequences decode
-(`max_batch`). A draft model's guess length follows how many of its recent guesses were kept.
+Adapting to load: a forward over a sequence's guesses costs more than its one-token decode when the
+machine is busy, so the engine drafts only while few sequences decode (`max_batch`), and each sequence's
+guess length follows how many of its recent guesses were kept.
 """
 
 from __future__ import annotations
@@ -135,64 +133,8 @@ def same_vocabulary(a: Any, b: Any) -> bool:
     return a.vocab_size == b.vocab_size and a.vocab.texts == b.vocab.texts
 
 
-PRIOR_ROW_COST = 0.5  # a step's extra rows, each as this share of a one-row step, until measured
-
-
-class StepCosts:
-    """What a decode step of r rows costs on this machine relative to a one-row step, as measured (an
-    average that follows recent steps): the price of a guess. A CPU that is compute-bound pays nearly
-    a full step per extra row, a memory-bound one or a GPU far less; a busy machine more."""
-
-    def __init__(self) -> None:
-        self._s: dict[int, float] = {}  # rows -> seconds
-        self._seen: set[int] = set()
-
-    def observe(self, rows: int, seconds: float) -> None:
-        if rows not in self._seen:  # the first step of a size may capture a plan: not a fair sample
-            self._seen.add(rows)
-            return
-        old = self._s.get(rows)
-        self._s[rows] = seconds if old is None else 0.7 * old + 0.3 * seconds
-
-    def relative(self, rows: int) -> float:
-        one = self._s.get(1)
-        if rows <= 1 or one is None:
-            return 1.0 + PRIOR_ROW_COST * max(0, rows - 1)
-        if rows in self._s:
-            return max(1.0, self._s[rows] / one)
-        lo = max((r for r in self._s if r < rows), default=1)
-        hi = min((r for r in self._s if r > rows), default=None)
-        c_lo = self._s[lo] / one
-        if hi is None:  # beyond the largest measured: the prior's slope from there
-            return max(1.0, c_lo + PRIOR_ROW_COST * (rows - lo))
-        return max(1.0, c_lo + (self._s[hi] / one - c_lo) * (rows - lo) / (hi - lo))
-
-
-def expected_extra(alpha: float, n: int) -> float:
-    """Tokens a step gains from n guesses that are each kept with probability alpha (given the ones
-    before were): alpha + alpha^2 + ... + alpha^n."""
-    return sum(alpha**i for i in range(1, n + 1))
-
-
-def best_guesses(alpha: float, available: int, rows: int, tokens: float, costs: StepCosts) -> int:
-    """How many of `available` lookup guesses (0, or a bucket size) to add to a step that already has
-    `rows` rows making `tokens` tokens: the count with the most expected tokens per unit of step time,
-    none unless that beats the step without them."""
-    best, value = 0, tokens / costs.relative(rows)
-    n = 1
-    while n <= available:
-        v = (tokens + expected_extra(alpha, n)) / costs.relative(rows + n)
-        if v > value:
-            best, value = n, v
-        n = 2 * n + 1
-    return best
-
-
 class SeqSpec:
-    """One sequence's drafting state. Lookup guesses: how often the lookup's next token has been right
-    (counted whether it guessed or not: a lookup costs nothing to check against the token that came),
-    which with the machine's step costs sets how many to guess. Draft-model guesses: their length
-    follows how many of the recent ones were kept."""
+    """One sequence's drafting state: how long its next guess is, from how its guesses fared."""
 
     def __init__(self, cfg: SpecConfig):
         self.cfg = cfg
@@ -201,22 +143,10 @@ class SeqSpec:
         self.accepted = 0
         self.rest = 0  # steps to skip guessing (after guesses that were all rejected)
         self.by_model = False  # whether this step's guesses came from the draft model (else lookup)
-        self.shadow: int | None = None  # the lookup's next token this step, when it did not guess
         self._backoff = 0
-        self._hits, self._trials = 1.0, 2.0  # a prior of one hit in two, soon outweighed
-
-    @property
-    def alpha(self) -> float:
-        """The chance that the lookup's next guess is kept, given the ones before it were."""
-        return self._hits / self._trials
-
-    def observe(self, hits: int, trials: int) -> None:
-        self._hits = 0.9 * self._hits + hits
-        self._trials = 0.9 * self._trials + trials
 
     def ready(self) -> bool:
-        """Whether to guess with the draft model this step (a sequence whose guesses keep failing
-        pauses, longer each time)."""
+        """Whether to guess this step (a sequence whose guesses keep failing pauses, longer each time)."""
         if self.rest > 0:
             self.rest -= 1
             return False
@@ -225,9 +155,6 @@ class SeqSpec:
     def record(self, n_draft: int, n_kept: int) -> None:
         self.drafted += n_draft
         self.accepted += n_kept
-        if not self.by_model:
-            self.observe(n_kept, n_kept + (n_kept < n_draft))
-            return
         # all kept: guess further; some rejected: guess as far as was kept this time (at least 1)
         self.k = min(self.cfg.draft_max, self.k * 2) if n_kept == n_draft else max(1, n_kept)
         if n_kept == 0:  # a wasted step: pause 1, 2, 4 ... 32 steps before the next guess
