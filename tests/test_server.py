@@ -63,6 +63,18 @@ class Server:
         with open(self.log.name, encoding="utf-8", errors="replace") as f:
             return f.read()[-3000:]
 
+    def __enter__(self) -> Server:
+        """Ready to serve (stopped again if it never gets there); stopped when the block ends."""
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -98,14 +110,10 @@ def test_kv_budget_is_a_size_or_a_token_count():
 def server(smollm2_path, tmp_path_factory):
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
-    s = Server(
+    with Server(
         smollm2_path, tmp_path_factory.mktemp("serve") / "main.log", "--parallel", "16", "--embeddings"
-    )
-    try:
-        s.wait_ready()
+    ) as s:
         yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +122,7 @@ def small_server(smollm2_path, tmp_path_factory):
     backend (the main server runs the default, native)."""
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
-    s = Server(
+    with Server(
         smollm2_path,
         tmp_path_factory.mktemp("serve") / "small.log",
         *(
@@ -129,12 +137,8 @@ def small_server(smollm2_path, tmp_path_factory):
         ),
         env={"EDGELLM_API_KEY": KEY},
         backend="numba",
-    )
-    try:
-        s.wait_ready()
+    ) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def _client(server, key: str = "none") -> openai.OpenAI:
@@ -510,9 +514,7 @@ def test_llama_server_fields_edgellm_cannot_honour_are_refused_by_name(field, va
 
 def test_a_client_trickling_header_lines_is_closed_within_the_header_timeout(smollm2_path, tmp_path):
     pytest.importorskip("uvicorn")
-    s = Server(smollm2_path, tmp_path / "slow.log", "--header-timeout", "1")
-    try:
-        s.wait_ready()
+    with Server(smollm2_path, tmp_path / "slow.log", "--header-timeout", "1") as s:
         socks = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(10)]
         t0 = time.monotonic()
         for c in socks:
@@ -549,8 +551,6 @@ def test_a_client_trickling_header_lines_is_closed_within_the_header_timeout(smo
         assert _metrics(s)["edgellm_requests_cancelled_total"] == before + 1
         log = s.read_log()
         assert "GET /health 200" in log  # one access-log line per request
-    finally:
-        s.stop()
 
 
 def test_a_busy_port_is_one_line_and_nothing_is_announced(smollm2_path):
@@ -568,17 +568,13 @@ def test_a_busy_port_is_one_line_and_nothing_is_announced(smollm2_path):
 
 def test_the_access_log_speaks_json_for_machines(smollm2_path, tmp_path):
     pytest.importorskip("uvicorn")
-    s = Server(smollm2_path, tmp_path / "json.log", "--log-format", "json")
-    try:
-        s.wait_ready()
+    with Server(smollm2_path, tmp_path / "json.log", "--log-format", "json") as s:
         r = httpx.post(s.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 3, "temperature": 0})
         assert r.status_code == 200
         lines = [json.loads(x) for x in s.read_log().splitlines() if x.startswith("{")]
         rec = next(x for x in lines if x["path"] == "/v1/completions")
         assert rec["status"] == 200 and rec["method"] == "POST" and rec["completion_tokens"] == 3
         assert rec["prompt_tokens"] > 0 and rec["seconds"] > 0
-    finally:
-        s.stop()
 
 
 def test_a_message_cannot_forge_a_system_turn(server, smollm2_path):
@@ -689,14 +685,10 @@ def test_a_context_overflow_says_how_long_the_prompt_was(server):
 
 
 def test_x_api_key_and_a_cors_preflight_before_the_key(smollm2_path, tmp_path):
-    s = Server(
+    with Server(
         smollm2_path, tmp_path / "cors.log", "--cors-origins", "http://app.test", env={"EDGELLM_API_KEY": KEY}
-    )
-    try:
-        s.wait_ready()
+    ) as s:
         _check_key_and_cors(s.url)
-    finally:
-        s.stop()
 
 
 def _check_key_and_cors(url: str) -> None:
@@ -866,12 +858,8 @@ def fim_server(tmp_path_factory):
     fim = {"tokenizer.ggml.fim_pre_token_id": 256, "tokenizer.ggml.fim_suf_token_id": 257,
            "tokenizer.ggml.fim_mid_token_id": 258}  # fmt: skip
     path = write_gguf(d / "fim.gguf", spec, random_weights(spec), metadata=fim)
-    s = Server(path, d / "fim.log", "--backend", "reference", "--no-slots")
-    try:
-        s.wait_ready()
+    with Server(path, d / "fim.log", "--backend", "reference", "--no-slots") as s:
         yield s, path
-    finally:
-        s.stop()
 
 
 def test_infill_and_insertions_use_the_models_fill_in_the_middle_prompt(fim_server, server):
@@ -1074,15 +1062,11 @@ def test_structured_output_on_every_route(server):
 def qwen_server(qwen_coder_path, tmp_path_factory):
     pytest.importorskip("fastapi")
     pytest.importorskip("llguidance")
-    s = Server(
+    with Server(
         qwen_coder_path, tmp_path_factory.mktemp("qwen") / "qwen.log", "--parallel", "2",
         "--spec-type", "ngram-simple",
-    )  # fmt: skip
-    try:
-        s.wait_ready()
+    ) as s:  # fmt: skip
         yield s
-    finally:
-        s.stop()
 
 
 WEATHER = {"type": "function", "function": {

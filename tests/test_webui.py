@@ -30,12 +30,8 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def server(smollm2_path, tmp_path_factory):
     pytest.importorskip("fastapi")
-    s = Server(smollm2_path, tmp_path_factory.mktemp("web") / "web.log", env={"EDGELLM_API_KEY": KEY})
-    try:
-        s.wait_ready()
+    with Server(smollm2_path, tmp_path_factory.mktemp("web") / "web.log", env={"EDGELLM_API_KEY": KEY}) as s:
         yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture(scope="module")
