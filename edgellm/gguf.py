@@ -339,6 +339,8 @@ class ModelFile:
 
         self.metadata: dict[str, Any] = {}
         self.metadata_types: dict[str, int] = {}
+        # each key/value pair's bytes [start, end) in the file: a writer copies them exactly (edgellm quantize)
+        self.metadata_spans: dict[str, tuple[int, int]] = {}
         key_offsets: dict[str, int] = {}
         for i in range(n_kv):
             kpos = r.pos
@@ -348,6 +350,7 @@ class ModelFile:
             vtype = r.u32(f"type of {key!r}")
             self.metadata[key] = r.value(vtype, f"value of {key!r}")
             self.metadata_types[key] = vtype
+            self.metadata_spans[key] = (kpos, r.pos)
             key_offsets[key] = kpos
 
         # gguf.cpp: general.alignment must be a uint32 and a power of two
@@ -438,6 +441,11 @@ class ModelFile:
     # -- access ----------------------------------------------------------------------------------------
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
+
+    def metadata_bytes(self, key: str) -> bytes:
+        """The key/value pair `key` exactly as the file encodes it (key string, type, value)."""
+        start, end = self.metadata_spans[key]
+        return bytes(self._buf[start:end])
 
     def __getitem__(self, key: str) -> Any:
         return self.metadata[key]

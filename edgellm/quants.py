@@ -89,8 +89,18 @@ def _to_f16_bytes(x: np.ndarray) -> np.ndarray:
 
 
 def _max_by_abs(x: np.ndarray) -> np.ndarray:
-    """(n, k) -> (n, 1): the signed value of largest magnitude, first one on ties (ggml's loop order)."""
-    return np.take_along_axis(x, np.abs(x).argmax(axis=-1, keepdims=True), axis=-1)
+    """(n, k) -> (n, 1): the signed value of largest magnitude, first one on ties (ggml's loop order);
+    +0.0 for a block of zeros of either sign (ggml's `max` starts at 0.0f and only a larger |v| replaces it)."""
+    m = np.take_along_axis(x, np.abs(x).argmax(axis=-1, keepdims=True), axis=-1)
+    return np.where(m == 0, np.float32(0), m)
+
+
+def _first_min_max(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(n, k) -> (n, 1) min and max as ggml's `if (v < min) min = v;` loop finds them: the first of equal
+    values, which matters for signed zeros (numpy's min/max may return either of -0.0 and +0.0)."""
+    lo = np.take_along_axis(x, (x == x.min(axis=-1, keepdims=True)).argmax(axis=-1, keepdims=True), axis=-1)
+    hi = np.take_along_axis(x, (x == x.max(axis=-1, keepdims=True)).argmax(axis=-1, keepdims=True), axis=-1)
+    return lo, hi
 
 
 def _inverse(d: np.ndarray) -> np.ndarray:
@@ -161,7 +171,7 @@ def _dequant_q4_1(blocks: Blocks) -> Blocks:
 
 
 def _quant_q4_1(x: Blocks) -> Blocks:
-    lo, hi = x.min(axis=-1, keepdims=True), x.max(axis=-1, keepdims=True)
+    lo, hi = _first_min_max(x)
     d = (hi - lo) / np.float32(15)
     q = np.trunc((x - lo) * _inverse(d) + np.float32(0.5)).astype(np.uint8).clip(0, 15)
     return np.concatenate([_to_f16_bytes(d), _to_f16_bytes(lo), _pack(q, 4, 16)], axis=-1)
@@ -195,7 +205,7 @@ def _dequant_q5_1(blocks: Blocks) -> Blocks:
 
 
 def _quant_q5_1(x: Blocks) -> Blocks:
-    lo, hi = x.min(axis=-1, keepdims=True), x.max(axis=-1, keepdims=True)
+    lo, hi = _first_min_max(x)
     d = (hi - lo) / np.float32(31)
     q = np.trunc((x - lo) * _inverse(d) + np.float32(0.5)).astype(np.uint8).clip(0, 31)
     return np.concatenate([_to_f16_bytes(d), _to_f16_bytes(lo), *_pack_five_bits(q)], axis=-1)

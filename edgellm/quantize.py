@@ -1,0 +1,315 @@
+"""`edgellm quantize`: rewrite a GGUF model in another llama-quantize file type, byte for byte as llama.cpp.
+
+Mirrors ggml-org/llama.cpp src/llama-quant.cpp llama_model_quantize_impl: the same tensor order, metadata
+(input key/values copied verbatim, then general.quantization_version and general.file_type), per-tensor
+types (quant_rules.py), quantizers (quants.py, kquants.py, iq4nl.py: ggml-quants.c bit for bit) and
+alignment, so the file equals llama-quantize's. Everything is checked before a byte is written; the file is
+written under a temporary name and renamed at the end, so an interrupted run leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from edgellm import quant_rules as rules
+from edgellm import quants
+from edgellm.gguf import ModelFile, QTensor
+
+T = GGMLQuantizationType
+GGML_QNT_VERSION = 2  # ggml.h
+GGUF_VERSION = 3
+_UINT32 = 4  # gguf_type GGUF_TYPE_UINT32
+_SLAB_BYTES = 64 << 20  # float32 rows dequantized at a time (llama.cpp's slabs are bounded the same way)
+_SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
+
+
+class QuantizeError(ValueError):
+    """A request edgellm quantize refuses, before anything is written."""
+
+
+@dataclass
+class TensorPlan:
+    tensor: QTensor
+    new_type: GGMLQuantizationType
+    nbytes: int  # bytes of the new tensor data
+
+    @property
+    def copied(self) -> bool:
+        return self.new_type == self.tensor.type
+
+
+@dataclass
+class Plan:
+    """What a quantization will write: checked before the first byte is."""
+
+    ftype: rules.LlamaFileType
+    tensors: list[TensorPlan]
+    fallbacks: list[str]
+    n_elements: int
+    size_in: int
+    size_out: int  # the whole output file, header included
+    imatrix: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def row_bytes(t: GGMLQuantizationType, n_per_row: int) -> int:
+    block, size = GGML_QUANT_SIZES[t]
+    return n_per_row // block * size
+
+
+def quantize_rows(
+    t: GGMLQuantizationType, x: np.ndarray, imatrix: np.ndarray | None, threads: int
+) -> np.ndarray:
+    """float32 (nrows, n_per_row) -> uint8 (nrows, row bytes), as ggml_quantize_chunk(t, ..., imatrix)."""
+    if t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K) or (
+        imatrix is not None and t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)
+    ):
+        from edgellm import kquants
+
+        return kquants.quantize_rows(t.name, x, imatrix, threads)
+    if t == T.IQ4_NL:
+        from edgellm import iq4nl
+
+        return iq4nl.quantize_iq4_nl(x, imatrix, threads)
+    if t == T.F32:
+        return np.ascontiguousarray(x, dtype="<f4").view(np.uint8).reshape(x.shape[0], -1)
+    # Q4_0 .. Q8_0 (ggml's ref quantizers: Q8_0 ignores an imatrix), F16, BF16: numpy, whose big array
+    # operations release the GIL, so row chunks run in parallel
+    return _in_row_chunks(lambda part: quants.quantize(part, t), x, threads)
+
+
+def _in_row_chunks(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray, threads: int) -> np.ndarray:
+    n = x.shape[0]
+    if threads <= 1 or n < 2 * threads:
+        return fn(x)
+    bounds = np.linspace(0, n, threads + 1).astype(int)
+    with ThreadPoolExecutor(threads) as pool:
+        parts = list(pool.map(fn, [x[a:b] for a, b in zip(bounds[:-1], bounds[1:])]))
+    return np.concatenate(parts)
+
+
+QUANTIZABLE = frozenset(rules.TENSOR_TYPES.values())
+
+
+def _readable(t: GGMLQuantizationType) -> bool:
+    try:
+        quants.quant_type(t)
+    except quants.UnknownQuantType:
+        return False
+    return True
+
+
+def _model_shape(m: ModelFile) -> rules.ModelShape:
+    arch = m.arch
+    n_layer = m.arch_key("block_count")
+    if not isinstance(n_layer, int) or n_layer <= 0:
+        raise QuantizeError(
+            f"{m.path}: no {arch}.block_count in the metadata: not a model llama.cpp can quantize"
+        )
+
+    def int_key(suffix: str, default: int) -> int:
+        v = m.arch_key(suffix, default)
+        if isinstance(v, np.ndarray):  # per-layer head counts (some architectures): llama.cpp reads layer 0
+            v = int(v[0]) if v.size else default
+        return int(v)
+
+    return rules.ModelShape(
+        arch,
+        n_layer,
+        int_key("attention.head_count", 1),
+        int_key("attention.head_count_kv", 1),
+        int_key("expert_count", 0),
+    )
+
+
+def make_plan(
+    m: ModelFile,
+    file_type: str,
+    *,
+    allow_requantize: bool = False,
+    options: rules.Options | None = None,
+    imatrix: dict[str, np.ndarray] | None = None,
+) -> Plan:
+    """Every tensor's new type and size, with every refusal raised here, before anything is written."""
+    name = file_type.upper()
+    if name not in rules.FILE_TYPES:
+        raise QuantizeError(
+            f"unknown file type {file_type!r}; edgellm quantize writes: {', '.join(rules.FILE_TYPES)}"
+        )
+    ftype = rules.FILE_TYPES[name]
+    opts = options or rules.Options()
+    opts.has_imatrix = bool(imatrix)
+    shape = _model_shape(m)
+    ordered = sorted(m.tensors.values(), key=lambda t: rules.tensor_order_key(t.name))
+    types, fallbacks = rules.plan_types([(t.name, t.ne, t.type) for t in ordered], ftype, shape, opts)
+    plans, used_imatrix = [], {}
+    for t in ordered:
+        new = types[t.name]
+        if new != t.type:
+            if new not in QUANTIZABLE:
+                raise QuantizeError(f"tensor {t.name}: edgellm cannot write type {new.name}")
+            if not _readable(t.type):
+                raise QuantizeError(
+                    f"tensor {t.name}: edgellm cannot read type {t.type.name} to requantize it"
+                )
+            if rules.is_quantized(t.type) and not allow_requantize:
+                raise QuantizeError(
+                    f"tensor {t.name} is already {t.type.name}: requantizing is disabled "
+                    "(pass --allow-requantize; quality is lower than quantizing the F16/F32 original)"
+                )
+            if imatrix and t.name in imatrix:
+                w = imatrix[t.name]
+                n_expert = t.ne[2] if len(t.ne) > 2 else 1
+                if w.size == t.ne[0] * n_expert:
+                    used_imatrix[t.name] = w
+                elif rules.category(t.name) != "token_embd":  # llama.cpp ignores token_embd's mismatch only
+                    raise QuantizeError(
+                        f"imatrix has {w.size} values for tensor {t.name}, which needs {t.ne[0] * n_expert}"
+                    )
+        n_rows = t.n_elements // t.ne[0]
+        plans.append(TensorPlan(t, new, n_rows * row_bytes(new, t.ne[0])))
+    header = len(_header(m, plans))
+    size_out = header + sum(_padded(p.nbytes, m.alignment) for p in plans)
+    return Plan(
+        ftype, plans, fallbacks, sum(t.n_elements for t in ordered), m.file_size, size_out, used_imatrix
+    )
+
+
+def _padded(n: int, align: int) -> int:
+    return -(-n // align) * align
+
+
+def _gguf_string(s: str) -> bytes:
+    b = s.encode()
+    return struct.pack("<Q", len(b)) + b
+
+
+def _header(m: ModelFile, plans: list[TensorPlan], ftype: int = 0) -> bytes:
+    """gguf_get_meta_data of llama-quantize's output context, alignment padding included."""
+    out = [b"GGUF", struct.pack("<I", GGUF_VERSION)]
+    redo = ("general.quantization_version", "general.file_type")
+    kv = [m.metadata_bytes(k) for k in m.metadata if k not in redo and k not in _SPLIT_KEYS]
+    kv.append(_gguf_string(redo[0]) + struct.pack("<II", _UINT32, GGML_QNT_VERSION))
+    kv.append(_gguf_string(redo[1]) + struct.pack("<II", _UINT32, int(ftype)))
+    out.append(struct.pack("<QQ", len(plans), len(kv)))
+    out += kv
+    offset = 0
+    for p in plans:
+        ne = p.tensor.ne
+        out.append(
+            _gguf_string(p.tensor.name)
+            + struct.pack(f"<I{len(ne)}QIQ", len(ne), *ne, int(p.new_type), offset)
+        )
+        offset += _padded(p.nbytes, m.alignment)
+    blob = b"".join(out)
+    return blob + bytes(_padded(len(blob), m.alignment) - len(blob))
+
+
+def _check_finite(name: str, x: np.ndarray) -> None:
+    if not np.isfinite(x).all():
+        raise QuantizeError(
+            f"tensor {name} holds NaN or infinite values: its quantized data would not be valid"
+        )
+
+
+def _quantize_tensor(p: TensorPlan, imatrix: np.ndarray | None, threads: int, write, advance) -> None:
+    t = p.tensor
+    n_per_row = t.ne[0]
+    n_rows = t.n_elements // n_per_row
+    rows_per_expert = t.ne[1] if len(t.ne) > 1 else 1
+    step = max(1, min(n_rows, _SLAB_BYTES // (4 * n_per_row)))
+    r = 0
+    while r < n_rows:
+        # a slab never crosses an expert boundary: each expert has its own slice of the imatrix
+        n = min(step, n_rows - r, rows_per_expert - r % rows_per_expert)
+        x = quants.dequantize(t.data[r : r + n], t.type, (n, n_per_row))
+        _check_finite(t.name, x)
+        w = None
+        if imatrix is not None:
+            e = r // rows_per_expert
+            w = imatrix[e * n_per_row : (e + 1) * n_per_row]
+        write(quantize_rows(p.new_type, x, w, threads).tobytes())
+        advance(n * n_per_row)
+        r += n
+
+
+@dataclass
+class Report:
+    plan: Plan
+    seconds: float
+    path: Path
+
+
+def quantize_model(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    file_type: str,
+    *,
+    allow_requantize: bool = False,
+    options: rules.Options | None = None,
+    imatrix: dict[str, np.ndarray] | None = None,
+    threads: int | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> Report:
+    """Quantize `src` to `dst` as `llama-quantize [--allow-requantize] src dst file_type threads` does.
+
+    `progress(tensor name, elements done, elements total)` is called as the work goes."""
+    t0 = time.perf_counter()
+    src, dst = Path(src), Path(dst)
+    if dst.exists() and dst.resolve() == src.resolve():
+        raise QuantizeError("the output file is the input file: write to another path")
+    if not dst.parent.is_dir():
+        raise QuantizeError(f"no such directory: {dst.parent}")
+    threads = max(1, threads or os.cpu_count() or 1)
+    with ModelFile(src) as m:
+        plan = make_plan(m, file_type, allow_requantize=allow_requantize, options=options, imatrix=imatrix)
+        free = shutil.disk_usage(dst.parent).free
+        if plan.size_out > free:
+            raise QuantizeError(
+                f"not enough disk space in {dst.parent}: the output needs {plan.size_out / 2**20:.1f} MiB, "
+                f"{free / 2**20:.1f} MiB are free"
+            )
+        fd, tmp_name = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".partial")
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(_header(m, plan.tensors, plan.ftype))
+                done = [0]
+
+                def advance(n: int, name: str = "") -> None:
+                    done[0] += n
+                    if progress:
+                        progress(name, done[0], plan.n_elements)
+
+                for p in plan.tensors:
+                    if p.copied:
+                        f.write(p.tensor.data.tobytes())
+                        advance(p.tensor.n_elements, p.tensor.name)
+                    else:
+                        _quantize_tensor(
+                            p,
+                            plan.imatrix.get(p.tensor.name),
+                            threads,
+                            f.write,
+                            lambda n, name=p.tensor.name: advance(n, name),
+                        )
+                    f.write(bytes(_padded(p.nbytes, m.alignment) - p.nbytes))
+                f.flush()
+                os.fsync(f.fileno())
+            if tmp.stat().st_size != plan.size_out:  # a bug, not a user error: never rename a wrong file
+                raise RuntimeError(f"wrote {tmp.stat().st_size} bytes, planned {plan.size_out}")
+            os.replace(tmp, dst)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    return Report(plan, time.perf_counter() - t0, dst)
