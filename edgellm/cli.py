@@ -171,13 +171,14 @@ def rm(model: str = typer.Argument(..., help="Alias or file name of a cached mod
 
 def _register_commands() -> None:
     # the heavier commands live in their own modules; their imports happen only when they run
-    from edgellm import cli_eval, cli_run, cli_serve
+    from edgellm import cli_eval, cli_quantize, cli_run, cli_serve
 
     app.command("run")(cli_run.run)
     app.command("serve")(cli_serve.serve)
     app.command("perplexity")(cli_eval.perplexity)
     app.command("tokenize")(cli_eval.tokenize)
     app.command("bench")(cli_eval.bench)
+    app.command("quantize")(cli_quantize.quantize)
 
 
 _register_commands()

@@ -25,11 +25,12 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from edgellm import quant_rules as rules
 from edgellm import quants
 from edgellm.gguf import ModelFile, QTensor
+from edgellm.imatrix import ImportanceMatrix
 
 T = GGMLQuantizationType
 GGML_QNT_VERSION = 2  # ggml.h
 GGUF_VERSION = 3
-_UINT32 = 4  # gguf_type GGUF_TYPE_UINT32
+_UINT32, _STRING = 4, 8  # gguf_type GGUF_TYPE_UINT32, GGUF_TYPE_STRING
 _SLAB_BYTES = 64 << 20  # float32 rows dequantized at a time (llama.cpp's slabs are bounded the same way)
 _SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
 
@@ -60,6 +61,7 @@ class Plan:
     size_in: int
     size_out: int  # the whole output file, header included
     imatrix: dict[str, np.ndarray] = field(default_factory=dict)
+    metadata: list[tuple[str, int | bytes]] = field(default_factory=list)  # keys added after file_type
 
 
 def row_bytes(t: GGMLQuantizationType, n_per_row: int) -> int:
@@ -139,6 +141,7 @@ def make_plan(
     allow_requantize: bool = False,
     options: rules.Options | None = None,
     imatrix: dict[str, np.ndarray] | None = None,
+    extra_metadata: list[tuple[str, int | bytes]] = (),
 ) -> Plan:
     """Every tensor's new type and size, with every refusal raised here, before anything is written."""
     name = file_type.upper()
@@ -178,10 +181,11 @@ def make_plan(
                     )
         n_rows = t.n_elements // t.ne[0]
         plans.append(TensorPlan(t, new, n_rows * row_bytes(new, t.ne[0])))
-    header = len(_header(m, plans))
+    header = len(_header(m, plans, 0, extra_metadata))
     size_out = header + sum(_padded(p.nbytes, m.alignment) for p in plans)
+    n_elements = sum(t.n_elements for t in ordered)
     return Plan(
-        ftype, plans, fallbacks, sum(t.n_elements for t in ordered), m.file_size, size_out, used_imatrix
+        ftype, plans, fallbacks, n_elements, m.file_size, size_out, used_imatrix, list(extra_metadata)
     )
 
 
@@ -194,13 +198,34 @@ def _gguf_string(s: str) -> bytes:
     return struct.pack("<Q", len(b)) + b
 
 
-def _header(m: ModelFile, plans: list[TensorPlan], ftype: int = 0) -> bytes:
-    """gguf_get_meta_data of llama-quantize's output context, alignment padding included."""
+def _kv(key: str, value: int | bytes) -> bytes:
+    if isinstance(value, bytes):
+        return _gguf_string(key) + struct.pack("<IQ", _STRING, len(value)) + value
+    return _gguf_string(key) + struct.pack("<II", _UINT32, value)
+
+
+def imatrix_metadata(im: ImportanceMatrix, file_name: str) -> list[tuple[str, int | bytes]]:
+    """The keys llama-quantize adds for an imatrix (tools/quantize/quantize.cpp: kv overrides, strings cut
+    to 127 bytes, counts as uint32, the chunk count only when the file has one)."""
+    kv: list[tuple[str, int | bytes]] = [("quantize.imatrix.file", os.fsencode(file_name)[:127])]
+    if im.datasets:
+        kv.append(("quantize.imatrix.dataset", im.datasets[0].encode()[:127]))
+    kv.append(("quantize.imatrix.entries_count", len(im.entries)))
+    if im.chunks > 0:
+        kv.append(("quantize.imatrix.chunks_count", im.chunks))
+    return kv
+
+
+def _header(
+    m: ModelFile, plans: list[TensorPlan], ftype: int = 0, extra: list[tuple[str, int | bytes]] = ()
+) -> bytes:
+    """gguf_get_meta_data of llama-quantize's output context, alignment padding included: the input's
+    key/values in order, each key llama-quantize sets removed from its place and appended."""
     out = [b"GGUF", struct.pack("<I", GGUF_VERSION)]
-    redo = ("general.quantization_version", "general.file_type")
-    kv = [m.metadata_bytes(k) for k in m.metadata if k not in redo and k not in _SPLIT_KEYS]
-    kv.append(_gguf_string(redo[0]) + struct.pack("<II", _UINT32, GGML_QNT_VERSION))
-    kv.append(_gguf_string(redo[1]) + struct.pack("<II", _UINT32, int(ftype)))
+    added = [("general.quantization_version", GGML_QNT_VERSION), ("general.file_type", int(ftype)), *extra]
+    names = {k for k, _ in added} | set(_SPLIT_KEYS)
+    kv = [m.metadata_bytes(k) for k in m.metadata if k not in names]
+    kv += [_kv(k, v) for k, v in added]
     out.append(struct.pack("<QQ", len(plans), len(kv)))
     out += kv
     offset = 0
@@ -257,14 +282,26 @@ def quantize_model(
     *,
     allow_requantize: bool = False,
     options: rules.Options | None = None,
-    imatrix: dict[str, np.ndarray] | None = None,
+    imatrix: str | os.PathLike | ImportanceMatrix | dict[str, np.ndarray] | None = None,
+    imatrix_name: str | None = None,
     threads: int | None = None,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> Report:
     """Quantize `src` to `dst` as `llama-quantize [--allow-requantize] src dst file_type threads` does.
 
+    `imatrix`: llama-imatrix's file (its path is recorded in the output's metadata, as llama-quantize
+    does), an ImportanceMatrix read from the file `imatrix_name`, or bare {tensor name: weights}.
     `progress(tensor name, elements done, elements total)` is called as the work goes."""
     t0 = time.perf_counter()
+    extra: list[tuple[str, int | bytes]] = []
+    if isinstance(imatrix, (str, os.PathLike)):
+        from edgellm.imatrix import load_imatrix
+
+        im_name, imatrix = os.fspath(imatrix), load_imatrix(imatrix)
+        extra = imatrix_metadata(imatrix, im_name)
+    if isinstance(imatrix, ImportanceMatrix):
+        extra = extra or imatrix_metadata(imatrix, imatrix_name or "")
+        imatrix = imatrix.entries
     src, dst = Path(src), Path(dst)
     if dst.exists() and dst.resolve() == src.resolve():
         raise QuantizeError("the output file is the input file: write to another path")
@@ -272,7 +309,14 @@ def quantize_model(
         raise QuantizeError(f"no such directory: {dst.parent}")
     threads = max(1, threads or os.cpu_count() or 1)
     with ModelFile(src) as m:
-        plan = make_plan(m, file_type, allow_requantize=allow_requantize, options=options, imatrix=imatrix)
+        plan = make_plan(
+            m,
+            file_type,
+            allow_requantize=allow_requantize,
+            options=options,
+            imatrix=imatrix,
+            extra_metadata=extra,
+        )
         free = shutil.disk_usage(dst.parent).free
         if plan.size_out > free:
             raise QuantizeError(
@@ -283,7 +327,7 @@ def quantize_model(
         tmp = Path(tmp_name)
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(_header(m, plan.tensors, plan.ftype))
+                f.write(_header(m, plan.tensors, plan.ftype, plan.metadata))
                 done = [0]
 
                 def advance(n: int, name: str = "") -> None:
