@@ -2,7 +2,7 @@
 
 Mirrors ggml-org/llama.cpp src/llama-quant.cpp llama_model_quantize_impl: the same tensor order, metadata
 (input key/values copied verbatim, then general.quantization_version and general.file_type), per-tensor
-types (quant_rules.py), quantizers (quants.py, kquants.py, iq4nl.py: ggml-quants.c bit for bit) and
+types (quant_rules.py), quantizers (kquants.py: ggml-quants.c bit for bit, in Numba) and
 alignment, so the file equals llama-quantize's. Everything is checked before a byte is written; the file is
 written under a temporary name and renamed at the end, so an interrupted run leaves nothing half-written.
 """
@@ -15,15 +15,14 @@ import struct
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from edgellm import kquants, quants
 from edgellm import quant_rules as rules
-from edgellm import quants
 from edgellm.gguf import ModelFile, QTensor
 from edgellm.imatrix import ImportanceMatrix
 
@@ -73,31 +72,7 @@ def quantize_rows(
     t: GGMLQuantizationType, x: np.ndarray, imatrix: np.ndarray | None, threads: int
 ) -> np.ndarray:
     """float32 (nrows, n_per_row) -> uint8 (nrows, row bytes), as ggml_quantize_chunk(t, ..., imatrix)."""
-    if t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K) or (
-        imatrix is not None and t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)
-    ):
-        from edgellm import kquants
-
-        return kquants.quantize_rows(t.name, x, imatrix, threads)
-    if t == T.IQ4_NL:
-        from edgellm import iq4nl
-
-        return iq4nl.quantize_iq4_nl(x, imatrix, threads)
-    if t == T.F32:
-        return np.ascontiguousarray(x, dtype="<f4").view(np.uint8).reshape(x.shape[0], -1)
-    # Q4_0 .. Q8_0 (ggml's ref quantizers: Q8_0 ignores an imatrix), F16, BF16: numpy, whose big array
-    # operations release the GIL, so row chunks run in parallel
-    return _in_row_chunks(lambda part: quants.quantize(part, t), x, threads)
-
-
-def _in_row_chunks(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray, threads: int) -> np.ndarray:
-    n = x.shape[0]
-    if threads <= 1 or n < 2 * threads:
-        return fn(x)
-    bounds = np.linspace(0, n, threads + 1).astype(int)
-    with ThreadPoolExecutor(threads) as pool:
-        parts = list(pool.map(fn, [x[a:b] for a, b in zip(bounds[:-1], bounds[1:])]))
-    return np.concatenate(parts)
+    return kquants.quantize_rows(t.name, x, imatrix, threads)
 
 
 QUANTIZABLE = frozenset(rules.TENSOR_TYPES.values())
