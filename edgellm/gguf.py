@@ -442,6 +442,13 @@ class ModelFile:
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
 
+    def evict(self, t: QTensor) -> None:
+        """Let the kernel drop tensor t's pages from this process's memory (read again from the file if
+        touched): llama.cpp's unmap_weight, so one pass over a model never holds all of it at once."""
+        if self._mmap is not None and hasattr(mmap, "MADV_DONTNEED"):
+            start = t.offset - t.offset % mmap.PAGESIZE
+            self._mmap.madvise(mmap.MADV_DONTNEED, start, t.offset + t.nbytes - start)
+
     def metadata_bytes(self, key: str) -> bytes:
         """The key/value pair `key` exactly as the file encodes it (key string, type, value)."""
         start, end = self.metadata_spans[key]

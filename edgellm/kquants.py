@@ -640,13 +640,18 @@ SUPPORTED: frozenset[str] = frozenset(_ROWS) | frozenset(_FLOATS)
 
 
 def quantize_rows(
-    type_name: str, x: np.ndarray, imatrix: np.ndarray | None = None, threads: int = 1
+    type_name: str,
+    x: np.ndarray,
+    imatrix: np.ndarray | None = None,
+    threads: int = 1,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """float32 x (nrows, n_per_row) -> uint8 (nrows, row_bytes): ggml_quantize_chunk(type, x, ..., imatrix)
     bit for bit.
 
     imatrix holds one importance per column (as llama-quantize passes it); `threads` splits the rows over
-    a thread pool and never changes the result."""
+    a thread pool and never changes the result; `out`, if given, is the uint8 (nrows, row_bytes) array
+    written (a buffer reused across calls saves the page faults of a fresh one)."""
     if type_name not in SUPPORTED:
         raise ValueError(f"cannot quantize to {type_name!r}; supported: {', '.join(sorted(SUPPORTED))}")
     x = np.asarray(x)
@@ -662,7 +667,11 @@ def quantize_rows(
         qw = np.ascontiguousarray(imatrix, dtype=np.float32)
         if qw.shape != (n_per_row,):
             raise ValueError(f"imatrix must hold one value per column, shape ({n_per_row},); got {qw.shape}")
-    out = np.empty((nrows, n_per_row // block * type_size), np.uint8)
+    shape = (nrows, n_per_row // block * type_size)
+    if out is None:
+        out = np.empty(shape, np.uint8)
+    elif out.shape != shape or out.dtype != np.uint8 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a contiguous uint8 array of shape {shape}")
     if type_name in _FLOATS:
         out[:] = quants.quantize(x, GGMLQuantizationType[type_name]).reshape(out.shape)
         return out

@@ -15,6 +15,7 @@ import struct
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,11 @@ from edgellm import kquants, quants
 from edgellm import quant_rules as rules
 from edgellm.gguf import ModelFile, QTensor
 from edgellm.imatrix import ImportanceMatrix
+
+try:
+    import edgellm._native as _native
+except ImportError:  # built without a C compiler: numpy dequantizes
+    _native = None
 
 T = GGMLQuantizationType
 GGML_QNT_VERSION = 2  # ggml.h
@@ -68,11 +74,9 @@ def row_bytes(t: GGMLQuantizationType, n_per_row: int) -> int:
     return n_per_row // block * size
 
 
-def quantize_rows(
-    t: GGMLQuantizationType, x: np.ndarray, imatrix: np.ndarray | None, threads: int
-) -> np.ndarray:
+def quantize_rows(t: GGMLQuantizationType, x: np.ndarray, imatrix: np.ndarray | None, threads: int, out=None):
     """float32 (nrows, n_per_row) -> uint8 (nrows, row bytes), as ggml_quantize_chunk(t, ..., imatrix)."""
-    return kquants.quantize_rows(t.name, x, imatrix, threads)
+    return kquants.quantize_rows(t.name, x, imatrix, threads, out)
 
 
 QUANTIZABLE = frozenset(rules.TENSOR_TYPES.values())
@@ -215,31 +219,56 @@ def _header(
     return blob + bytes(_padded(len(blob), m.alignment) - len(blob))
 
 
-def _check_finite(name: str, x: np.ndarray) -> None:
+def _dequantize_into(t: QTensor, r0: int, r1: int, x: np.ndarray) -> None:
+    """Rows r0..r1 of t as float32 into x: the native runtime's ed_dequantize_row where it is built (the
+    same bits as quants.dequantize, and it releases the GIL), else numpy. Refuses NaN and Inf."""
+    rows = t.data[r0:r1]
+    if _native is None or not _native.lib.ed_dequantize_row(
+        int(t.type), _native.ffi.from_buffer(rows), _native.ffi.from_buffer("float[]", x), x.size
+    ):
+        x[:] = quants.dequantize(rows, t.type, x.shape)
     if not np.isfinite(x).all():
         raise QuantizeError(
-            f"tensor {name} holds NaN or infinite values: its quantized data would not be valid"
+            f"tensor {t.name} holds NaN or infinite values: its quantized data would not be valid"
         )
 
 
-def _quantize_tensor(p: TensorPlan, imatrix: np.ndarray | None, threads: int, write, advance) -> None:
+def _slab_part(t: QTensor, new_type, w, r0: int, r1: int, x: np.ndarray, out: np.ndarray) -> None:
+    _dequantize_into(t, r0, r1, x)
+    quantize_rows(new_type, x, w, 1, out)
+
+
+class _Buffers:
+    """A float32 and a uint8 slab reused for every tensor (fresh ones cost a page fault per 4 KiB)."""
+
+    def __init__(self) -> None:
+        self.x = np.empty(_SLAB_BYTES // 4, np.float32)
+        self.q = np.empty(_SLAB_BYTES, np.uint8)
+
+
+def _quantize_tensor(p: TensorPlan, w: np.ndarray | None, pool: ThreadPoolExecutor, threads: int, buf, write):
+    """Dequantize and quantize tensor p slab by slab, each slab's rows split over the pool's threads."""
     t = p.tensor
     n_per_row = t.ne[0]
     n_rows = t.n_elements // n_per_row
     rows_per_expert = t.ne[1] if len(t.ne) > 1 else 1
-    step = max(1, min(n_rows, _SLAB_BYTES // (4 * n_per_row)))
+    out_row = row_bytes(p.new_type, n_per_row)
+    step = max(1, min(n_rows, _SLAB_BYTES // (4 * n_per_row), _SLAB_BYTES // out_row))
     r = 0
     while r < n_rows:
         # a slab never crosses an expert boundary: each expert has its own slice of the imatrix
         n = min(step, n_rows - r, rows_per_expert - r % rows_per_expert)
-        x = quants.dequantize(t.data[r : r + n], t.type, (n, n_per_row))
-        _check_finite(t.name, x)
-        w = None
-        if imatrix is not None:
-            e = r // rows_per_expert
-            w = imatrix[e * n_per_row : (e + 1) * n_per_row]
-        write(quantize_rows(p.new_type, x, w, threads).tobytes())
-        advance(n * n_per_row)
+        x = buf.x[: n * n_per_row].reshape(n, n_per_row)
+        qout = buf.q[: n * out_row].reshape(n, out_row)
+        e = r // rows_per_expert
+        w_e = None if w is None else w[e * n_per_row : (e + 1) * n_per_row]
+
+        bounds = np.linspace(0, n, min(4 * threads, n) + 1).astype(int)
+        parts = [(r + a, r + b, x[a:b], qout[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        for f in [pool.submit(_slab_part, t, p.new_type, w_e, *part) for part in parts]:
+            f.result()
+        write(qout)
+        yield n * n_per_row
         r += n
 
 
@@ -310,19 +339,18 @@ def quantize_model(
                     if progress:
                         progress(name, done[0], plan.n_elements)
 
-                for p in plan.tensors:
-                    if p.copied:
-                        f.write(p.tensor.data.tobytes())
-                        advance(p.tensor.n_elements, p.tensor.name)
-                    else:
-                        _quantize_tensor(
-                            p,
-                            plan.imatrix.get(p.tensor.name),
-                            threads,
-                            f.write,
-                            lambda n, name=p.tensor.name: advance(n, name),
-                        )
-                    f.write(bytes(_padded(p.nbytes, m.alignment) - p.nbytes))
+                buffers = _Buffers()
+                with ThreadPoolExecutor(threads) as pool:
+                    for p in plan.tensors:
+                        if p.copied:
+                            f.write(p.tensor.data)
+                            advance(p.tensor.n_elements, p.tensor.name)
+                        else:
+                            w = plan.imatrix.get(p.tensor.name)
+                            for n in _quantize_tensor(p, w, pool, threads, buffers, f.write):
+                                advance(n, p.tensor.name)
+                        f.write(bytes(_padded(p.nbytes, m.alignment) - p.nbytes))
+                        m.evict(p.tensor)
                 f.flush()
                 os.fsync(f.fileno())
             if tmp.stat().st_size != plan.size_out:  # a bug, not a user error: never rename a wrong file

@@ -4,7 +4,8 @@ Usage: python scripts/bench_quantize.py --bin path/to/llama.cpp/build/bin [--mod
        [--types Q4_K_M,Q4_0,Q8_0] [-t 2] [-r 3]
 Each repetition runs llama-quantize then `edgellm quantize` (a fresh process each, so numba's cache load is
 counted) for every type, checks the two files are identical, and reports median seconds, the ratio
-(edgellm / llama-quantize, < 1 is faster) and each side's peak RSS, with the CPU it ran on.
+(edgellm / llama-quantize, < 1 is faster) and each side's peak RSS, with the CPU it ran on. Each run
+starts after a `sync`; edgellm's time includes its fsync of the output (llama-quantize does none).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def cpu_model() -> str:
 
 def timed(cmd: list[str], env: dict) -> tuple[float, int | None]:
     """Wall seconds and, where GNU time is installed, the command's peak RSS in MiB."""
+    # start with no dirty pages: else a run pays for flushing the file the run before it wrote
+    os.sync()
     gnu_time = shutil.which("time") if Path("/usr/bin/time").exists() else None
     full = [gnu_time, "-f", "maxrss=%M", *cmd] if gnu_time else cmd
     t0 = time.perf_counter()

@@ -229,3 +229,30 @@ def test_imatrix_weighted_file_equals_llama_quantize(smollm2_path, tmp_path, fil
         }
     bad = [n for n in want if got.get(n) != want[n]]
     assert not bad, f"tensors differ from llama-quantize --imatrix's: {bad[:8]} (of {len(bad)})"
+
+
+def test_without_the_c_extension_numpy_dequantizes_to_the_same_file(smollm2_path, tmp_path, monkeypatch):
+    """Where no C compiler built edgellm._native, quants.dequantize reads the input: the same bits."""
+    monkeypatch.setattr(q, "_native", None)
+    out = tmp_path / "out.gguf"
+    q.quantize_model(smollm2_path, out, "Q4_K_M", allow_requantize=True, threads=2)
+    _assert_same_file_as_llama_quantize(out, "smollm2-135m", "Q4_K_M")
+
+
+def test_cli_quantize_writes_llama_quantizes_file_and_refuses_by_name(smollm2_path, tmp_path, capsys):
+    from edgellm.cli import main
+
+    out = tmp_path / "q4_0.gguf"
+    assert main(["quantize", str(smollm2_path), str(out), "Q4_0", "2", "--allow-requantize"]) == 0
+    _assert_same_file_as_llama_quantize(out, "smollm2-135m", "Q4_0")
+    assert main(["quantize", str(smollm2_path), str(tmp_path / "x.gguf"), "Q4_0"]) == 1
+    assert "requantizing is disabled (pass --allow-requantize" in capsys.readouterr().err
+    assert (
+        main(["quantize", str(smollm2_path), str(tmp_path / "x.gguf"), "Q4_0", "--output-tensor-type", "Q7"])
+        == 2
+    )
+    assert "unknown tensor type 'Q7'" in capsys.readouterr().err
+    assert main(["quantize", str(smollm2_path), str(tmp_path / "x.gguf"), "Q4_K_M", "--dry-run"]) == 0
+    listing = capsys.readouterr().out
+    assert "blk.0.attn_v.weight" in listing and "-> Q8_0" in listing and "-> Q6_K" in listing
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q4_0.gguf"]

@@ -1,6 +1,7 @@
 /* Dequantize one row of a ggml type to float32, for embedding lookup (get_rows). Ports of ggml-org/llama.cpp
  * ggml/src/ggml-quants.c dequantize_row_q4_0 .. dequantize_row_q6_K and dequantize_row_iq4_nl, with the same
  * float operations, so the results are bit-identical with edgellm.quants and gguf-py. */
+#include <pthread.h>
 #include <string.h>
 
 #include "f16.h"
@@ -181,8 +182,11 @@ int ed_dequantize_supported(int type) {
     }
 }
 
+static pthread_once_t g_lut_once = PTHREAD_ONCE_INIT;
+
 int ed_dequantize_row(int type, const void *src, float *y, int64_t n) {
     const uint8_t *b = src;
+    pthread_once(&g_lut_once, ed_rt_f16_lut_init);  /* called without a pool (edgellm quantize) */
     switch (type) {
     case ED_F32: memcpy(y, src, sizeof(float) * n); return 1;
     case ED_F16: for (int64_t i = 0; i < n; i++) y[i] = f16le(b + 2 * i); return 1;

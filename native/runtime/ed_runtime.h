@@ -73,6 +73,11 @@ int ed_step_check(const int64_t *tokens, int64_t n_vocab, const int32_t *block_t
                   int64_t max_blocks, int64_t block_size, int64_t n_ctx, const int64_t *seq_ids,
                   const int64_t *positions, int64_t n);
 
+/* Dequantize n elements (whole blocks) of ggml type `type` to float32, bit-identical with edgellm.quants
+ * and ggml's dequantize_row_*; returns 1, or 0 for a type it has no code for (edgellm quantize reads
+ * its input through it, on several threads: the caller splits the rows). */
+int ed_dequantize_row(int type, const void *src, float *dst, int64_t n);
+
 /* Whether matmul / get_rows support a ggml weight type with the kernels of this build. */
 int ed_matmul_supported(int type);
 int ed_get_rows_supported(int type);
