@@ -15,7 +15,7 @@ import struct
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -238,16 +238,61 @@ def _slab_part(t: QTensor, new_type, w, r0: int, r1: int, x: np.ndarray, out: np
     quantize_rows(new_type, x, w, 1, out)
 
 
-class _Buffers:
-    """A float32 and a uint8 slab reused for every tensor (fresh ones cost a page fault per 4 KiB)."""
+class _Slab:
+    """A float32 and a uint8 buffer, reused for every tensor (fresh ones cost a page fault per 4 KiB)."""
 
     def __init__(self) -> None:
         self.x = np.empty(_SLAB_BYTES // 4, np.float32)
         self.q = np.empty(_SLAB_BYTES, np.uint8)
+        self.pending: Future | None = None  # the write of its last contents
 
 
-def _quantize_tensor(p: TensorPlan, w: np.ndarray | None, pool: ThreadPoolExecutor, threads: int, buf, write):
-    """Dequantize and quantize tensor p slab by slab, each slab's rows split over the pool's threads."""
+class _Writer:
+    """Writes the file in order on a thread of its own, so the disk works while the next slab is being
+    computed: two slabs, one filling while the other is written."""
+
+    def __init__(self, f) -> None:
+        self._f = f
+        self._thread = ThreadPoolExecutor(1)
+        self._slabs = [_Slab(), _Slab()]
+        self._turn = 0
+        self._writes: list[Future] = []
+
+    def slab(self) -> _Slab:
+        s = self._slabs[self._turn]
+        self._turn ^= 1
+        if s.pending is not None:
+            s.pending.result()
+        return s
+
+    def submit(self, fn, *args, slab: _Slab | None = None) -> None:
+        keep = []
+        for w in self._writes:  # a write that failed raises here, at the next one
+            if w.done():
+                w.result()
+            else:
+                keep.append(w)
+        self._writes = [*keep, self._thread.submit(fn, *args)]
+        fut = self._writes[-1]
+        if slab is not None:
+            slab.pending = fut
+
+    def write(self, data, slab: _Slab | None = None) -> None:
+        self.submit(self._f.write, data, slab=slab)
+
+    def close(self, failed: bool) -> None:
+        """Wait for every write (raising the first error), or on failure just stop."""
+        self._thread.shutdown(wait=True, cancel_futures=failed)
+        if not failed:
+            for w in self._writes:
+                w.result()
+
+
+def _quantize_tensor(
+    p: TensorPlan, w: np.ndarray | None, pool: ThreadPoolExecutor, threads: int, out: _Writer
+):
+    """Dequantize and quantize tensor p slab by slab, each slab's rows split over the pool's threads;
+    yields the elements done after each slab."""
     t = p.tensor
     n_per_row = t.ne[0]
     n_rows = t.n_elements // n_per_row
@@ -258,16 +303,16 @@ def _quantize_tensor(p: TensorPlan, w: np.ndarray | None, pool: ThreadPoolExecut
     while r < n_rows:
         # a slab never crosses an expert boundary: each expert has its own slice of the imatrix
         n = min(step, n_rows - r, rows_per_expert - r % rows_per_expert)
-        x = buf.x[: n * n_per_row].reshape(n, n_per_row)
-        qout = buf.q[: n * out_row].reshape(n, out_row)
+        slab = out.slab()
+        x = slab.x[: n * n_per_row].reshape(n, n_per_row)
+        qout = slab.q[: n * out_row].reshape(n, out_row)
         e = r // rows_per_expert
         w_e = None if w is None else w[e * n_per_row : (e + 1) * n_per_row]
-
         bounds = np.linspace(0, n, min(4 * threads, n) + 1).astype(int)
         parts = [(r + a, r + b, x[a:b], qout[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
         for f in [pool.submit(_slab_part, t, p.new_type, w_e, *part) for part in parts]:
             f.result()
-        write(qout)
+        out.write(qout, slab)
         yield n * n_per_row
         r += n
 
@@ -339,18 +384,22 @@ def quantize_model(
                     if progress:
                         progress(name, done[0], plan.n_elements)
 
-                buffers = _Buffers()
-                with ThreadPoolExecutor(threads) as pool:
-                    for p in plan.tensors:
-                        if p.copied:
-                            f.write(p.tensor.data)
-                            advance(p.tensor.n_elements, p.tensor.name)
-                        else:
-                            w = plan.imatrix.get(p.tensor.name)
-                            for n in _quantize_tensor(p, w, pool, threads, buffers, f.write):
-                                advance(n, p.tensor.name)
-                        f.write(bytes(_padded(p.nbytes, m.alignment) - p.nbytes))
-                        m.evict(p.tensor)
+                out, failed = _Writer(f), True
+                try:
+                    with ThreadPoolExecutor(threads) as pool:
+                        for p in plan.tensors:
+                            if p.copied:
+                                out.write(p.tensor.data)
+                                advance(p.tensor.n_elements, p.tensor.name)
+                            else:
+                                w = plan.imatrix.get(p.tensor.name)
+                                for n in _quantize_tensor(p, w, pool, threads, out):
+                                    advance(n, p.tensor.name)
+                            out.write(bytes(_padded(p.nbytes, m.alignment) - p.nbytes))
+                            out.submit(m.evict, p.tensor)  # after its last read, in the writer's order
+                    failed = False
+                finally:
+                    out.close(failed)
                 f.flush()
                 os.fsync(f.fileno())
             if tmp.stat().st_size != plan.size_out:  # a bug, not a user error: never rename a wrong file
