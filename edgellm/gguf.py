@@ -339,7 +339,7 @@ class ModelFile:
 
         self.metadata: dict[str, Any] = {}
         self.metadata_types: dict[str, int] = {}
-        # each key/value pair's bytes [start, end) in the file: a writer copies them exactly (edgellm quantize)
+        # each key/value pair's bytes [start, end) in the file, which a writer copies (edgellm quantize)
         self.metadata_spans: dict[str, tuple[int, int]] = {}
         key_offsets: dict[str, int] = {}
         for i in range(n_kv):

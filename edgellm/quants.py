@@ -90,7 +90,7 @@ def _to_f16_bytes(x: np.ndarray) -> np.ndarray:
 
 def _max_by_abs(x: np.ndarray) -> np.ndarray:
     """(n, k) -> (n, 1): the signed value of largest magnitude, first one on ties (ggml's loop order);
-    +0.0 for a block of zeros of either sign (ggml's `max` starts at 0.0f and only a larger |v| replaces it)."""
+    +0.0 for a block of zeros of either sign (ggml's `max` starts at 0.0f; only a larger |v| replaces it)."""
     m = np.take_along_axis(x, np.abs(x).argmax(axis=-1, keepdims=True), axis=-1)
     return np.where(m == 0, np.float32(0), m)
 

@@ -36,10 +36,24 @@ def ggml_quantize(lib: ctypes.CDLL, type_name: str, x: np.ndarray, imatrix: np.n
     imat = None if imatrix is None else np.ascontiguousarray(imatrix, dtype=np.float32)
     fptr = ctypes.POINTER(ctypes.c_float)
     lib.ggml_quantize_chunk.restype = ctypes.c_size_t
-    lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, fptr, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                        ctypes.c_int64, fptr]
-    n = lib.ggml_quantize_chunk(int(t), x.ctypes.data_as(fptr), out.ctypes.data, 0, nrows, n_per_row,
-                                None if imat is None else imat.ctypes.data_as(fptr))
+    lib.ggml_quantize_chunk.argtypes = [
+        ctypes.c_int,
+        fptr,
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        fptr,
+    ]
+    n = lib.ggml_quantize_chunk(
+        int(t),
+        x.ctypes.data_as(fptr),
+        out.ctypes.data,
+        0,
+        nrows,
+        n_per_row,
+        None if imat is None else imat.ctypes.data_as(fptr),
+    )
     assert n == out.size, (type_name, n, out.size)
     return out
 

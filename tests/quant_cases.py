@@ -58,5 +58,11 @@ def importance(n_per_row: int = N_PER_ROW, seed: int = 7) -> np.ndarray:
 
 
 # (ggml type name, uses imatrix): every quantizer edgellm has, with and without importance weights
-TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "F16", "BF16"]
+TYPES = [
+    *("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"),
+    *("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"),
+    "IQ4_NL",
+    "F16",
+    "BF16",
+]
 CASES = [(t, imat) for t in TYPES for imat in (False, True)]
