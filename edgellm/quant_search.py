@@ -48,6 +48,19 @@ def _qx_terms(n, nmax, iscale, xs, ws, wx, a, b):
 
 
 @inline
+def _signed_absmax(n, xs):
+    """The first x of largest |x| (0 if all are 0), as the C's `if (ax > amax) { amax = ax; max = x[i]; }`."""
+    mx = F32(0)
+    amax = F32(0)
+    for i in range(n):
+        ax = abs(xs[i])
+        if ax > amax:
+            amax = ax
+            mx = xs[i]
+    return mx
+
+
+@inline
 def _sums(n, a, b):
     """(sum a, sum b), each accumulated in index order as the C's loop does."""
     sa = F32(0)
@@ -66,14 +79,8 @@ def make_qx_quants(n, nmax, x, xo, L, lo, w, wo, tmp):
     scratch of at least 3n."""
     xs, ws, Ls = x[xo : xo + n], w[wo : wo + n], L[lo : lo + n]  # views: indices from 0 need no wraparound
     wx, a, b = tmp[:n], tmp[n : 2 * n], tmp[2 * n : 3 * n]
-    mx = F32(0)
-    amax = F32(0)
-    for i in range(n):
-        ax = abs(xs[i])
-        if ax > amax:
-            amax = ax
-            mx = xs[i]
-    if amax < GROUP_MAX_EPS:
+    mx = _signed_absmax(n, xs)
+    if abs(mx) < GROUP_MAX_EPS:
         for i in range(n):
             Ls[i] = 0
         return F32(0)
@@ -105,14 +112,8 @@ def make_qx_quants(n, nmax, x, xo, L, lo, w, wo, tmp):
 def make_q3_quants(n, nmax, x, xo, L, lo):
     """make_q3_quants with do_rmse = true (the only way quantize_row_q3_K_ref calls it); L int8."""
     xs, Ls = x[xo : xo + n], L[lo : lo + n]
-    mx = F32(0)
-    amax = F32(0)
-    for i in range(n):
-        ax = abs(xs[i])
-        if ax > amax:
-            amax = ax
-            mx = xs[i]
-    if amax < GROUP_MAX_EPS:
+    mx = _signed_absmax(n, xs)
+    if abs(mx) < GROUP_MAX_EPS:
         for i in range(n):
             Ls[i] = 0
         return F32(0)

@@ -30,20 +30,12 @@ TYPES = {
 }  # fmt: skip
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def describe(path: Path) -> dict:
     with ModelFile(path) as m:
         tensors = {
             n: f"{t.type.name}:{hashlib.sha256(t.data).hexdigest()[:16]}" for n, t in m.tensors.items()
         }
-    return {"sha256": file_sha256(path), "size": path.stat().st_size, "tensors": tensors}
+    return {"sha256": store.sha256_file(path), "size": path.stat().st_size, "tensors": tensors}
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ from gguf import GGMLQuantizationType as T
 
 from edgellm import quant_rules as rules
 from edgellm import quantize as q
+from edgellm import store
 from edgellm.gguf import ModelFile
 
 FIXTURES = Path(__file__).parent / "fixtures" / "quantize"
@@ -39,17 +40,9 @@ def test_quantizer_bytes_equal_ggml_quantize_chunk(type_name, with_imatrix):
     assert not bad, f"{type_name} rows {bad} differ from ggml (tests/quant_cases.py says what each row is)"
 
 
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _assert_same_file_as_llama_quantize(out: Path, alias: str, file_type: str) -> None:
     want = LLAMA_QUANTIZE[alias][file_type]
-    if _file_digest(out) == want["sha256"]:
+    if store.sha256_file(out) == want["sha256"]:
         return
     with ModelFile(out) as m:  # say which tensors differ
         got = {n: f"{t.type.name}:{hashlib.sha256(t.data).hexdigest()[:16]}" for n, t in m.tensors.items()}
