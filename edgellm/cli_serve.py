@@ -120,6 +120,21 @@ def serve(
     pooling: str | None = typer.Option(
         None, "--pooling", help="Embeddings' pooling: mean, cls, last, none (default: the file's, else last)."
     ),
+    ray: bool = typer.Option(
+        False,
+        "--ray",
+        help="Serve replicas of the engine on Ray Serve, routed by prompt prefix (edgellm[ray]).",
+    ),
+    replicas: int = typer.Option(2, "--replicas", help="With --ray: engine replicas (each -t threads)."),
+    min_replicas: int | None = typer.Option(
+        None, "--min-replicas", help="With --ray: autoscale from this many."
+    ),
+    max_replicas: int | None = typer.Option(
+        None, "--max-replicas", help="With --ray: autoscale up to this many."
+    ),
+    ray_address: str | None = typer.Option(
+        None, "--ray-address", help="With --ray: an existing Ray cluster (default: start a local one)."
+    ),
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API with continuous batching and prefix caching."""
     from edgellm.cli import pick_model
@@ -132,6 +147,7 @@ def serve(
         raise ServeError(
             f"edgellm serve needs the server extras ({e.name} is missing): pip install 'edgellm[serve]'"
         ) from None
+    ray_checks(ray, replicas, min_replicas, max_replicas, ray_address, threads)
     from edgellm.server import ServerConfig
     from edgellm.server import serve as run_server
 
@@ -186,9 +202,53 @@ def serve(
             flush=True,
         )
 
-    code = run_server(config, host, port, on_ready=ready, on_listening=listening)
+    if ray:
+        from edgellm import ray_serve
+
+        def ray_ready(per: int) -> None:
+            n = (
+                f"{replicas} replicas"
+                if min_replicas is None and max_replicas is None
+                else "autoscaled replicas"
+            )
+            name = config.model_name or path.stem
+            msg = f"edgellm serving {name} on http://{host}:{port} through Ray Serve ({n} x {per} threads)"
+            print(msg, file=sys.stderr, flush=True)
+
+        print(f"starting Ray Serve and loading {path.name} in every replica...", file=sys.stderr, flush=True)
+        code = ray_serve.run(config, host, port, replicas, min_replicas, max_replicas, ray_address, ray_ready)
+    else:
+        code = run_server(config, host, port, on_ready=ready, on_listening=listening)
     if code:
         raise typer.Exit(code)
+
+
+def ray_checks(
+    ray: bool, replicas: int, lo: int | None, hi: int | None, address: str | None, threads: int | None
+) -> None:
+    """--ray and its options: one error line for a bad combination or a missing extra."""
+    if not ray:
+        used = [
+            n for n, v in (("--min-replicas", lo), ("--max-replicas", hi), ("--ray-address", address)) if v
+        ]
+        if used or replicas != 2:
+            raise ServeError(f"{', '.join(used) or '--replicas'} needs --ray")
+        return
+    for name, v in (
+        ("--replicas", replicas),
+        ("--min-replicas", lo),
+        ("--max-replicas", hi),
+        ("-t", threads),
+    ):
+        if v is not None and v <= 0:
+            raise ServeError(f"{name} must be positive")
+    if lo is not None and hi is not None and lo > hi:
+        raise ServeError(f"--min-replicas {lo} is above --max-replicas {hi}")
+    try:
+        import ray as _ray  # noqa: F401
+        from ray import serve as _serve  # noqa: F401
+    except ImportError as e:
+        raise ServeError(f"--ray needs Ray Serve ({e.name} is missing): pip install 'edgellm[ray]'") from None
 
 
 __all__ = ["serve"]

@@ -1248,23 +1248,31 @@ _LLAMACPP_METRICS = [
 
 
 def _prometheus(state: State) -> str:
-    lines = [
-        "# HELP edgellm_ready Whether the model is loaded and the server accepts requests.",
-        "# TYPE edgellm_ready gauge",
-        f"edgellm_ready {int(state.engine is not None and state.engine.accepting)}",
-    ]
-    if state.engine is not None:
-        m = state.engine.metrics()
+    ready = state.engine is not None and state.engine.accepting
+    return prometheus_text(ready, state.engine.metrics() if state.engine is not None else None)
+
+
+def prometheus_text(ready: bool, m: dict | None, label: str = "", head: bool = True) -> str:
+    """/metrics from an engine's metrics() (None: not loaded): edgellm's names and llama-server's. A
+    `label` (`replica="r1"`) goes on every sample; `head=False` leaves out the HELP/TYPE lines (a second
+    series of metrics already introduced)."""
+    lab = "{" + label + "}" if label else ""
+    lines: list[str] = []
+
+    def one(name: str, kind: str, text: str, v: Any) -> None:
+        if head:
+            lines.extend([f"# HELP {name} {text}", f"# TYPE {name} {kind}"])
+        lines.append(f"{name}{lab} {v:.6g}" if isinstance(v, float) else f"{name}{lab} {v}")
+
+    one("edgellm_ready", "gauge", "Whether the model is loaded and the server accepts requests.", int(ready))
+    if m is not None:
+        m = dict(m)
         for key, name, kind, text in _METRICS:
-            lines += [f"# HELP edgellm_{name} {text}", f"# TYPE edgellm_{name} {kind}"]
-            v = m[key]
-            lines.append(f"edgellm_{name} {v:.6g}" if isinstance(v, float) else f"edgellm_{name} {v}")
+            one(f"edgellm_{name}", kind, text, m[key])
         m["kv_usage"] = m["kv_blocks_used"] / m["kv_blocks_total"] if m["kv_blocks_total"] else 0.0
         m["kv_tokens"] = m["kv_blocks_used"] * m["kv_block_size"]
         for name, kind, text, key in _LLAMACPP_METRICS:
-            v = m[key]
-            lines += [f"# HELP llamacpp:{name} {text}", f"# TYPE llamacpp:{name} {kind}"]
-            lines.append(f"llamacpp:{name} {v:.6g}" if isinstance(v, float) else f"llamacpp:{name} {v}")
+            one(f"llamacpp:{name}", kind, text, m[key])
     return "\n".join(lines) + "\n"
 
 
