@@ -63,7 +63,9 @@ TEXT_ROUTES = ("/v1/completions", "/completion", "/completions", "/api/generate"
 
 class PrefixRouter(RequestRouter):
     """Ray Serve request router: a request goes to the replica that served its longest prompt prefix
-    (routing.PrefixTable), unless that replica has `bound` more requests in flight than the least loaded.
+    (routing.PrefixTable), unless that replica has `bound` more requests in flight than the least loaded
+    (a quarter of a replica's slots: a warm prefix saves one prefill, an idle replica on another machine
+    doubles the decode speed).
     The chosen replica is the first rank; the others follow, least loaded first, so a full replica (all
     its slots taken) gives way to the next rather than making the request wait."""
 
@@ -81,6 +83,9 @@ class PrefixRouter(RequestRouter):
         hashes = _prefix_of(pending_request)
         loads = {r.replica_id: self.inflight.get(r.replica_id, 0) for r in candidate_replicas}
         pick = self.table.choose(hashes, loads, self.bound)
+        # owned from the choice on (on_request_routed confirms it): requests with new prefixes that are
+        # routed at the same moment, all seeing the same loads, spread instead of piling on one replica
+        self.table.record(hashes, pick)
         first = [r for r in candidate_replicas if r.replica_id == pick]
         rest = sorted(
             (r for r in candidate_replicas if r.replica_id != pick), key=lambda r: loads[r.replica_id]
@@ -433,32 +438,46 @@ class EdgellmIngress:
 # ---------------------------------------------------------------------------------------------- running
 
 
-def build(config: Any, replicas: int, min_replicas: int | None, max_replicas: int | None, threads: int,
-          registry: str) -> Any:  # fmt: skip
-    """The Serve application: the replicas' deployment (fixed or autoscaled) and the ingress over it."""
+def imbalance(parallel: int) -> int:
+    """How many more requests in flight than the least loaded replica a warm replica may carry."""
+    return max(1, parallel // 4)
+
+
+def replica_options(
+    config: Any, replicas: int, min_replicas: int | None, max_replicas: int | None, threads: int
+) -> dict[str, Any]:
+    """The replicas' deployment options: `replicas` fixed, or with --min/--max-replicas Ray Serve's
+    autoscaling between them (starting at `replicas` within the bounds, aiming at half the slots busy)."""
     opts: dict[str, Any] = dict(
         name="EdgellmReplica",
         ray_actor_options={"num_cpus": threads},
         max_ongoing_requests=config.parallel,
-        logging_config=QUIET,
         max_queued_requests=config.queue_size or -1,
+        logging_config=QUIET,
         health_check_period_s=2.0,
         health_check_timeout_s=30.0,
         graceful_shutdown_timeout_s=config.shutdown_grace,
         graceful_shutdown_wait_loop_s=0.5,
         request_router_config=RequestRouterConfig(
-            request_router_class=PrefixRouter, request_router_kwargs={"bound": config.parallel}
+            request_router_class=PrefixRouter, request_router_kwargs={"bound": imbalance(config.parallel)}
         ),
     )
-    if min_replicas is not None or max_replicas is not None:
-        lo = min_replicas if min_replicas is not None else 1
-        hi = max_replicas if max_replicas is not None else max(lo, replicas)
-        opts["autoscaling_config"] = {
-            "min_replicas": lo, "max_replicas": hi, "initial_replicas": min(max(lo, replicas), hi),
-            "target_ongoing_requests": max(1, config.parallel // 2),
-        }  # fmt: skip
-    else:
+    if min_replicas is None and max_replicas is None:
         opts["num_replicas"] = replicas
+        return opts
+    lo = min_replicas if min_replicas is not None else 1
+    hi = max_replicas if max_replicas is not None else max(lo, replicas)
+    opts["autoscaling_config"] = {
+        "min_replicas": lo,
+        "max_replicas": hi,
+        "initial_replicas": min(max(lo, replicas), hi),
+        "target_ongoing_requests": max(1, config.parallel // 2),
+    }
+    return opts
+
+
+def build(config: Any, opts: dict[str, Any], registry: str) -> Any:
+    """The Serve application: the replicas' deployment and the ingress over it."""
     backend = serve.deployment(EdgellmReplica, **opts).bind(config, registry)
     ingress = serve.deployment(
         EdgellmIngress,
@@ -467,7 +486,7 @@ def build(config: Any, replicas: int, min_replicas: int | None, max_replicas: in
         max_ongoing_requests=4096,
         logging_config=QUIET,
     )
-    expected = replicas if "num_replicas" in opts else opts["autoscaling_config"]["initial_replicas"]
+    expected = opts.get("num_replicas") or opts["autoscaling_config"]["initial_replicas"]
     return ingress.bind(backend, config, registry, expected)
 
 
@@ -503,7 +522,7 @@ def run(
         registry = f"edgellm-registry-{os.getpid()}"
         reg = Registry.options(name=registry, namespace=NAMESPACE).remote()
         ray.get(reg.snapshot.remote())
-        app = build(config, replicas, min_replicas, max_replicas, threads, registry)
+        app = build(config, replica_options(config, replicas, min_replicas, max_replicas, threads), registry)
         try:
             serve.run(app, name=APP, route_prefix="/", blocking=False)
         except RuntimeError as e:  # the replicas could not start (a bad model, too little memory...)
@@ -526,4 +545,13 @@ def run(
     return code
 
 
-__all__ = ["EdgellmIngress", "EdgellmReplica", "PrefixRouter", "PromptKeys", "aggregate", "build", "run"]
+__all__ = [
+    "EdgellmIngress",
+    "EdgellmReplica",
+    "PrefixRouter",
+    "PromptKeys",
+    "aggregate",
+    "build",
+    "replica_options",
+    "run",
+]

@@ -7,6 +7,12 @@ p50/p99, and (edgellm) the prefix-cache hit rate of the round. Then TTFT with a 
 shares (no prefix to reuse), for the "cached vs not" ratio.
 
     python scripts/bench_serve.py [--model smollm2-135m] [--threads 2] [--backend auto] [--no-llama-cpp]
+
+With --ray (needs edgellm[ray]): `edgellm serve --ray` with 2 replicas x 1 thread against 1 replica x 2
+threads (and the plain server with 2 threads), 8 clients over 2 system prompts that share nothing: the
+same figures plus how the requests spread over the replicas.
+
+    python scripts/bench_serve.py --ray [--model smollm2-135m] [--backend auto]
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +42,15 @@ SYSTEM = (
     "one advantage and one drawback of each. Prefer metric units, and give temperatures in Celsius. "
     "Remember that the reader may be a student, a parent, a retiree or an engineer, and adapt the level "
     "of detail to the way the question is asked."
+)
+SYSTEM_B = (
+    "Quill here: an exacting copy editor for a small publishing house. Rewrite the text the user gives "
+    "you in plain, formal English. Keep its meaning and its order, remove every cliche and every filler "
+    "word, split sentences longer than twenty-five words, and prefer active verbs. Do not add facts. Keep "
+    "names, numbers and quotations exactly as they are. After the rewrite, list each change you made, "
+    "one line per change, with the reason for it in a few words. When the user asks a question instead "
+    "of giving text, answer it in the same plain style, in at most three short paragraphs, and say which "
+    "style guide a professional editor would consult for a definitive answer to such a question."
 )
 TOPICS = [
     "how rainbows form", "the history of the bicycle", "how to bake bread at home", "why the sky is blue",
@@ -110,8 +126,11 @@ async def one(client: httpx.AsyncClient, url: str, system: str, question: str, m
     return (ttft if ttft is not None else time.perf_counter() - t0), n
 
 
-async def round_(url: str, conc: int, rounds: int, max_tokens: int, shared: bool, start_at: int):
-    """conc clients, each sending `rounds` requests in sequence; returns (wall s, tokens, ttfts)."""
+async def round_(
+    url: str, conc: int, rounds: int, max_tokens: int, shared: bool, start_at: int, systems=(SYSTEM,)
+):
+    """conc clients, each sending `rounds` requests in sequence (client w with system prompt w mod
+    len(systems)); returns (wall s, tokens, ttfts)."""
     limits = httpx.Limits(max_connections=conc + 4)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
 
@@ -119,7 +138,7 @@ async def round_(url: str, conc: int, rounds: int, max_tokens: int, shared: bool
             out = []
             for r in range(rounds):
                 i = start_at + w * rounds + r
-                system = SYSTEM if shared else f"Session {uuid.uuid4().hex}. " + SYSTEM
+                system = systems[w % len(systems)] if shared else f"Session {uuid.uuid4().hex}. " + SYSTEM
                 q = f"Please explain {TOPICS[i % len(TOPICS)]} in detail."
                 out.append(await one(client, url, system, q, max_tokens, seed=i))
             return out
@@ -163,6 +182,51 @@ def bench(name: str, url: str, args, edgellm: bool) -> dict:
     return out
 
 
+def bench_ray(args, path) -> None:
+    """2 replicas x 1 thread, 1 replica x 2 threads (both on Ray Serve), the plain server x 2 threads."""
+    tmp = tempfile.mkdtemp(prefix="bench_serve_ray_")
+    conc, systems = 8, (SYSTEM, SYSTEM_B)
+    setups = [("ray 2 x 1", ["--ray", "--replicas", "2", "-t", "1"]),
+              ("ray 1 x 2", ["--ray", "--replicas", "1", "-t", "2"]),
+              ("plain 1 x 2", ["-t", "2"])]  # fmt: skip
+    rows = []
+    for name, extra in setups:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        cmd = [sys.executable, "-m", "edgellm", "serve", str(path), "--port", str(port), *extra]
+        cmd += ["--backend", args.backend, "--parallel", str(conc), "-c", "2048"]
+        log = os.path.join(tmp, name.replace(" ", "_") + ".log")
+        proc = start(cmd, url, "/health", log, timeout=600)
+        want = int(extra[extra.index("--replicas") + 1]) if "--ray" in extra else 0
+        while want and httpx.get(url + "/health", timeout=10).json().get("replicas_ready", 0) < want:
+            time.sleep(0.5)  # /health is 200 from the first ready replica on
+        try:
+            asyncio.run(round_(url, conc, 1, 16, True, 900, systems))  # warm-up: caches both prompts
+            m0 = metrics(url)
+            wall, toks, ttfts = asyncio.run(
+                round_(url, conc, args.rounds, args.max_tokens, True, 100, systems)
+            )
+            m1 = metrics(url)
+            if "--ray" in extra:  # replicas report once a second
+                time.sleep(2.5)
+                m1 = metrics(url)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(120)
+        d = {k: m1.get(k, 0) - m0.get(k, 0) for k in m1}
+        looked = d.get("edgellm_prefix_cache_lookup_tokens_total", 0)
+        hit = d.get("edgellm_prefix_cache_hit_tokens_total", 0) / looked if looked else 0.0
+        per = sorted(int(v) for k, v in d.items() if k.startswith("edgellm_requests_total{"))
+        rows.append((name, toks / wall, pct(ttfts, 50), pct(ttfts, 99), hit, per))
+        print(f"  {name}: {toks} tokens in {wall:.1f} s", file=sys.stderr, flush=True)
+    print(f"\n{args.model}, {conc} clients, 2 system prompts (~200 tokens, nothing shared), "
+          f"{args.rounds} requests per client, max_tokens {args.max_tokens}\n")  # fmt: skip
+    print("| setup | gen tok/s | TTFT p50 (s) | TTFT p99 (s) | prefix hit rate | requests per replica |")
+    print("|---|---|---|---|---|---|")
+    for name, tps, p50, p99, hit, per in rows:
+        print(f"| {name} | {tps:.1f} | {p50:.3f} | {p99:.3f} | {100 * hit:.0f}% | {per or '-'} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
@@ -174,11 +238,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="requests per client")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--ray", action="store_true", help="edgellm serve --ray: 2 x 1 against 1 x 2 threads")
     args = ap.parse_args()
 
     from edgellm import store
 
     path = store.resolve(args.model)
+    if args.ray:
+        bench_ray(args, path)
+        return
     tmp = tempfile.mkdtemp(prefix="bench_serve_")
     results = {}
     port = free_port()

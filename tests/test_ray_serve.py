@@ -112,6 +112,31 @@ def test_prompt_keys_follow_the_chat_template_and_ignore_what_they_cannot_read(s
     assert keys.hashes("/tokenize", body) == []
 
 
+def test_replica_counts_and_autoscaling_bounds_become_serve_options():
+    pytest.importorskip("ray.serve")
+    from edgellm.ray_serve import PrefixRouter, replica_options
+    from edgellm.server import ServerConfig
+
+    c = ServerConfig(model="m.gguf", parallel=4, queue_size=16)
+    o = replica_options(c, 3, None, None, threads=2)
+    assert o["num_replicas"] == 3 and "autoscaling_config" not in o
+    assert o["ray_actor_options"] == {"num_cpus": 2} and o["max_ongoing_requests"] == 4
+    assert o["max_queued_requests"] == 16
+    assert o["request_router_config"].request_router_kwargs == {"bound": 1}
+    cls = o["request_router_config"].request_router_class
+    assert cls in (PrefixRouter, "edgellm.ray_serve.PrefixRouter")
+    a = replica_options(c, 2, 1, 5, threads=1)["autoscaling_config"]
+    assert a == {"min_replicas": 1, "max_replicas": 5, "initial_replicas": 2, "target_ongoing_requests": 2}
+    a = replica_options(c, 2, 3, None, threads=1)["autoscaling_config"]
+    assert (a["min_replicas"], a["max_replicas"], a["initial_replicas"]) == (3, 3, 3)
+    a = replica_options(c, 8, None, 4, threads=1)["autoscaling_config"]
+    assert (a["min_replicas"], a["max_replicas"], a["initial_replicas"]) == (1, 4, 4)
+    # Ray Serve itself accepts them
+    from ray import serve
+
+    serve.deployment(lambda: None, **{**replica_options(c, 2, 1, 5, 1), "name": "x"})
+
+
 # ------------------------------------------------------------------------------------------ the CLI
 
 
