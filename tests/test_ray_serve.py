@@ -360,3 +360,54 @@ def test_health_counts_ready_replicas_only():
         200, {"status": "ok", "replicas_ready": 1, "replicas": 2},
     )  # fmt: skip
     assert health_body({}, 2)[0] == 503 and health_body({"a": (False, None)}, 2)[0] == 503
+
+
+class _Dying:
+    """A replica's response generator that yields its pieces, then loses its replica."""
+
+    def __init__(self, pieces):
+        self.pieces = list(pieces)
+        self.cancelled = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        from ray.exceptions import ActorDiedError
+
+        if self.pieces:
+            return self.pieces.pop(0)
+        raise ActorDiedError()
+
+    def cancel(self):
+        self.cancelled = True
+
+
+@pytest.mark.parametrize(
+    "kind, tail",
+    [
+        (
+            "text/event-stream; charset=utf-8",
+            'data: {"error": {"message": "the replica serving this stream died"',
+        ),
+        ("application/x-ndjson", '{"error": "the replica serving this stream died"}'),
+        ("application/json", None),
+    ],
+)
+def test_a_stream_whose_replica_dies_ends_with_an_error_in_its_own_framing(kind, tail):
+    pytest.importorskip("ray.serve")
+    import asyncio
+
+    from edgellm.ray_serve import _rest
+
+    gen = _Dying([b"data: 1\n\n", b"data: 2\n\n"])
+
+    async def collect():
+        return [c async for c in _rest(gen, kind)]
+
+    out = asyncio.run(asyncio.wait_for(collect(), 10))
+    assert out[:2] == [b"data: 1\n\n", b"data: 2\n\n"] and gen.cancelled
+    if tail is None:
+        assert len(out) == 2  # a whole answer cut short: the client sees a short body, not a forged one
+    else:
+        assert out[2].decode().startswith(tail)
