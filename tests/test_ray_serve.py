@@ -222,7 +222,7 @@ def _replica_pids() -> set[int]:
 def ray_server(smollm2_path, tmp_path_factory):
     pytest.importorskip("ray.serve")
     pytest.importorskip("httpx")
-    from tests.test_server import Server
+    from test_server import Server
 
     before = _ray_pids()
     srv = Server(smollm2_path, tmp_path_factory.mktemp("ray") / "serve.log", "--ray", "--replicas", "2")
