@@ -125,7 +125,9 @@ def serve(
         "--ray",
         help="Serve replicas of the engine on Ray Serve, routed by prompt prefix (edgellm[ray]).",
     ),
-    replicas: int = typer.Option(2, "--replicas", help="With --ray: engine replicas (each -t threads)."),
+    replicas: int | None = typer.Option(
+        None, "--replicas", help="With --ray: engine replicas, each -t threads (default: 2)."
+    ),
     min_replicas: int | None = typer.Option(
         None, "--min-replicas", help="With --ray: autoscale from this many."
     ),
@@ -148,6 +150,7 @@ def serve(
             f"edgellm serve needs the server extras ({e.name} is missing): pip install 'edgellm[serve]'"
         ) from None
     ray_checks(ray, replicas, min_replicas, max_replicas, ray_address, threads)
+    replicas = replicas or 2
     from edgellm.server import ServerConfig
     from edgellm.server import serve as run_server
 
@@ -224,15 +227,19 @@ def serve(
 
 
 def ray_checks(
-    ray: bool, replicas: int, lo: int | None, hi: int | None, address: str | None, threads: int | None
+    ray: bool, replicas: int | None, lo: int | None, hi: int | None, address: str | None, threads: int | None
 ) -> None:
     """--ray and its options: one error line for a bad combination or a missing extra."""
     if not ray:
-        used = [
-            n for n, v in (("--min-replicas", lo), ("--max-replicas", hi), ("--ray-address", address)) if v
-        ]
-        if used or replicas != 2:
-            raise ServeError(f"{', '.join(used) or '--replicas'} needs --ray")
+        given = (
+            ("--replicas", replicas),
+            ("--min-replicas", lo),
+            ("--max-replicas", hi),
+            ("--ray-address", address),
+        )
+        used = [n for n, v in given if v is not None]
+        if used:
+            raise ServeError(f"{', '.join(used)} needs --ray")
         return
     for name, v in (
         ("--replicas", replicas),

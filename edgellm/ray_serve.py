@@ -21,7 +21,6 @@ waits, waits in the router, where it can still go elsewhere.
 """
 
 import asyncio
-import hmac
 import json
 import logging
 import os
@@ -42,6 +41,7 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, R
 
 from edgellm.openai_api import APIError
 from edgellm.routing import BLOCK_TOKENS, MAX_BLOCKS, PrefixTable, prefix_hashes
+from edgellm.server import _error, key_matches, prometheus_text
 
 log = logging.getLogger("edgellm.ray")
 
@@ -334,10 +334,6 @@ class EdgellmReplica:
 ingress_app = FastAPI(title="edgellm (Ray Serve)", docs_url=None, redoc_url=None, openapi_url=None)
 
 
-def _error(e: APIError, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status, headers=headers)
-
-
 async def _rest(gen: Any, content_type: str):
     """The body after the response start; a replica lost mid-stream ends it with an error in the stream's
     own framing. The client going away cancels the replica's generator (and so its sequence)."""
@@ -365,13 +361,6 @@ class EdgellmIngress:
         self.expected = expected
         self.key = config.api_key.encode() if config.api_key else None
 
-    def _authorized(self, request: Request) -> bool:
-        if self.key is None:
-            return True
-        given = request.headers.get("authorization", "")
-        token = given[7:] if given[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
-        return hmac.compare_digest(token.encode(), self.key)
-
     async def _snapshot(self) -> dict:
         return await self.registry.snapshot.remote()
 
@@ -382,9 +371,7 @@ class EdgellmIngress:
 
     @ingress_app.get("/metrics")
     async def metrics(self, request: Request):
-        from edgellm.server import prometheus_text
-
-        if not self._authorized(request):
+        if self.key is not None and not key_matches(request.scope["headers"], self.key):
             return _error(APIError(401, "Invalid API key", code="invalid_api_key"))
         snap = await self._snapshot()
         loaded = [m for _, m in snap.values() if m is not None]

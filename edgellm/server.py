@@ -477,6 +477,15 @@ def _webui_html() -> bytes:
     return files("edgellm").joinpath("web/index.html").read_bytes()
 
 
+def key_matches(headers: list[tuple[bytes, bytes]], key: bytes) -> bool:
+    """Whether an ASGI request's headers carry `key` as `Authorization: Bearer KEY` or `X-Api-Key: KEY`
+    (constant-time)."""
+    h = dict(headers)
+    given = h.get(b"authorization", b"")
+    token = given[7:] if given[:7].lower() == b"bearer " else h.get(b"x-api-key", b"")
+    return hmac.compare_digest(token, key)
+
+
 class _RequireKey:
     """ASGI middleware: every route but /health and / (the chat page, which asks for the key) needs
     `Authorization: Bearer KEY` or `X-Api-Key: KEY` (constant-time check).
@@ -488,10 +497,7 @@ class _RequireKey:
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] == "http" and scope.get("path") not in ("/health", "/"):
-            headers = dict(scope.get("headers") or [])
-            given = headers.get(b"authorization", b"")
-            token = given[7:] if given[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"")
-            if not hmac.compare_digest(token, self.key):
+            if not key_matches(scope.get("headers") or [], self.key):
                 e = APIError(
                     401,
                     "Invalid API key: send it as 'Authorization: Bearer KEY' or 'X-Api-Key: KEY'",
