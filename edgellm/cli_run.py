@@ -223,7 +223,9 @@ def run(
         _mlock(llm)
     _warn_long_context(llm, log)
     if verbose:
-        log(f"loaded {llm.path.name} in {llm.load_s:.2f} s (backend {llm.backend.name}, ctx {llm.n_ctx})")
+        kernels = getattr(llm.backend, "level", None)  # the native backend's SIMD level, chosen at run time
+        backend = f"{llm.backend.name} ({kernels})" if kernels else llm.backend.name
+        log(f"loaded {llm.path.name} in {llm.load_s:.2f} s (backend {backend}, ctx {llm.n_ctx})")
         log(f"chat template: {_template_label(llm, raw and text is not None)}")
     sampling = dict(
         temperature=temp,

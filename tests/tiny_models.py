@@ -108,6 +108,18 @@ def random_weights(spec: Spec, seed: int = 0) -> dict[str, np.ndarray]:
     return w
 
 
+def _quantize(arr: np.ndarray, t: QT) -> np.ndarray:
+    """edgellm.quants' reference quantizer, or for the K-quants (and the types only llama-quantize makes)
+    the quantize module's port of ggml_quantize_chunk."""
+    try:
+        return quants.quantize(arr, t)
+    except NotImplementedError:
+        from edgellm import quantize
+
+        rows = np.ascontiguousarray(arr, np.float32).reshape(-1, arr.shape[-1])
+        return quantize.quantize_rows(t, rows, None, 1).reshape(*arr.shape[:-1], -1)
+
+
 def write_gguf(
     path: Path,
     spec: Spec,
@@ -160,7 +172,7 @@ def write_gguf(
         if t is None:
             w.add_tensor(name, np.ascontiguousarray(arr, np.float32))
         else:
-            w.add_tensor(name, quants.quantize(arr, t), raw_dtype=t)
+            w.add_tensor(name, _quantize(arr, t), raw_dtype=t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
