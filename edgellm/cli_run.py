@@ -16,7 +16,7 @@ import typer
 
 from edgellm import store
 from edgellm.backends import names as backend_names
-from edgellm.cli_serve import SPEC_OPTIONS, spec_config
+from edgellm.cli_serve import MEMORY_OPTIONS, SPEC_OPTIONS, spec_config
 from edgellm.sampler import SamplingParams
 
 DEFAULT_N_PREDICT = 512
@@ -175,8 +175,8 @@ def run(
     chat_template: str | None = typer.Option(
         None, "--chat-template", help="Built-in name or .jinja file (default: the file's own)."
     ),
-    no_mmap: bool = typer.Option(False, "--no-mmap", help="Read the file into memory instead of mapping it."),
-    mlock: bool = typer.Option(False, "--mlock", help="Lock the model in RAM (needs the privilege)."),
+    no_mmap: bool = MEMORY_OPTIONS["no_mmap"](),
+    mlock: bool = MEMORY_OPTIONS["mlock"](),
     verbose: bool = typer.Option(
         False, "--verbose", "-v", help="Print load time, the chat template and tokens/s."
     ),
@@ -536,10 +536,8 @@ def _set(opts: dict, args: list[str], llm: Any) -> None:
 
 
 def _mlock(llm: Any) -> None:
-    import ctypes
-    import ctypes.util
+    from edgellm import memory
 
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    MCL_CURRENT = 1
-    if libc.mlockall(MCL_CURRENT) != 0:
-        print(f"warning: --mlock failed (errno {ctypes.get_errno()}); continuing unlocked", file=sys.stderr)
+    warning = memory.lock(llm.model_buffers())
+    if warning:
+        print(f"warning: {warning}; continuing unlocked", file=sys.stderr)

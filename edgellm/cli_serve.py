@@ -39,6 +39,16 @@ SPEC_OPTIONS = {
     ),
 }
 
+# the model-memory flags `run` and `serve` share (llama.cpp's names and meaning)
+MEMORY_OPTIONS = {
+    "no_mmap": lambda: typer.Option(
+        False, "--no-mmap", help="Read the file into memory instead of mapping it."
+    ),
+    "mlock": lambda: typer.Option(
+        False, "--mlock", help="Lock the model in RAM: never swapped or dropped (RLIMIT_MEMLOCK permitting)."
+    ),
+}
+
 
 # llama.cpp's --spec-type names (a comma-separated list there too) as edgellm's kinds
 SPEC_TYPES = {"none": "none", "ngram-simple": "ngram-simple", "draft": "draft", "draft-simple": "draft"}
@@ -112,6 +122,8 @@ def serve(
     model_draft: str | None = SPEC_OPTIONS["model_draft"](),
     draft_max: int = SPEC_OPTIONS["draft_max"](),
     draft_min: int = SPEC_OPTIONS["draft_min"](),
+    no_mmap: bool = MEMORY_OPTIONS["no_mmap"](),
+    mlock: bool = MEMORY_OPTIONS["mlock"](),
     no_webui: bool = typer.Option(False, "--no-webui", help="Do not serve the chat page at /."),
     slots: bool = typer.Option(True, "--slots/--no-slots", help="Serve the read-only GET /slots."),
     embeddings: bool = typer.Option(
@@ -192,6 +204,8 @@ def serve(
         webui=not no_webui,
         slots=slots,
         spec=spec_config(spec_type, draft_max, draft_min, model_draft),
+        use_mmap=not no_mmap,
+        mlock=mlock,
     )
 
     def ready(state) -> None:

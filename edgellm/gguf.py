@@ -311,6 +311,15 @@ class ModelFile:
         except (struct.error, OverflowError, MemoryError, RecursionError) as e:  # belt and braces
             raise GGUFError(f"malformed file ({e})", path=self.path) from e
 
+    @property
+    def buffer(self) -> memoryview:
+        """The whole file's bytes: the read-only mapping, or with use_mmap=False the copy read in."""
+        return self._buf
+
+    @property
+    def mapped(self) -> bool:
+        return self._mmap is not None
+
     # -- parsing ---------------------------------------------------------------------------------------
     def _parse(self) -> None:
         r = _Reader(self._buf, self.path)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from edgellm import embed, speculative, store, structured
+from edgellm import embed, memory, speculative, store, structured
 from edgellm.arch import load_model, matrices
 from edgellm.backends import get_backend
 from edgellm.chat import ChatTemplate
@@ -124,6 +124,15 @@ class LLM:
     ):
         t0 = time.perf_counter()
         self.path = store.resolve(str(model) if model is not None else None, log=log)
+        # speculative decoding for every call ("ngram-simple", or a SpecConfig): speculative.py
+        self.spec = speculative.SpecConfig(kind=spec) if isinstance(spec, str) else spec
+        draft_path = None
+        if self.spec is not None and self.spec.model is not None:  # -md: a second model, the same backend
+            draft_path = store.resolve(self.spec.model, log=log)
+        self._weights = {"weights": self.path.stat().st_size}
+        if draft_path is not None:
+            self._weights["draft weights"] = draft_path.stat().st_size
+        memory.require(self.path.name, self._weights, "pick a smaller model or quantization")
         self.file = ModelFile(self.path, use_mmap=use_mmap)
         if log is not None and _will_use_numba(backend) and not _numba_kernels_cached():
             log("compiling the numba kernels (first run only; about a minute)...")
@@ -137,11 +146,10 @@ class LLM:
             raise ValueError(f"context size must be positive, got {self.n_ctx}")
         self.default_params = SamplingParams.from_gguf_metadata(self.file.metadata)
         self._engine: Engine | None = None
-        # speculative decoding for every call ("ngram-simple", or a SpecConfig): speculative.py
-        self.spec = speculative.SpecConfig(kind=spec) if isinstance(spec, str) else spec
         self.draft_model = None
-        if self.spec is not None and self.spec.model is not None:  # -md: a second model, the same backend
-            draft_file = ModelFile(store.resolve(self.spec.model, log=log), use_mmap=use_mmap)
+        self.draft_file: ModelFile | None = None
+        if draft_path is not None:
+            self.draft_file = draft_file = ModelFile(draft_path, use_mmap=use_mmap)
             if not speculative.same_vocabulary(Tokenizer.from_gguf(draft_file), self.tokenizer):
                 raise ValueError(
                     f"the draft model {draft_file.path.name} has another vocabulary than {self.path.name}: "
@@ -150,6 +158,10 @@ class LLM:
             self.draft_model = load_model(draft_file, self.backend)
         self.last_timings = Timings()  # of the last generate / stream / chat call
         self.load_s = time.perf_counter() - t0
+
+    def model_buffers(self) -> list[memoryview]:
+        """The bytes of the model file (and the draft's): what --mlock locks."""
+        return [f.buffer for f in (self.file, self.draft_file) if f is not None]
 
     # -- the engine ----------------------------------------------------------------------------------
     def open_engine(self, **options: Any) -> Engine:
@@ -163,6 +175,16 @@ class LLM:
             spec=self.spec, draft_model=self.draft_model,
         )  # fmt: skip
         opts.update({k: v for k, v in options.items() if v is not None})
+        kv_bytes = int(opts["kv_tokens"]) * self.model.kv_bytes_per_token()
+        if self.draft_model is not None:  # the draft keeps a whole context per sequence (speculative.py)
+            kv_bytes += self.n_ctx * int(opts["max_seqs"]) * self.draft_model.kv_bytes_per_token()
+        # mapped weights still count (their pages are MemAvailable's until read); read-in ones are taken
+        resident = {k: v if self.file.mapped else 0 for k, v in self._weights.items()}
+        memory.require(
+            f"{self.path.name} with a KV cache of {opts['kv_tokens']} positions",
+            {**resident, "KV cache": kv_bytes},
+            "use a smaller context (-c), KV budget (--kv-budget) or fewer parallel sequences (-np)",
+        )
         self._engine = Engine(self.model, self.tokenizer, n_ctx=self.n_ctx, **opts)
         return self._engine
 

@@ -30,7 +30,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edgellm import llama_api as la
-from edgellm import modelinfo, structured, tools
+from edgellm import memory, modelinfo, structured, tools
 from edgellm import ollama_api as ol
 from edgellm import openai_api as oa
 from edgellm import responses_api as ra
@@ -77,6 +77,8 @@ class ServerConfig:
     webui: bool = True  # the chat page at /
     slots: bool = True  # the read-only GET /slots (llama-server's --slots / --no-slots)
     spec: Any = None  # speculative.SpecConfig: prompt-lookup speculative decoding (--spec-type)
+    use_mmap: bool = True  # --no-mmap: read the file into memory
+    mlock: bool = False  # --mlock: lock the model's pages in RAM
 
 
 @dataclass
@@ -129,8 +131,10 @@ def load(state: State) -> None:
     try:
         llm = LLM(
             c.model, backend=c.backend, threads=c.threads, n_ctx=c.n_ctx, chat_template=c.chat_template,
-            spec=c.spec,
+            spec=c.spec, use_mmap=c.use_mmap,
         )  # fmt: skip
+        if c.mlock and (warning := memory.lock(llm.model_buffers())):
+            log.warning("%s; continuing unlocked", warning)
         kv_tokens = None
         if c.kv_budget:
             kv_tokens = parse_kv_budget(c.kv_budget, llm.model.kv_bytes_per_token())
