@@ -92,6 +92,9 @@ enter() { # enter ROOT: the mounts a pip install and a run need (proc, dev, the 
     bind "$cache/pip" "$root/root/.cache/pip"
     bind "$models" "$root/root/.cache/edgellm/models" ro
     cp /etc/resolv.conf "$root/etc/resolv.conf"
+    # this machine's trust store: a TLS-intercepting proxy trusted here is trusted by pip there too
+    cp "$(python3 -c 'import ssl; print(ssl.get_default_verify_paths().cafile or "/etc/ssl/certs/ca-certificates.crt")')" \
+        "$root/etc/ssl/host-ca.crt"
     rm -rf "$root/src" && mkdir -p "$root/src"
     git ls-files -co --exclude-standard -z | tar --null -T - -cf - | tar -C "$root/src" -xf -
 }
@@ -99,7 +102,12 @@ enter() { # enter ROOT: the mounts a pip install and a run need (proc, dev, the 
 in_arm() { # in_arm ROOT CPU COMMAND: COMMAND in ROOT's shell, its arm64 programs run as CPU
     local root=$1 cpu=$2
     shift 2
+    local proxy=()
+    for v in http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY; do
+        [[ -n ${!v:-} ]] && proxy+=("$v=${!v}")
+    done
     QEMU_CPU=$cpu chroot "$root" /usr/bin/env -i HOME=/root PATH=/opt/venv/bin:/usr/bin:/bin LANG=C.UTF-8 \
+        PIP_CERT=/etc/ssl/host-ca.crt SSL_CERT_FILE=/etc/ssl/host-ca.crt "${proxy[@]}" \
         NUMBA_CACHE_DIR=/root/.cache/numba /bin/sh -ec "$*"
 }
 
