@@ -13,6 +13,6 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("args", [["check"], ["format", "--check"]])
 def test_ruff_is_clean(args):
     proc = subprocess.run(
-        ["ruff", *args, "edgellm", "tests", "scripts"], cwd=ROOT, capture_output=True, text=True
+        ["ruff", *args, "edgellm", "tests", "scripts", "examples"], cwd=ROOT, capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
