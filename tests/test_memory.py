@@ -133,3 +133,24 @@ def test_mlock_beyond_the_limit_warns_as_llama_cpp_does(monkeypatch):
     warning = memory.lock([bytearray(4096)])
     assert warning.startswith("failed to mlock 4096-byte buffer (after previously locking 0 bytes): ")
     assert "RLIMIT_MEMLOCK" in warning
+
+
+def _anonymous_kb() -> int:
+    for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+        if line.startswith("Anonymous:"):
+            return int(line.split()[1])
+    pytest.skip("no Anonymous in /proc/self/smaps_rollup")
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="Linux's smaps_rollup")
+def test_a_large_kv_cache_takes_memory_only_as_positions_are_written(smollm2_path):
+    import edgellm
+
+    llm = edgellm.LLM(smollm2_path, n_ctx=256)
+    llm.generate("Hi", max_tokens=2)  # the compute buffers and plans of a first call, out of the figure
+    before = _anonymous_kb()
+    llm.open_engine(kv_tokens=50_000)  # 1.15 GB of K and V on paper (23,040 bytes per position)
+    llm.generate("Hi", max_tokens=2)
+    grown_mb = (_anonymous_kb() - before) / 1024
+    # numpy's zeros_like wrote every zero, and its huge pages made the first write of each layer 2 MiB
+    assert grown_mb < 100, f"{grown_mb:.0f} MB for a few positions"

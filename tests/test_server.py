@@ -118,7 +118,8 @@ def server(smollm2_path, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def small_server(smollm2_path, tmp_path_factory):
-    """One slot, one queue place, an API key from the environment, a 2 s shutdown grace; on the numba
+    """One slot, one queue place, an API key from the environment, a 2 s shutdown grace, the model read
+    in (--no-mmap) and locked (--mlock: warns and goes on where RLIMIT_MEMLOCK is too small); on the numba
     backend (the main server runs the default, native)."""
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
@@ -134,6 +135,8 @@ def small_server(smollm2_path, tmp_path_factory):
             "2",
             "--cors-origins",
             "http://app.test",
+            "--no-mmap",
+            "--mlock",
         ),
         env={"EDGELLM_API_KEY": KEY},
         backend="numba",

@@ -20,11 +20,11 @@ def untouched_zeros(shape: tuple[int, ...], dtype=np.float16) -> np.ndarray:
     and the first write to each layer's rows then takes 2 MiB: with the cache layer-major, one token
     made ~4 MiB per layer resident (128 MB for SmolLM2's default server cache before any use)."""
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    if nbytes == 0:
+    if nbytes == 0 or not hasattr(mmap, "MADV_NOHUGEPAGE"):  # not Linux: no transparent huge pages
         return np.zeros(shape, dtype)
-    buf = mmap.mmap(-1, nbytes)
-    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux; elsewhere (macOS) small pages are the default anyway
-        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    # private, as numpy's memory is: a forked child gets a copy-on-write view, never shared writes
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    buf.madvise(mmap.MADV_NOHUGEPAGE)
     return np.frombuffer(buf, dtype).reshape(shape)
 
 
