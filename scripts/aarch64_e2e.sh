@@ -4,11 +4,14 @@
 # working tree twice -- once where gcc is installed (the native NEON backend is built) and once where no
 # compiler exists (edgellm runs on numba) -- then `edgellm run MODEL --temp 0 -n 16` under
 # `qemu-aarch64 -cpu cortex-a72` (Pi 4: armv8.0, no dotprod) and `-cpu cortex-a76` (Pi 5: dotprod), and
-# the native runtime's own tests (plan executor, attention, thread pool) on aarch64.
+# the native runtime's own tests (plan executor, attention, thread pool, on tiny models: the real-model
+# checks run at ~0.5 tok/s emulated, and the greedy run above is SmolLM2's) on aarch64.
 #
-# The bar is identical greedy tokens: the kernels promise the same bits on every level, so every run must
-# print exactly the tokens of this machine's native run. The last line says whether both installs worked
-# and whether the tokens matched on both CPU models.
+# The bar is identical greedy tokens: every run must print exactly the tokens of this machine's native
+# run. The levels are not bit-identical (their float sums run in different orders), so the prompt is one
+# whose every greedy step has a top-2 margin >= 0.3 here (printed): a different token is then a bug, not
+# noise at a near-tie. The last line says whether both installs worked and whether the tokens matched on
+# both CPU models.
 #
 # Needs root (chroot, mount), debootstrap and qemu-user-static (Debian packages); registers qemu-aarch64
 # with binfmt_misc when it is not already. Downloads (Debian packages, PyPI wheels, the model) and the two
@@ -184,7 +187,7 @@ if stage "pip install with gcc" pip_install "$gcc_root" &&
             # from /src/tests with the installed package (not /src's sources, which have no extension);
             # a skipped test fails the stage: the ARM path must not pass by skipping
             in_arm "$gcc_root" "$1" "pip install -q --disable-pip-version-check pytest pytest-timeout && \
-                cd /src && pytest -q -p no:cacheprovider -m 'not slow' -k 'not 4k_token' \
+                cd /src && pytest -q -p no:cacheprovider -m 'not slow' -k 'not smollm2 and not gemma3 and not qwen2' \
                 tests/test_native_backend.py | tee /tmp/pytest.log && ! tail -1 /tmp/pytest.log | grep -q skipped"
         }
         for cpu in "${cpus[@]}"; do
