@@ -112,7 +112,9 @@ in_arm() { # in_arm ROOT CPU COMMAND: COMMAND in ROOT's shell, its arm64 program
     for v in http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY; do
         [[ -n ${!v:-} ]] && proxy+=("$v=${!v}")
     done
-    QEMU_CPU=$cpu chroot "$root" /usr/bin/env -i HOME=/root PATH=/opt/venv/bin:/usr/bin:/bin LANG=C.UTF-8 \
+    # QEMU_CPU twice: chroot's child (env) is emulated as CPU, and env -i must hand it on to the shell
+    QEMU_CPU=$cpu chroot "$root" /usr/bin/env -i QEMU_CPU="$cpu" HOME=/root PATH=/opt/venv/bin:/usr/bin:/bin \
+        LANG=C.UTF-8 \
         PIP_CERT=/etc/ssl/host-ca.crt SSL_CERT_FILE=/etc/ssl/host-ca.crt "${proxy[@]}" \
         NUMBA_CACHE_DIR=/root/.cache/numba /bin/sh -ec "$*"
 }

@@ -267,9 +267,9 @@ def _gelu_f16_table() -> np.ndarray:
     """ggml_table_gelu_f16: GELU(tanh) of every f16 value, computed in f32, stored as f16."""
     global _GELU_TABLE
     if _GELU_TABLE is None:
-        x = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
         c, a = np.float32(0.7978845608028654), np.float32(0.044715)
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"):  # NaN and inf patterns (on aarch64 even their f16 -> f32 cast warns)
+            x = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
             t = np.tanh((c * x * (np.float32(1) + a * x * x)).astype(np.float64)).astype(np.float32)
             _GELU_TABLE = np.float32(0.5) * x * (np.float32(1) + t)
         _GELU_TABLE = _GELU_TABLE.astype(np.float16)
