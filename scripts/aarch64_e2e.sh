@@ -152,7 +152,7 @@ EOF
 )
 say "smallest top-2 margin over the 16 greedy steps here: $margin (decisive above 0.3)"
 models=$(python3 -c "from edgellm import store; print(store.models_dir())")
-say "$(grep -o 'backend [^,]*' "$work/host.txt.log") here: $(cat "$work/host.txt")"
+say "$(grep '^loaded ' "$work/host.txt.log" | grep -o 'backend [^,]*') here: $(cat "$work/host.txt")"
 
 stage "binfmt_misc" binfmt
 stage "arm64 userland with gcc" userland "$cache/rootfs-gcc" gcc,libc6-dev,python3-dev
@@ -161,7 +161,7 @@ stage "arm64 userland without a compiler" userland "$cache/rootfs-nocc"
 verdict=()
 check() { # check LABEL OUT WANT-BACKEND: same text as the host run, on the backend (and level) expected
     local label=$1 out=$2 want=$3 got
-    got=$(grep -o 'backend [^,]*' "$out.log" || true)
+    got=$(grep '^loaded ' "$out.log" | grep -o 'backend [^,]*' || true)  # -v's load line
     if ! cmp -s "$out" "$work/host.txt"; then
         say "$label: DIFFERENT tokens: $(cat "$out")"
         verdict+=("$label different")

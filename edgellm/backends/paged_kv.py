@@ -5,27 +5,12 @@ the C attention (native/runtime/attention.c) and the numba kernels read exactly 
 
 from __future__ import annotations
 
-import mmap
 from collections.abc import Sequence
 
 import numpy as np
 
 DEFAULT_BLOCK_SIZE = 16  # positions per KV block (vLLM's default; llama.cpp's unified cache is one block)
 WINDOW_CHUNK = 512  # most tokens of one sequence per forward on a sliding-window ring (PREFILL_CHUNK)
-
-
-def untouched_zeros(shape: tuple[int, ...], dtype=np.float16) -> np.ndarray:
-    """Zeros in an anonymous mapping with transparent huge pages off: memory is taken page by page (4 KiB)
-    as positions are written. np.zeros would do the first, but numpy asks for huge pages on large arrays,
-    and the first write to each layer's rows then takes 2 MiB: with the cache layer-major, one token
-    made ~4 MiB per layer resident (128 MB for SmolLM2's default server cache before any use)."""
-    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    if nbytes == 0 or not hasattr(mmap, "MADV_NOHUGEPAGE"):  # not Linux: no transparent huge pages
-        return np.zeros(shape, dtype)
-    # private, as numpy's memory is: a forked child gets a copy-on-write view, never shared writes
-    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    buf.madvise(mmap.MADV_NOHUGEPAGE)
-    return np.frombuffer(buf, dtype).reshape(shape)
 
 
 class KVCache:
@@ -77,10 +62,12 @@ class KVCache:
         self.full_layers = full
         # a device cache (host_storage=False) keeps only the tables here
         keep = 1 if host_storage else 0
-        # pages stay untouched, out of the RSS, until a block is filled: a large --kv-budget costs memory
-        # only as far as it is used
-        self.k = untouched_zeros((len(full) * keep, self.n_slots * keep, n_kv_heads, head_dim))
-        self.v = untouched_zeros(self.k.shape)
+        # np.zeros, never zeros_like (which writes every zero): pages are taken as blocks fill, so a large
+        # --kv-budget costs memory only as far as it is used. numpy asks for transparent huge pages on large
+        # arrays, so the first write to each layer's rows takes 2 MiB (at most 4 MiB per layer beyond what
+        # is used); 4 KiB pages would save that but cost a third of decode speed at depth 1024 (Zen 3).
+        self.k = np.zeros((len(full) * keep, self.n_slots * keep, n_kv_heads, head_dim), np.float16)
+        self.v = np.zeros(self.k.shape, np.float16)
         self.ring_layers = ring
         self.ring_blocks = ring_blocks if ring else 0
         self.ring_table = (
@@ -92,8 +79,8 @@ class KVCache:
         )
         self.n_ring_slots = n_seqs * ring_blocks * bs if ring else 0
         ring_shape = (len(ring) * keep, self.n_ring_slots * keep, n_kv_heads, head_dim)
-        self.k_ring = untouched_zeros(ring_shape)
-        self.v_ring = untouched_zeros(ring_shape)
+        self.k_ring = np.zeros(ring_shape, np.float16)
+        self.v_ring = np.zeros(ring_shape, np.float16)
         self.block_table = table
         self.block_size = bs
         self.n_blocks = int(n_blocks)

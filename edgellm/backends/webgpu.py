@@ -130,9 +130,29 @@ def find_adapter(kind: str):
 _AUTO: dict[str, str | None] = {}
 
 
+# where a Linux GPU's user-space driver talks to it: Mesa's drivers (Intel, AMD, Broadcom V3D on a Pi,
+# Adreno, Mali) through a DRM render node, NVIDIA's own driver, WSL2's dxg, Android's Adreno and Mali
+_GPU_NODES = ("/dev/dri/renderD*", "/dev/nvidia[0-9]*", "/dev/dxg", "/dev/kgsl-3d*", "/dev/mali*")
+
+
+def _no_gpu_device() -> str | None:
+    """On Linux, why no GPU can be there (no device node): then `auto` need not load the Vulkan loader
+    and every installed driver (lavapipe alone maps ~50 MB of LLVM) to find only a software adapter."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import glob
+
+    if any(glob.glob(pattern) for pattern in _GPU_NODES):
+        return None
+    return "no GPU device here (/dev/dri/renderD*, /dev/nvidia*, /dev/dxg)"
+
+
 def auto_refusal(kind: str) -> str | None:
     """Why `--backend auto` should not take this kind here (None: a real GPU it may take); probes the
-    adapter once per process without opening a device."""
+    adapter once per process without opening a device, and not at all on a Linux machine without a GPU
+    device node."""
+    if kind not in _AUTO and (why := _no_gpu_device()) is not None:
+        _AUTO[kind] = f"{kind}: {why}"
     if kind not in _AUTO:
         try:
             info = find_adapter(kind).info
