@@ -216,11 +216,10 @@ def run(
         n_ctx=ctx_size,
         chat_template=chat_template,
         use_mmap=not no_mmap,
+        use_mlock=mlock,
         log=log,
         spec=spec_config(spec_type, draft_max, draft_min, model_draft),
     )
-    if mlock:
-        _mlock(llm)
     _warn_long_context(llm, log)
     if verbose:
         kernels = getattr(llm.backend, "level", None)  # the native backend's SIMD level, chosen at run time
@@ -533,11 +532,3 @@ def _set(opts: dict, args: list[str], llm: Any) -> None:
         return
     opts[key] = value
     print(f"set {key} = {value}")
-
-
-def _mlock(llm: Any) -> None:
-    from edgellm import memory
-
-    warning = memory.lock(llm.model_buffers())
-    if warning:
-        print(f"warning: {warning}; continuing unlocked", file=sys.stderr)

@@ -6,6 +6,7 @@ print(llm.chat([{"role": "user", "content": "Why is the sky blue?"}], max_tokens
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -119,6 +120,7 @@ class LLM:
         n_ctx: int | None = None,
         chat_template: str | None = None,
         use_mmap: bool = True,
+        use_mlock: bool = False,
         log=None,
         spec: speculative.SpecConfig | str | None = None,
     ):
@@ -156,6 +158,8 @@ class LLM:
                     "a draft must share the target's tokens"
                 )
             self.draft_model = load_model(draft_file, self.backend)
+        if use_mlock and (warning := memory.lock(self.model_buffers())):  # --mlock, as llama.cpp's
+            logging.getLogger(__name__).warning("warning: %s; continuing unlocked", warning)
         self.last_timings = Timings()  # of the last generate / stream / chat call
         self.load_s = time.perf_counter() - t0
 

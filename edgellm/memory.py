@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import mmap
 import os
 from pathlib import Path
 
@@ -55,19 +54,7 @@ def _cgroup_headroom(proc: Path, sys_cgroup: Path) -> int | None:
         lines = (proc / "self" / "cgroup").read_text().splitlines()
     except OSError:
         return None
-    best: int | None = None
-
-    def consider(limit: int | None, usage: int | None, stat: Path, inactive_key: str) -> None:
-        nonlocal best
-        if limit is None or usage is None or limit >= _UNLIMITED:
-            return
-        try:
-            inactive = _read_kv(stat).get(inactive_key, 0)
-        except OSError:
-            inactive = 0
-        room = max(0, limit - max(0, usage - inactive))
-        best = room if best is None else min(best, room)
-
+    rooms: list[int] = []
     for line in lines:
         hier, controllers, rel = (line.split(":", 2) + ["", ""])[:3]
         if hier == "0" and controllers == "":  # cgroup v2: one unified tree
@@ -80,12 +67,17 @@ def _cgroup_headroom(proc: Path, sys_cgroup: Path) -> int | None:
             continue
         d = base / rel.strip("/")
         while True:  # the process's cgroup and each parent up to the mount's root
-            if d.is_dir():
-                consider(_read_int(d / files[0]), _read_int(d / files[1]), d / files[2], files[3])
+            limit, usage = _read_int(d / files[0]), _read_int(d / files[1])
+            if limit is not None and usage is not None and limit < _UNLIMITED:
+                try:
+                    inactive = _read_kv(d / files[2]).get(files[3], 0)
+                except OSError:
+                    inactive = 0
+                rooms.append(max(0, limit - max(0, usage - inactive)))
             if d == base or base not in d.parents:
                 break
             d = d.parent
-    return best
+    return min(rooms, default=None)
 
 
 def available(
@@ -125,9 +117,10 @@ def require(what: str, parts: dict[str, int], hint: str) -> None:
 def lock(buffers: list) -> str | None:
     """mlock each buffer (the model's mapping: its pages are read in now and never swapped or dropped, as
     llama.cpp's --mlock); None when locked, else the warning llama.cpp prints."""
-    if not hasattr(mmap, "MAP_PRIVATE") or ctypes.util.find_library("c") is None:  # not POSIX
+    name = ctypes.util.find_library("c") if os.name == "posix" else None
+    if name is None:
         return "--mlock is not supported on this platform"
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc = ctypes.CDLL(name, use_errno=True)
     libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     done = 0
     for buf in buffers:

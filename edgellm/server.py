@@ -30,7 +30,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edgellm import llama_api as la
-from edgellm import memory, modelinfo, structured, tools
+from edgellm import modelinfo, structured, tools
 from edgellm import ollama_api as ol
 from edgellm import openai_api as oa
 from edgellm import responses_api as ra
@@ -131,10 +131,8 @@ def load(state: State) -> None:
     try:
         llm = LLM(
             c.model, backend=c.backend, threads=c.threads, n_ctx=c.n_ctx, chat_template=c.chat_template,
-            spec=c.spec, use_mmap=c.use_mmap,
+            spec=c.spec, use_mmap=c.use_mmap, use_mlock=c.mlock,
         )  # fmt: skip
-        if c.mlock and (warning := memory.lock(llm.model_buffers())):
-            log.warning("%s; continuing unlocked", warning)
         kv_tokens = None
         if c.kv_budget:
             kv_tokens = parse_kv_budget(c.kv_budget, llm.model.kv_bytes_per_token())

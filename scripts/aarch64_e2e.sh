@@ -136,12 +136,12 @@ host_run() {
         >"$work/host.txt" 2>"$work/host.txt.log" || { cat "$work/host.txt.log" >&2 && return 1; }
 }
 stage "native run on this machine" host_run
-margin=$(python3 - "$prompt" <<'EOF'
+margin=$(python3 - "$model" "$prompt" <<'EOF'
 import sys
 import numpy as np
 import edgellm
-llm = edgellm.LLM("smollm2-135m", backend="native", threads=2)
-ids, margins = llm.chat_prompt([{"role": "user", "content": sys.argv[1]}]), []
+llm = edgellm.LLM(sys.argv[1], backend="native", threads=2)
+ids, margins = llm.chat_prompt([{"role": "user", "content": sys.argv[2]}]), []
 for _ in range(16):
     last = np.asarray(llm.logits(ids))[-1]
     top2 = np.sort(last)[-2:]
