@@ -63,6 +63,18 @@ class Server:
         with open(self.log.name, encoding="utf-8", errors="replace") as f:
             return f.read()[-3000:]
 
+    def wait_log_line(self, pred, deadline_s: float = 10) -> str:
+        """The first line of the whole log for which pred holds, waiting for it: the access log writes a
+        request's line once its response has gone, so the client may see the response first."""
+        end = time.monotonic() + deadline_s
+        while True:
+            with open(self.log.name, encoding="utf-8", errors="replace") as f:
+                line = next((x for x in f.read().splitlines() if pred(x)), None)
+            if line is not None or time.monotonic() > end:
+                assert line is not None, f"no such log line: {self.read_log()}"
+                return line
+            time.sleep(0.05)
+
     def __enter__(self) -> Server:
         """Ready to serve (stopped again if it never gets there); stopped when the block ends."""
         try:
@@ -552,8 +564,7 @@ def test_a_client_trickling_header_lines_is_closed_within_the_header_timeout(smo
         while _metrics(s)["edgellm_requests_cancelled_total"] == before and time.monotonic() < end:
             time.sleep(0.1)
         assert _metrics(s)["edgellm_requests_cancelled_total"] == before + 1
-        log = s.read_log()
-        assert "GET /health 200" in log  # one access-log line per request
+        assert s.wait_log_line(lambda x: "GET /health 200" in x)  # one access-log line per request
 
 
 def test_a_busy_port_is_one_line_and_nothing_is_announced(smollm2_path):
@@ -574,8 +585,8 @@ def test_the_access_log_speaks_json_for_machines(smollm2_path, tmp_path):
     with Server(smollm2_path, tmp_path / "json.log", "--log-format", "json") as s:
         r = httpx.post(s.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 3, "temperature": 0})
         assert r.status_code == 200
-        lines = [json.loads(x) for x in s.read_log().splitlines() if x.startswith("{")]
-        rec = next(x for x in lines if x["path"] == "/v1/completions")
+        line = s.wait_log_line(lambda x: x.startswith("{") and json.loads(x)["path"] == "/v1/completions")
+        rec = json.loads(line)
         assert rec["status"] == 200 and rec["method"] == "POST" and rec["completion_tokens"] == 3
         assert rec["prompt_tokens"] > 0 and rec["seconds"] > 0
 

@@ -36,23 +36,28 @@ def llm(smollm2_path):
     return edgellm.LLM(smollm2_path, backend="native", threads=1, n_ctx=512)
 
 
-def _tokens(llm, prompt: str, spec, n=48, **sampling) -> tuple[list[int], object]:
+def _tokens(llm, prompt: str, spec, n=48, **sampling) -> tuple[list[int], list[int], object]:
     engine = llm.open_engine(spec=spec)
     ids = llm.chat_prompt([{"role": "user", "content": prompt}])
     out = llm._collect([GenRequest(ids, llm.params(**sampling), n)])[0]
-    return out.tokens, engine.stats
+    return ids, out.tokens, engine.stats
 
 
 @pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0, "repeat_penalty": 1.1}])
 def test_greedy_text_is_plain_decodings_and_guesses_are_kept(llm, sampling):
     """Plain greedy rows go through the backend's argmax; a repeat penalty makes them full rows."""
+    cfg = SpecConfig()
     for prompt in (COPY, "Write a haiku about the sea."):
-        plain, _ = _tokens(llm, prompt, None, **sampling)
-        spec, stats = _tokens(llm, prompt, SpecConfig(), **sampling)
+        ids, plain, _ = _tokens(llm, prompt, None, **sampling)
+        _, spec, stats = _tokens(llm, prompt, cfg, **sampling)
         assert spec == plain, prompt
-        if prompt is COPY:  # guesses were checked (a repeat penalty steers away from copying: none kept)
-            assert stats.draft_tokens > 0
-            assert stats.draft_accepted > 0 or "repeat_penalty" in sampling
+        # the lookup was asked wherever it finds a guess on the plain text (not at the last token: no room
+        # for one). Which text that is depends on near-ties that differ between CPUs: with a repeat penalty
+        # SmolLM2 copies the list on one machine and writes about a name on another (AVX-512, Zen 4)
+        found = [ngram_draft(ids + plain[:i], 1, cfg.ngram_max, cfg.ngram_min) for i in range(len(plain) - 1)]
+        assert (stats.draft_tokens > 0) == any(found), prompt
+        if prompt is COPY and "repeat_penalty" not in sampling:  # plain greedy copies the list: kept guesses
+            assert stats.draft_tokens > 0 and stats.draft_accepted > 0
 
 
 def test_speculative_sampling_keeps_the_targets_distribution():
