@@ -35,12 +35,17 @@ typedef void (*ed_vec_dot_fn)(int n, float *s, const void *vx, const void *vy);
  * (the same float operations in the same order per output), so callers may mix the two freely. */
 typedef void (*ed_vec_dot_nx_fn)(int n, float *s, size_t bs, const void *vx, const void *vy, size_t by, int nc);
 #define ED_NX_MAX 4
+/* s[c * bs + r] = dot(vx + r * bx, vy + c * by) for r < 2, c < nc (1 <= nc <= ED_NX_MAX): two weight rows
+ * against nc activation rows, each activation block loaded once for both; bit-identical to vec_dot too. */
+typedef void (*ed_vec_dot_2nx_fn)(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,
+                                  int nc);
 /* y = x (n floats) converted to an activation type (Q8_0, Q8_1, Q8_K, F16, BF16; F32 is a copy). */
 typedef void (*ed_from_float_fn)(const float *x, void *y, int64_t n);
 
 typedef struct {
     ed_vec_dot_fn vec_dot;      /* NULL: this weight type has no kernel */
     ed_vec_dot_nx_fn vec_dot_nx; /* NULL: callers loop over vec_dot (ed_vec_dot_nx does) */
+    ed_vec_dot_2nx_fn vec_dot_2nx; /* NULL: callers take one weight row at a time */
     int vec_dot_type;           /* ED_Q8_0, ED_Q8_1, ED_Q8_K, ED_F16, ED_BF16 or ED_F32 */
     int block_elems;            /* elements per block of the weight type (32, 256, 1) */
     int block_bytes;            /* bytes per block of the weight type */

@@ -74,10 +74,10 @@ static inline __m512i with_fifth_bit(__m512i q, const uint8_t *qh0, const uint8_
     return _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8(16));
 }
 
-/* [d0, 0, d1, 0]: the block scale products f16(x.d) * f16(y.d) of two blocks (d leads every block) */
-static inline __m128 heads_d(const void *x0, const void *x1, const void *y0, const void *y1) {
-    return _mm_set_ps(0.0f, ed_f16_table[ed_load_u16(x1)] * ed_f16_table[ed_load_u16(y1)], 0.0f,
-                      ed_f16_table[ed_load_u16(x0)] * ed_f16_table[ed_load_u16(y0)]);
+/* [f16 at p0 x 8, f16 at p1 x 8] as floats: the scales of two blocks (d leads every block) */
+static inline __m512 f16_pair(const void *p0, const void *p1) {
+    const __m128i h0 = _mm_set1_epi16((short)ed_load_u16(p0)), h1 = _mm_set1_epi16((short)ed_load_u16(p1));
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(h0), h1, 1));
 }
 
 /* the f16 pair at p as floats in lanes 0, 1 */
@@ -122,6 +122,23 @@ static inline __m512i idx16(short a, short b, short c, short d) {
         if (nc == 3) FN(n, s, bs, vx, y, by, 3);                                                        \
         else if (nc == 2) FN(n, s, bs, vx, y, by, 2);                                                   \
         else if (nc == 1) FN(n, s, bs, vx, y, by, 1);                                                   \
+    }
+
+/* The same from a kernel FN(n, s, bs, x, bx, y, by, nr, nc) for nr (1 or 2) weight rows x nc activation
+ * rows (FN1: its nr = 1 instance), and vec_dot_2nx: its nr = 2 instances */
+#define ED_MN_ENTRIES(FN, FN1, DOT, DOT_NX, DOT_2NX)                                                     \
+    ED_ALWAYS_INLINE void FN1(int n, float *s, size_t bs, const void *vx, const uint8_t *vy, size_t by, \
+                                   const int nc) {                                                      \
+        FN(n, s, bs, vx, 0, vy, by, 1, nc);                                                             \
+    }                                                                                                   \
+    ED_NX_ENTRIES(FN1, DOT, DOT_NX)                                                                \
+    static void DOT_2NX(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, \
+                        int nc) {                                                                       \
+        const uint8_t *y = vy;                                                                          \
+        for (; nc >= 4; nc -= 4, s += 4 * bs, y += 4 * by) FN(n, s, bs, vx, bx, y, by, 2, 4);           \
+        if (nc == 3) FN(n, s, bs, vx, bx, y, by, 2, 3);                                                 \
+        else if (nc == 2) FN(n, s, bs, vx, bx, y, by, 2, 2);                                            \
+        else if (nc == 1) FN(n, s, bs, vx, bx, y, by, 2, 1);                                            \
     }
 
 /* ------------------------------------------------------------ legacy blocks: AVX-512 BW variant */
@@ -390,7 +407,7 @@ ED_TARGET_POP
 int ed_fill_avx512(ed_kernel_table *t) {
     if (!ed_fill_avx2(t)) return 0; /* quantizers and anything not overridden below */
     /* AVX2's multi-row kernels match AVX2's vec_dot bits, not these: each type below sets both */
-    for (int i = 0; i < ED_TYPE_COUNT; i++) t->types[i].vec_dot_nx = NULL;
+    for (int i = 0; i < ED_TYPE_COUNT; i++) t->types[i].vec_dot_nx = NULL, t->types[i].vec_dot_2nx = NULL;
     t->level = ED_LEVEL_AVX512;
     if (ed_cpu_has_avx512vnni())
         set_legacy_vnni(t);

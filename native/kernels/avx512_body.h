@@ -79,70 +79,129 @@ static inline __m512i ED_SFX(dot_u)(ED_SFX(wpair) w, __m512i y) { return ED_SFX(
 static inline __m512i ED_SFX(dot_o8)(ED_SFX(wpair) w, __m512i y) { return ED_SFX(dot_offset)(w.q, y, 8); }
 static inline __m512i ED_SFX(dot_o16)(ED_SFX(wpair) w, __m512i y) { return ED_SFX(dot_offset)(w.q, y, 16); }
 
-/* acc[c] += [d0 x 8, d1 x 8] * the int sums of weight pair w and row c's blocks a, b (scales: heads h) */
-#define ED_FMA_PAIR(DOT, acc, h, w, a, b) \
-    acc = _mm512_fmadd_ps(pair_scales(h), _mm512_cvtepi32_ps(DOT(w, qs64(y[a].qs, y[b].qs))), acc)
+/* Row c's share of weight pair w (blocks a, b) into acc: [d_a x 8, d_b x 8] * the int sums, where d is
+ * the product of the weight's and the activation's block scales (for the odd last block, b = a and the
+ * upper half's scale is 0). Types with mins (Q4_1, Q5_1 against Q8_1) take [d_a, m_a*s_a, d_b, m_b*s_b]
+ * from heads_dm and add the m*s lanes into ms; the others multiply the weight pair's scales wd,
+ * converted once for every activation row, by the row's (converted once for both weight rows). */
+#define ED_ROW_PAIR(DOT, MINS, acc, ms, w, wd, yp, a, b, odd)                                          \
+    do {                                                                                                \
+        const __m512 sum = _mm512_cvtepi32_ps(DOT(w, yp.q));                                            \
+        __m512 sc;                                                                                      \
+        if (MINS) {                                                                                     \
+            __m128 h = heads_dm(&x[a], &x[b], &y[a], &y[b]);                                            \
+            if (odd) h = _mm_blend_ps(h, _mm_setzero_ps(), 0xC);                                        \
+            ms = _mm_add_ps(ms, h);                                                                     \
+            sc = pair_scales(h);                                                                        \
+        } else {                                                                                        \
+            sc = _mm512_mul_ps(wd, yp.d);                                                               \
+            if (odd) sc = _mm512_maskz_mov_ps(0x00FF, sc);                                              \
+        }                                                                                               \
+        acc = _mm512_fmadd_ps(sc, sum, acc);                                                            \
+    } while (0)
 
-/* One weight row against nc activation rows (vy + c * by): blocks in pairs, two pairs per iteration into
- * two accumulators; an odd last block is paired with itself at scale 0. HEADS gives [d0, m0*s0, d1,
- * m1*s1] (the m*s lanes are 0 for types without mins). Each weight pair is unpacked once for all rows;
- * each row's float operations are those of the nc = 1 instance, which is vec_dot itself, so vec_dot_nx
- * and vec_dot give the same bits. */
-#define ED_LEGACY_DOT512(name, XT, YT, UNPACK, DOT, HEADS)                                              \
-    ED_ALWAYS_INLINE void ED_SFX(name##_n)(int n, float *s, size_t bs, const XT *x, const uint8_t *vy,    \
-                                           size_t by, const int nc) {                                     \
+/* An activation block pair as the weight rows meet it: its 64 quants and (without mins) its scales */
+typedef struct {
+    __m512i q;
+    __m512 d;
+} ED_SFX(ypair);
+
+/* blocks a, b of activation row y (the scales are not needed with mins: heads_dm reads them) */
+#define ED_LOAD_Y(y, a, b, MINS) \
+    ((ED_SFX(ypair)){qs64(y[a].qs, y[b].qs), MINS ? _mm512_setzero_ps() : f16_pair(&y[a], &y[b])})
+
+/* nr (1 or 2) weight rows (vx + r * bx) against nc activation rows (vy + c * by): blocks in pairs, two
+ * pairs per iteration into two accumulators; an odd last block is paired with itself at scale 0. Each
+ * weight pair is unpacked once for all activation rows, each activation pair loaded once for both weight
+ * rows; each output's float operations are those of the nr = nc = 1 instance, which is vec_dot itself,
+ * so vec_dot_nx, vec_dot_2nx and vec_dot give the same bits. */
+#define ED_LEGACY_DOT512(name, XT, YT, UNPACK, DOT, MINS)                                               \
+    ED_ALWAYS_INLINE void ED_SFX(name##_mn)(int n, float *s, size_t bs, const uint8_t *vx, size_t bx,     \
+                                            const uint8_t *vy, size_t by, const int nr, const int nc) {   \
         const int nb = n / QK;                                                                            \
-        __m512 acc0[ED_NX_MAX], acc1[ED_NX_MAX];                                                          \
-        __m128 ms[ED_NX_MAX];                                                                             \
-        for (int c = 0; c < nc; c++) acc0[c] = acc1[c] = _mm512_setzero_ps(), ms[c] = _mm_setzero_ps();   \
+        __m512 acc0[2][ED_NX_MAX], acc1[2][ED_NX_MAX];                                                    \
+        __m128 ms[2][ED_NX_MAX];                                                                          \
+        for (int r = 0; r < nr; r++)                                                                      \
+            for (int c = 0; c < nc; c++)                                                                  \
+                acc0[r][c] = acc1[r][c] = _mm512_setzero_ps(), ms[r][c] = _mm_setzero_ps();               \
+        ED_SFX(wpair) w0[2], w1[2];                                                                       \
+        __m512 wd0[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, wd1[2] = {wd0[0], wd0[0]};            \
         int ib = 0;                                                                                       \
         for (; ib + 3 < nb; ib += 4) {                                                                    \
-            const ED_SFX(wpair) w0 = UNPACK(&x[ib], &x[ib + 1]), w1 = UNPACK(&x[ib + 2], &x[ib + 3]);     \
+            for (int r = 0; r < nr; r++) {                                                                \
+                const XT *x = (const XT *)(vx + r * bx);                                                  \
+                w0[r] = UNPACK(&x[ib], &x[ib + 1]), w1[r] = UNPACK(&x[ib + 2], &x[ib + 3]);               \
+                if (!MINS) wd0[r] = f16_pair(&x[ib], &x[ib + 1]), wd1[r] = f16_pair(&x[ib + 2], &x[ib + 3]); \
+            }                                                                                             \
             for (int c = 0; c < nc; c++) {                                                                \
                 const YT *y = (const YT *)(vy + c * by);                                                  \
-                const __m128 h0 = HEADS(&x[ib], &x[ib + 1], &y[ib], &y[ib + 1]);                          \
-                const __m128 h1 = HEADS(&x[ib + 2], &x[ib + 3], &y[ib + 2], &y[ib + 3]);                  \
-                ms[c] = _mm_add_ps(ms[c], _mm_add_ps(h0, h1));                                            \
-                ED_FMA_PAIR(DOT, acc0[c], h0, w0, ib, ib + 1);                                            \
-                ED_FMA_PAIR(DOT, acc1[c], h1, w1, ib + 2, ib + 3);                                        \
+                const ED_SFX(ypair) y0 = ED_LOAD_Y(y, ib, ib + 1, MINS);                        \
+                const ED_SFX(ypair) y1 = ED_LOAD_Y(y, ib + 2, ib + 3, MINS);                    \
+                for (int r = 0; r < nr; r++) {                                                            \
+                    const XT *x = (const XT *)(vx + r * bx);                                              \
+                    ED_ROW_PAIR(DOT, MINS, acc0[r][c], ms[r][c], w0[r], wd0[r], y0, ib, ib + 1, 0);       \
+                    ED_ROW_PAIR(DOT, MINS, acc1[r][c], ms[r][c], w1[r], wd1[r], y1, ib + 2, ib + 3, 0);   \
+                }                                                                                         \
             }                                                                                             \
         }                                                                                                 \
         for (; ib + 1 < nb; ib += 2) {                                                                    \
-            const ED_SFX(wpair) w0 = UNPACK(&x[ib], &x[ib + 1]);                                          \
+            for (int r = 0; r < nr; r++) {                                                                \
+                const XT *x = (const XT *)(vx + r * bx);                                                  \
+                w0[r] = UNPACK(&x[ib], &x[ib + 1]);                                                       \
+                if (!MINS) wd0[r] = f16_pair(&x[ib], &x[ib + 1]);                                         \
+            }                                                                                             \
             for (int c = 0; c < nc; c++) {                                                                \
                 const YT *y = (const YT *)(vy + c * by);                                                  \
-                const __m128 h = HEADS(&x[ib], &x[ib + 1], &y[ib], &y[ib + 1]);                           \
-                ms[c] = _mm_add_ps(ms[c], h);                                                             \
-                ED_FMA_PAIR(DOT, acc0[c], h, w0, ib, ib + 1);                                             \
+                const ED_SFX(ypair) y0 = ED_LOAD_Y(y, ib, ib + 1, MINS);                        \
+                for (int r = 0; r < nr; r++) {                                                            \
+                    const XT *x = (const XT *)(vx + r * bx);                                              \
+                    ED_ROW_PAIR(DOT, MINS, acc0[r][c], ms[r][c], w0[r], wd0[r], y0, ib, ib + 1, 0);       \
+                }                                                                                         \
             }                                                                                             \
         }                                                                                                 \
         if (ib < nb) {                                                                                    \
-            const ED_SFX(wpair) w0 = UNPACK(&x[ib], &x[ib]);                                              \
+            for (int r = 0; r < nr; r++) {                                                                \
+                const XT *x = (const XT *)(vx + r * bx);                                                  \
+                w0[r] = UNPACK(&x[ib], &x[ib]);                                                           \
+                if (!MINS) wd0[r] = f16_pair(&x[ib], &x[ib]);                                             \
+            }                                                                                             \
             for (int c = 0; c < nc; c++) {                                                                \
                 const YT *y = (const YT *)(vy + c * by);                                                  \
-                const __m128 h = _mm_blend_ps(HEADS(&x[ib], &x[ib], &y[ib], &y[ib]), _mm_setzero_ps(), 0xC); \
-                ms[c] = _mm_add_ps(ms[c], h);                                                             \
-                ED_FMA_PAIR(DOT, acc1[c], h, w0, ib, ib);                                                 \
+                const ED_SFX(ypair) y0 = ED_LOAD_Y(y, ib, ib, MINS);                            \
+                for (int r = 0; r < nr; r++) {                                                            \
+                    const XT *x = (const XT *)(vx + r * bx);                                              \
+                    ED_ROW_PAIR(DOT, MINS, acc1[r][c], ms[r][c], w0[r], wd0[r], y0, ib, ib, 1);           \
+                }                                                                                         \
             }                                                                                             \
         }                                                                                                 \
-        for (int c = 0; c < nc; c++) s[c * bs] = hsum_f32x16(_mm512_add_ps(acc0[c], acc1[c])) + ms_lanes13(ms[c]); \
+        for (int r = 0; r < nr; r++)                                                                      \
+            for (int c = 0; c < nc; c++)                                                                  \
+                s[c * bs + r] = hsum_f32x16(_mm512_add_ps(acc0[r][c], acc1[r][c])) +                      \
+                                (MINS ? ms_lanes13(ms[r][c]) : 0.0f);                                     \
     }                                                                                                     \
-    ED_NX_ENTRIES(ED_SFX(name##_n), ED_SFX(vec_dot_##name), ED_SFX(vec_dot_nx_##name))
+    ED_MN_ENTRIES(ED_SFX(name##_mn), ED_SFX(name##_1n), ED_SFX(vec_dot_##name), ED_SFX(vec_dot_nx_##name), \
+                  ED_SFX(vec_dot_2nx_##name))
 
-ED_LEGACY_DOT512(q4_0, block_q4_0, block_q8_0, ED_SFX(unpack_q4_0), ED_SFX(dot_o8), heads_d)
-ED_LEGACY_DOT512(q4_1, block_q4_1, block_q8_1, ED_SFX(unpack_q4_1), ED_SFX(dot_u), heads_dm)
-ED_LEGACY_DOT512(q5_0, block_q5_0, block_q8_0, ED_SFX(unpack_q5_0), ED_SFX(dot_o16), heads_d)
-ED_LEGACY_DOT512(q5_1, block_q5_1, block_q8_1, ED_SFX(unpack_q5_1), ED_SFX(dot_u), heads_dm)
-ED_LEGACY_DOT512(q8_0, block_q8_0, block_q8_0, ED_SFX(unpack_q8_0), ED_SFX(dot_s), heads_d)
-ED_LEGACY_DOT512(iq4_nl, block_iq4_nl, block_q8_0, ED_SFX(unpack_iq4_nl), ED_SFX(dot_s), heads_d)
+ED_LEGACY_DOT512(q4_0, block_q4_0, block_q8_0, ED_SFX(unpack_q4_0), ED_SFX(dot_o8), 0)
+ED_LEGACY_DOT512(q4_1, block_q4_1, block_q8_1, ED_SFX(unpack_q4_1), ED_SFX(dot_u), 1)
+ED_LEGACY_DOT512(q5_0, block_q5_0, block_q8_0, ED_SFX(unpack_q5_0), ED_SFX(dot_o16), 0)
+ED_LEGACY_DOT512(q5_1, block_q5_1, block_q8_1, ED_SFX(unpack_q5_1), ED_SFX(dot_u), 1)
+ED_LEGACY_DOT512(q8_0, block_q8_0, block_q8_0, ED_SFX(unpack_q8_0), ED_SFX(dot_s), 0)
+ED_LEGACY_DOT512(iq4_nl, block_iq4_nl, block_q8_0, ED_SFX(unpack_iq4_nl), ED_SFX(dot_s), 0)
 
 static void ED_SFX(set_legacy)(ed_kernel_table *t) {
     t->types[ED_Q4_0].vec_dot = ED_SFX(vec_dot_q4_0), t->types[ED_Q4_0].vec_dot_nx = ED_SFX(vec_dot_nx_q4_0);
+    t->types[ED_Q4_0].vec_dot_2nx = ED_SFX(vec_dot_2nx_q4_0);
     t->types[ED_Q4_1].vec_dot = ED_SFX(vec_dot_q4_1), t->types[ED_Q4_1].vec_dot_nx = ED_SFX(vec_dot_nx_q4_1);
+    t->types[ED_Q4_1].vec_dot_2nx = ED_SFX(vec_dot_2nx_q4_1);
     t->types[ED_Q5_0].vec_dot = ED_SFX(vec_dot_q5_0), t->types[ED_Q5_0].vec_dot_nx = ED_SFX(vec_dot_nx_q5_0);
+    t->types[ED_Q5_0].vec_dot_2nx = ED_SFX(vec_dot_2nx_q5_0);
     t->types[ED_Q5_1].vec_dot = ED_SFX(vec_dot_q5_1), t->types[ED_Q5_1].vec_dot_nx = ED_SFX(vec_dot_nx_q5_1);
+    t->types[ED_Q5_1].vec_dot_2nx = ED_SFX(vec_dot_2nx_q5_1);
     t->types[ED_Q8_0].vec_dot = ED_SFX(vec_dot_q8_0), t->types[ED_Q8_0].vec_dot_nx = ED_SFX(vec_dot_nx_q8_0);
+    t->types[ED_Q8_0].vec_dot_2nx = ED_SFX(vec_dot_2nx_q8_0);
     t->types[ED_IQ4_NL].vec_dot = ED_SFX(vec_dot_iq4_nl), t->types[ED_IQ4_NL].vec_dot_nx = ED_SFX(vec_dot_nx_iq4_nl);
+    t->types[ED_IQ4_NL].vec_dot_2nx = ED_SFX(vec_dot_2nx_iq4_nl);
 }
 
 #undef ED_LEGACY_DOT512

@@ -5,7 +5,9 @@
  * rows; inside a chunk, tiles of TILE_W weight rows meet every activation row in tiles of TILE_X, so a
  * weight block is read from memory once and stays in L1 while it meets all n rows (a GEMM loop, not n
  * matvecs). Each weight row meets up to ED_NX_MAX activation rows per vec_dot_nx call, which unpacks its
- * blocks once for them all; every output has vec_dot's bits, so any thread count gives the same bits.
+ * blocks once for them all, or a pair of weight rows meets them per vec_dot_2nx call where the level has
+ * one (each activation block then loaded once for both); every output has vec_dot's bits, so any thread
+ * count gives the same bits.
  */
 #include "runtime.h"
 
@@ -59,10 +61,13 @@ void ed_matmul(const ed_op *op, int phase, ed_ctx *ctx) {
                 for (int64_t j = j0; j < j1; j++) dot((int)k, &y[i0 * m + j], w + j * wrow, act + i0 * arow);
                 continue;
             }
-            for (int64_t j = j0; j < j1; j++)
+            for (int64_t j = j0; j < j1; j += tk->vec_dot_2nx && j + 1 < j1 ? 2 : 1)
                 for (int64_t i = i0; i < i1; i += ED_NX_MAX) {
                     const int nc = (int)(i1 - i < ED_NX_MAX ? i1 - i : ED_NX_MAX);
-                    ed_vec_dot_nx(tk, (int)k, &y[i * m + j], (size_t)m, w + j * wrow, act + i * arow, arow, nc);
+                    if (tk->vec_dot_2nx && j + 1 < j1)
+                        tk->vec_dot_2nx((int)k, &y[i * m + j], (size_t)m, w + j * wrow, wrow, act + i * arow, arow, nc);
+                    else
+                        ed_vec_dot_nx(tk, (int)k, &y[i * m + j], (size_t)m, w + j * wrow, act + i * arow, arow, nc);
                 }
         }
     }

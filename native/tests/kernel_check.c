@@ -6,7 +6,9 @@
  * Tolerances are relative to sum |w_i * x_i|: all levels quantize identically, so what is left is float
  * summation order (ggml's tests/test-quantize-fns.cpp bounds the error against the *unquantized* dot,
  * a much looser check). vec_dot_nx (one weight row x nc activation rows, through ed_vec_dot_nx, so the
- * vec_dot fallback too) must give every row vec_dot's bits exactly. Exit status 0 iff every check passes.
+ * vec_dot fallback too) must give every row vec_dot's bits exactly, and so must vec_dot_2nx (two weight
+ * rows: the case's and its blocks in reverse order) where a level has it. Exit status 0 iff every check
+ * passes.
  * `--bench` also times each case.
  *
  * Case file (little-endian): "EDKC", u32 version (1), u32 count, then per case:
@@ -151,6 +153,35 @@ static int check_nx(const ed_kernel_table *k, const test_case *c, uint8_t *acts,
     return 0;
 }
 
+/* vec_dot_2nx, where the level has it: the case's weight row and the same blocks in reverse order (a
+ * second valid row) against nc = 1..ED_NX_MAX rows at strides bs = 5 floats, every output vec_dot's bits */
+static int check_2nx(const ed_kernel_table *k, const test_case *c, uint8_t *acts) {
+    const ed_type_kernels *t = &k->types[c->wtype];
+    if (!t->vec_dot_2nx) return 0;
+    const size_t ab = c->abytes, bb = (size_t)t->block_bytes, nb = c->wbytes / bb;
+    uint8_t *w2 = malloc(2 * c->wbytes);
+    memcpy(w2, c->w, c->wbytes);
+    for (size_t b = 0; b < nb; b++) memcpy(w2 + c->wbytes + b * bb, c->w + (nb - 1 - b) * bb, bb);
+    float want[2][NX_ROWS], got[5 * ED_NX_MAX];
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < NX_ROWS; i++) t->vec_dot((int)c->n, &want[r][i], w2 + r * c->wbytes, acts + i * ab);
+    int fails = 0;
+    for (int nc = 1; nc <= ED_NX_MAX && !fails; nc++) {
+        for (int i = 0; i < 5 * ED_NX_MAX; i++) got[i] = NAN;
+        t->vec_dot_2nx((int)c->n, got, 5, w2, c->wbytes, acts + ab, ab, nc);
+        for (int i = 0; i < nc && !fails; i++)
+            for (int r = 0; r < 2; r++)
+                if (memcmp(&got[5 * i + r], &want[r][1 + i], sizeof(float))) {
+                    printf("FAIL %-7s %s: vec_dot_2nx (nc %d) weight row %d, row %d gives %.9g, vec_dot %.9g\n",
+                           level_name(k->level), c->name, nc, r, 1 + i, got[5 * i + r], want[r][1 + i]);
+                    fails = 1;
+                    break;
+                }
+    }
+    free(w2);
+    return fails;
+}
+
 /* Single-thread time per call with the row in L1: the best of many short batches, so that a shared,
  * busy machine's preemptions drop out. */
 static void bench(const ed_kernel_table *k, const test_case *c, uint8_t *act) {
@@ -224,7 +255,7 @@ int main(int argc, char **argv) {
         int fails = 0;
         for (uint32_t i = 0; i < count; i++) {
             const int f = check(k, &cs[i], act, &worst);
-            fails += f ? f : check_nx(k, &cs[i], acts, xr);
+            fails += f ? f : check_nx(k, &cs[i], acts, xr) ? 1 : check_2nx(k, &cs[i], acts);
         }
         printf("%-7s %u cases, %d failed, worst relative dot error %.2g\n", level_name(level), count, fails, worst);
         failures += fails;
