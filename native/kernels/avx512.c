@@ -149,52 +149,39 @@ static inline __m512i idx16(short a, short b, short c, short d) {
 
 /* --------------------------------------------------------------------------- K-quants (vs Q8_K) */
 
-/* 8 mins (int16 lanes 8..15) * Q8_K's 16 bsums summed in pairs -> 4 int32 partial sums */
-static inline __m128i mins_dot(__m256i mins_and_scales, const int16_t *bsums) {
-    const __m256i q8sums = _mm256_loadu_si256((const __m256i *)bsums);
-    const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256(q8sums, 1));
-    return _mm_madd_epi16(_mm256_extracti128_si256(mins_and_scales, 1), q8s);
-}
-
-static inline float hsum_f32x4(__m128 v) {
-    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-    return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
-}
-
 /* The K-quant kernels take one weight row against nc activation rows (ED_NX_ENTRIES): each weight
  * sub-block is unpacked once for all rows, and each row's float operations are vec_dot's (its d and dmin
  * products, acc_m's and acc's fmadds, the final sums), in its order; the integer sums are exact. */
 #define Q8K(c, i) ((const block_q8_K *)(vy + (c) * by) + (i))
 
-/* Q4_K and Q5_K share all but the fifth bit: 4 x 64 quants per super-block, scales 2j, 2j+1 per 64 */
+/* Q4_K and Q5_K share all but the fifth bit: 4 x 64 quants per super-block, scales 2j, 2j+1 per 64.
+ * Per super-block and row the scale sums (8 int32 lanes) and the min sums (8 lanes: min k times Q8_K's
+ * bsums 2k + 2k+1) meet their float factors [d x 8, -dmin x 8] (times the row's d) in one 16-lane FMA */
 ED_ALWAYS_INLINE void q45_K_n(int n, float *s, size_t bs, const void *vx, const uint8_t *vy, size_t by,
                               const int nc, const int five) {
     const size_t xstride = five ? sizeof(block_q5_K) : sizeof(block_q4_K);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    __m256 acc[ED_NX_MAX];
-    __m128 acc_m[ED_NX_MAX];
-    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps(), acc_m[c] = _mm_setzero_ps();
+    const __m256i pairs = _mm256_set_epi16(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
+    __m512 acc[ED_NX_MAX];
+    for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int i = 0; i < n / QK_K; i++) {
         const uint8_t *xb = (const uint8_t *)vx + i * xstride;
         const block_q4_K *x4 = (const block_q4_K *)xb; /* d, dmin, scales lead both layouts */
         const uint8_t *qs = five ? ((const block_q5_K *)xb)->qs : x4->qs;
-        const float xd = ed_f16_table[ed_load_u16(&x4->d)], xdmin = ed_f16_table[ed_load_u16(&x4->dmin)];
+        const __m512 wf = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(ed_f16_table[ed_load_u16(&x4->d)]),
+                                               _mm512_set1_ps(-ed_f16_table[ed_load_u16(&x4->dmin)]));
         uint32_t utmp[4];
         ed_unpack_scales_k4(x4->scales, utmp);
         const __m256i mins_and_scales = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)utmp));
-        __m512i sumi[ED_NX_MAX];
-        for (int c = 0; c < nc; c++) {
-            const float dmin = -Q8K(c, i)->d * xdmin;
-            acc_m[c] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot(mins_and_scales, Q8K(c, i)->bsums)),
-                                    acc_m[c]);
-            sumi[c] = _mm512_setzero_si512();
-        }
+        const __m256i mins2 = _mm256_permutexvar_epi16(pairs, mins_and_scales); /* each min twice */
         const __m512i scales = _mm512_castsi256_si512(mins_and_scales);
         __m512i hbits = _mm512_setzero_si512();
         if (five) {
             const __m256i h = _mm256_loadu_si256((const __m256i *)((const block_q5_K *)xb)->qh);
             hbits = join256(h, h);
         }
+        __m512i sumi[ED_NX_MAX];
+        for (int c = 0; c < nc; c++) sumi[c] = _mm512_setzero_si512();
         for (int j = 0; j < QK_K / 64; j++) {
             const __m256i bits = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
             __m512i q = _mm512_and_si512(join256(bits, _mm256_srli_epi16(bits, 4)), m4);
@@ -210,11 +197,12 @@ ED_ALWAYS_INLINE void q45_K_n(int n, float *s, size_t bs, const void *vx, const 
             }
         }
         for (int c = 0; c < nc; c++) {
-            const float d = Q8K(c, i)->d * xd;
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(add_halves_i32(sumi[c])), acc[c]);
+            const __m256i msum = _mm256_madd_epi16(mins2, _mm256_loadu_si256((const __m256i *)Q8K(c, i)->bsums));
+            const __m512 sm = _mm512_cvtepi32_ps(join256(add_halves_i32(sumi[c]), msum));
+            acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(wf, _mm512_set1_ps(Q8K(c, i)->d)), sm, acc[c]);
         }
     }
-    for (int c = 0; c < nc; c++) s[c * bs] = hsum_f32x8(acc[c]) + hsum_f32x4(acc_m[c]);
+    for (int c = 0; c < nc; c++) s[c * bs] = hsum_f32x16(acc[c]);
 }
 
 ED_ALWAYS_INLINE void q4_K_n(int n, float *s, size_t bs, const void *vx, const uint8_t *vy, size_t by, const int nc) {

@@ -12,7 +12,7 @@
 #include "runtime.h"
 
 #define TILE_W 16
-#define TILE_X 16
+#define TILE_X 8
 #define CHUNKS_PER_THREAD 4
 
 /* weight rows per chunk of the dot phase: whole tiles, a few chunks per thread so that a descheduled
