@@ -34,7 +34,7 @@ typedef void (*ed_vec_dot_fn)(int n, float *s, const void *vx, const void *vy);
  * rows, each weight block unpacked once for all of them. Every s[c * bs] is bit-identical to vec_dot's
  * (the same float operations in the same order per output), so callers may mix the two freely. */
 typedef void (*ed_vec_dot_nx_fn)(int n, float *s, size_t bs, const void *vx, const void *vy, size_t by, int nc);
-#define ED_NX_MAX 4
+#define ED_NX_MAX 8
 /* s[c * bs + r] = dot(vx + r * bx, vy + c * by) for r < 2, c < nc (1 <= nc <= ED_NX_MAX): two weight rows
  * against nc activation rows, each activation block loaded once for both; bit-identical to vec_dot too. */
 typedef void (*ed_vec_dot_2nx_fn)(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,

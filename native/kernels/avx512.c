@@ -113,12 +113,14 @@ static inline __m512i idx16(short a, short b, short c, short d) {
 
 /* The table's entries from a kernel FN(n, s, bs, x, y, by, nc) for one weight row x nc activation rows
  * (nc a constant, so its per-row accumulators stay in registers): vec_dot is its nc = 1 instance and
- * vec_dot_nx takes the rows in groups of 4, then 3, 2 or 1, so both give the same bits per row. */
-#define ED_NX_ENTRIES(FN, DOT, DOT_NX)                                                                    \
+ * vec_dot_nx takes the rows in groups of G (4, or 8 where the registers hold 8 rows' sums), then 4, 3,
+ * 2 or 1, so both give the same bits per row. */
+#define ED_NX_ENTRIES(FN, DOT, DOT_NX, G)                                                                 \
     static void DOT(int n, float *s, const void *vx, const void *vy) { FN(n, s, 0, vx, vy, 0, 1); }      \
     static void DOT_NX(int n, float *s, size_t bs, const void *vx, const void *vy, size_t by, int nc) {  \
         const uint8_t *y = vy;                                                                          \
-        for (; nc >= 4; nc -= 4, s += 4 * bs, y += 4 * by) FN(n, s, bs, vx, y, by, 4);                  \
+        for (; nc >= G; nc -= G, s += G * bs, y += G * by) FN(n, s, bs, vx, y, by, G);                  \
+        if (G > 4 && nc >= 4) FN(n, s, bs, vx, y, by, 4), nc -= 4, s += 4 * bs, y += 4 * by;            \
         if (nc == 3) FN(n, s, bs, vx, y, by, 3);                                                        \
         else if (nc == 2) FN(n, s, bs, vx, y, by, 2);                                                   \
         else if (nc == 1) FN(n, s, bs, vx, y, by, 1);                                                   \
@@ -131,7 +133,7 @@ static inline __m512i idx16(short a, short b, short c, short d) {
                                    const int nc) {                                                      \
         FN(n, s, bs, vx, 0, vy, by, 1, nc);                                                             \
     }                                                                                                   \
-    ED_NX_ENTRIES(FN1, DOT, DOT_NX)                                                                \
+    ED_NX_ENTRIES(FN1, DOT, DOT_NX, 4)                                                                \
     static void DOT_2NX(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, \
                         int nc) {                                                                       \
         const uint8_t *y = vy;                                                                          \
@@ -211,8 +213,8 @@ ED_ALWAYS_INLINE void q4_K_n(int n, float *s, size_t bs, const void *vx, const u
 ED_ALWAYS_INLINE void q5_K_n(int n, float *s, size_t bs, const void *vx, const uint8_t *vy, size_t by, const int nc) {
     q45_K_n(n, s, bs, vx, vy, by, nc, 1);
 }
-ED_NX_ENTRIES(q4_K_n, vec_dot_q4_K, vec_dot_nx_q4_K)
-ED_NX_ENTRIES(q5_K_n, vec_dot_q5_K, vec_dot_nx_q5_K)
+ED_NX_ENTRIES(q4_K_n, vec_dot_q4_K, vec_dot_nx_q4_K, 8)
+ED_NX_ENTRIES(q5_K_n, vec_dot_q5_K, vec_dot_nx_q5_K, 8)
 
 ED_ALWAYS_INLINE void q6_K_n(int n, float *s, size_t bs, const void *vx, const uint8_t *vy, size_t by, const int nc) {
     const block_q6_K *x = vx;
@@ -253,7 +255,7 @@ ED_ALWAYS_INLINE void q6_K_n(int n, float *s, size_t bs, const void *vx, const u
     }
     for (int c = 0; c < nc; c++) s[c * bs] = hsum_f32x8(acc[c]);
 }
-ED_NX_ENTRIES(q6_K_n, vec_dot_q6_K, vec_dot_nx_q6_K)
+ED_NX_ENTRIES(q6_K_n, vec_dot_q6_K, vec_dot_nx_q6_K, 4)
 
 /* Q2_K and Q3_K: per 128-element half, the 2-bit fields at bit offsets 0, 2 (quants 0..63) and 4, 6
  * (64..127) of the same 32 bytes make two 64-quant vectors; scale k covers quants 16k .. 16k+15 */
@@ -309,7 +311,7 @@ ED_ALWAYS_INLINE void q2_K_n(int n, float *s, size_t bs, const void *vx, const u
     }
     for (int c = 0; c < nc; c++) s[c * bs] = hsum_f32x8(acc[c]);
 }
-ED_NX_ENTRIES(q2_K_n, vec_dot_q2_K, vec_dot_nx_q2_K)
+ED_NX_ENTRIES(q2_K_n, vec_dot_q2_K, vec_dot_nx_q2_K, 4)
 
 /* ggml_vec_dot_q3_K_q8_K (AVX2) at 64 quants per vpmaddubsw. As in avx2_q23k.c the quants stay unsigned
  * (+4 where the hmask bit is set, by a masked add) and 4 * Σ scale * bsum comes off once per block. */
@@ -350,7 +352,7 @@ ED_ALWAYS_INLINE void q3_K_n(int n, float *s, size_t bs, const void *vx, const u
     }
     for (int c = 0; c < nc; c++) s[c * bs] = hsum_f32x8(acc[c]);
 }
-ED_NX_ENTRIES(q3_K_n, vec_dot_q3_K, vec_dot_nx_q3_K)
+ED_NX_ENTRIES(q3_K_n, vec_dot_q3_K, vec_dot_nx_q3_K, 4)
 
 #undef Q8K
 

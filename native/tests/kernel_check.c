@@ -128,7 +128,7 @@ static int check(const ed_kernel_table *k, const test_case *c, uint8_t *act, dou
 
 /* ed_vec_dot_nx over NX_ROWS distinct activation rows (x rotated), each nc in 1..ED_NX_MAX and strides
  * bs = 3 floats: every output must be bit-identical to vec_dot on that row. */
-#define NX_ROWS 7
+#define NX_ROWS 11
 static int check_nx(const ed_kernel_table *k, const test_case *c, uint8_t *acts, float *xr) {
     const ed_type_kernels *t = &k->types[c->wtype];
     const size_t ab = c->abytes;
