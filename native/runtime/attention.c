@@ -33,6 +33,14 @@ typedef struct {
     void (*pv)(float *out, const float *w, int64_t wstride, int64_t group, int64_t dh, const uint16_t *vrow,
                float *row);
     void (*round_f16)(float *x, int64_t n); /* x = f16(x), nearest even */
+    /* Optional, for dh a multiple of 8 and every key mapped: the same sums over all t keys of a (token,
+     * kv head) at once, keys at kv + slots[j] * stride. scores: sc[h * t + j] = q_h . f16(key j) (qk's
+     * bits; keys 8 at a time, their lane sums reduced together); values: out_h += w[h * t + j] * f16(value
+     * j) for j = 0..t-1 in order (pv's bits; the sums held in registers over all keys). */
+    void (*scores)(const float *q, int64_t group, int64_t dh, const uint16_t *kv, int64_t stride,
+                   const int64_t *slots, int64_t t, float *kbuf, float *sc);
+    void (*values)(float *out, const float *w, int64_t group, int64_t dh, const uint16_t *kv, int64_t stride,
+                   const int64_t *slots, int64_t t);
 } attn_loops;
 
 static float combine(const float *l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
@@ -64,7 +72,7 @@ static void round_f16_c(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = ed_f16_round(x[i]);
 }
 
-static const attn_loops loops_c = {qk_c, pv_c, round_f16_c};
+static const attn_loops loops_c = {qk_c, pv_c, round_f16_c, NULL, NULL};
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -112,7 +120,56 @@ ED_AVX static void round_f16_avx(float *x, int64_t n) {
     for (; i < n; i++) x[i] = ed_f16_round(x[i]);
 }
 
-static const attn_loops loops_avx = {qk_avx, pv_avx, round_f16_avx};
+/* 8 vectors of 8 lane sums -> their 8 combine()s, lane k from vector k: two hadd levels give each
+ * vector's (l0+l1)+(l2+l3) and (l4+l5)+(l6+l7), the last add joins them, as combine() does */
+ED_AVX static __m256 combine8(const __m256 *a) {
+    const __m256 g1 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m256 g2 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(g1, g2, 0x20), _mm256_permute2f128_ps(g1, g2, 0x31));
+}
+
+ED_AVX static void scores_avx(const float *q, int64_t group, int64_t dh, const uint16_t *kv, int64_t stride,
+                              const int64_t *slots, int64_t t, float *kbuf, float *sc) {
+    for (int64_t j0 = 0; j0 < t; j0 += 8) {
+        const int nk = t - j0 < 8 ? (int)(t - j0) : 8;
+        for (int k = 0; k < nk; k++)
+            for (int64_t d = 0; d < dh; d += 8)
+                _mm256_storeu_ps(kbuf + k * dh + d,
+                                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kv + slots[j0 + k] * stride + d))));
+        for (int64_t h = 0; h < group; h++) {
+            const float *a = q + h * dh;
+            __m256 acc[8];
+            for (int k = 0; k < 8; k++) {
+                acc[k] = _mm256_setzero_ps();
+                if (k < nk)
+                    for (int64_t d = 0; d < dh; d += 8)
+                        acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(kbuf + k * dh + d)));
+            }
+            float r[8];
+            _mm256_storeu_ps(r, combine8(acc));
+            memcpy(sc + h * t + j0, r, sizeof(float) * (size_t)nk);
+        }
+    }
+}
+
+ED_AVX static void values_avx(float *out, const float *w, int64_t group, int64_t dh, const uint16_t *kv,
+                              int64_t stride, const int64_t *slots, int64_t t) {
+    for (int64_t h0 = 0; h0 < group; h0 += 8) {
+        const int64_t nh = group - h0 < 8 ? group - h0 : 8;
+        for (int64_t d = 0; d < dh; d += 8) {
+            __m256 acc[8];
+            for (int64_t h = 0; h < nh; h++) acc[h] = _mm256_loadu_ps(out + (h0 + h) * dh + d);
+            for (int64_t j = 0; j < t; j++) {
+                const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kv + slots[j] * stride + d)));
+                for (int64_t h = 0; h < nh; h++)
+                    acc[h] = _mm256_add_ps(acc[h], _mm256_mul_ps(_mm256_set1_ps(w[(h0 + h) * t + j]), v));
+            }
+            for (int64_t h = 0; h < nh; h++) _mm256_storeu_ps(out + (h0 + h) * dh + d, acc[h]);
+        }
+    }
+}
+
+static const attn_loops loops_avx = {qk_avx, pv_avx, round_f16_avx, scores_avx, values_avx};
 #endif
 
 static const attn_loops *loops(const ed_kernel_table *kt) {
@@ -140,6 +197,30 @@ static void store(const ed_op *op, ed_ctx *ctx) {
     }
 }
 
+/* the slots of positions lo .. lo+t-1 of a sequence (block table row `blocks`); 0 if one is unmapped */
+static int key_slots(const ed_op *op, const int32_t *blocks, int64_t lo, int64_t t, int64_t *slots) {
+    const int64_t bs = op->i1;
+    for (int64_t j = 0; j < t; j++) {
+        const int64_t ps = lo + j, blk = blocks[ps / bs];
+        if (blk < 0 || (blk + 1) * bs > op->i5) return 0;
+        slots[j] = blk * bs + ps % bs;
+    }
+    return 1;
+}
+
+/* softmax over each of the group's rows of t scores, the weights rounded to f16 */
+static void softmax(float *sc, int64_t group, int64_t t, const attn_loops *L, const ed_kernel_table *kt) {
+    for (int64_t h = 0; h < group; h++) {
+        float *e = sc + h * t, mx = -INFINITY, total = 0.0f;
+        for (int64_t j = 0; j < t; j++) mx = e[j] > mx ? e[j] : mx;
+        for (int64_t j = 0; j < t; j++) e[j] -= mx;
+        ed_exp_span(e, t, kt);
+        for (int64_t j = 0; j < t; j++) total += e[j];
+        for (int64_t j = 0; j < t; j++) e[j] /= total;
+        L->round_f16(e, t);
+    }
+}
+
 int64_t ed_attention_chunks(const ed_op *op, int phase, int nth) {
     return phase == 0 ? ed_row_chunks(op->n, nth) : op->n * op->i0; /* stores; (token, kv head) pairs */
 }
@@ -162,14 +243,25 @@ void ed_attention(const ed_op *op, int phase, ed_ctx *ctx) {
         const int64_t t = p + 1 - lo;
         memset(out, 0, sizeof(float) * group * dh);
         if (t <= 0 || slot_of(op, s, p) < 0) return; /* the caller checked: not expected */
-        /* scratch: q (group, dh), one key/value row (dh), scores (group, t), one step's scores (group);
-         * the output accumulates in out */
-        float *qh = ed_thread_scratch(ctx, sizeof(float) * (group * dh + dh + group * t + group));
-        if (!qh) return;
-        float *row = qh + group * dh, *sc = row + dh, *s1 = sc + group * t;
+        /* scratch: the keys' slots (t), q (group, dh), one key/value row (dh), scores (group, t), one
+         * step's scores (group), 8 converted keys (8, dh); the output accumulates in out */
+        int64_t *slots = ed_thread_scratch(ctx, sizeof(int64_t) * t + sizeof(float) * (group * dh + 9 * dh + group * t + group));
+        if (!slots) return;
+        float *qh = (float *)(slots + t), *row = qh + group * dh, *sc = row + dh, *s1 = sc + group * t, *kbuf = s1 + group;
         memcpy(qh, (const float *)op->src0 + (r * n_head + g * group) * dh, sizeof(float) * group * dh);
         L->round_f16(qh, group * dh);
         const int32_t *blocks = table + s * op->i2;
+        if (L->scores && dh % 8 == 0 && key_slots(op, blocks, lo, t, slots)) { /* all keys at once */
+            L->scores(qh, group, dh, kc + g * dh, hkv * dh, slots, t, kbuf, sc);
+            for (int64_t i = 0; i < group * t; i++) {
+                float x = sc[i] * scale;
+                if (softcap > 0) x = softcap * tanhf(x / softcap);
+                sc[i] = x;
+            }
+            softmax(sc, group, t, L, ctx->kt);
+            L->values(out, sc, group, dh, vc + g * dh, hkv * dh, slots, t);
+            return;
+        }
         for (int pass = 0; pass < 2; pass++) { /* scores, softmax, then the weighted values */
             /* positions lo..p, a run within one block at a time: slot = blocks[b] * bs + offset */
             for (int64_t j = 0; j < t;) {
@@ -193,16 +285,7 @@ void ed_attention(const ed_op *op, int phase, ed_ctx *ctx) {
                     }
                 }
             }
-            if (pass == 1) break;
-            for (int64_t h = 0; h < group; h++) { /* softmax over the scores, weights rounded to f16 */
-                float *e = sc + h * t, mx = -INFINITY, total = 0.0f;
-                for (int64_t j = 0; j < t; j++) mx = e[j] > mx ? e[j] : mx;
-                for (int64_t j = 0; j < t; j++) e[j] -= mx;
-                ed_exp_span(e, t, ctx->kt);
-                for (int64_t j = 0; j < t; j++) total += e[j];
-                for (int64_t j = 0; j < t; j++) e[j] /= total;
-                L->round_f16(e, t);
-            }
+            if (pass == 0) softmax(sc, group, t, L, ctx->kt);
         }
     }
 }
