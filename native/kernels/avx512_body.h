@@ -3,9 +3,12 @@
  * vector: bytes 0..31 are block ib, 32..63 block ib+1, so int32 lanes 0..7 and 8..15 are the two blocks'
  * partial sums and one FMA applies both scales ([d0 x 8, d1 x 8]).
  *
- * Signed x signed products use |x| * (y with x's sign) as ggml's mul_sum_i8_pairs_float does; AVX-512 has
- * no vpsignb, so the sign moves with a byte mask. Offset quants (Q4_0 = q - 8, Q5_0 = q - 16) use the
- * unsigned q and subtract off * Σy, exact in int16 (|q*y pair| <= 2*31*127) and in int32 with VNNI.
+ * Without VNNI, signed x signed products use |x| * (y with x's sign) as ggml's mul_sum_i8_pairs_float
+ * does (AVX-512 has no vpsignb, so the sign moves with a byte mask), and offset quants (Q4_0 = q - 8,
+ * Q5_0 = q - 16) use the unsigned q and subtract off * Σy, exact in int16 (|q*y pair| <= 2*31*127). With
+ * VNNI every weight is an unsigned u = x + off (signed Q8_0 and IQ4_NL values + 128) and a row's sum is
+ * one vpdpbusd of u and y started from -off * Σy (load_y, once per activation pair for all weight
+ * rows): Σ u*y - off*Σy = Σ x*y, exact in int32 (4 * 255 * 128 per lane).
  */
 #if ED_VNNI
 #define ED_SFX(f) f##_vnni
@@ -58,7 +61,11 @@ static inline ED_SFX(wpair) ED_SFX(unpack_q5_1)(const block_q5_1 *x0, const bloc
 }
 
 static inline ED_SFX(wpair) ED_SFX(signed_pair)(__m512i x) {
+#if ED_VNNI /* x + 128, unsigned: the rows' dots take off 128 * Σy once per activation pair */
+    return (ED_SFX(wpair)){_mm512_xor_si512(x, _mm512_set1_epi8((char)0x80)), 0};
+#else
     return (ED_SFX(wpair)){_mm512_abs_epi8(x), _mm512_movepi8_mask(x)};
+#endif
 }
 
 static inline ED_SFX(wpair) ED_SFX(unpack_q8_0)(const block_q8_0 *x0, const block_q8_0 *x1) {
@@ -70,14 +77,47 @@ static inline ED_SFX(wpair) ED_SFX(unpack_iq4_nl)(const block_iq4_nl *x0, const 
     return ED_SFX(signed_pair)(_mm512_shuffle_epi8(values, nibbles64(x0->qs, x1->qs)));
 }
 
-/* The int32 sums of a weight pair against an activation pair y (64 int8): signed x signed as |x| * (y
- * with x's sign), offset kinds (Q4_0 = q - 8, Q5_0 = q - 16) as u * y - off * y */
-static inline __m512i ED_SFX(dot_s)(ED_SFX(wpair) w, __m512i y) {
-    return ED_SFX(dot_us8)(w.q, _mm512_mask_sub_epi8(y, w.neg, _mm512_setzero_si512(), y));
+/* An activation block pair as the weight rows meet it: its 64 quants, (without mins) its scales, and
+ * with VNNI, for weights stored as q - off (Q4_0: 8, Q5_0: 16) or made so (Q8_0, IQ4_NL: x + 128),
+ * -off * Σy per int32 lane, where the rows' vpdpbusd sums start */
+typedef struct {
+    __m512i q, bias;
+    __m512 d;
+} ED_SFX(ypair);
+
+/* blocks a, b of activation row y (the scales are not needed with mins: heads_dm reads them) */
+#define ED_LOAD_Y(y, a, b, MINS, OFF) ED_SFX(load_y)(y[a].qs, y[b].qs, &y[a], &y[b], MINS, OFF)
+
+static inline ED_SFX(ypair) ED_SFX(load_y)(const int8_t *q0, const int8_t *q1, const void *h0, const void *h1,
+                                           const int mins, const int off) {
+    ED_SFX(ypair) p;
+    p.q = qs64(q0, q1);
+    p.d = mins ? _mm512_setzero_ps() : f16_pair(h0, h1);
+    p.bias = _mm512_setzero_si512();
+    (void)off;
+#if ED_VNNI
+    if (off) p.bias = _mm512_sub_epi32(p.bias, _mm512_dpbusd_epi32(p.bias, _mm512_set1_epi8((char)off), p.q));
+#endif
+    return p;
 }
-static inline __m512i ED_SFX(dot_u)(ED_SFX(wpair) w, __m512i y) { return ED_SFX(dot_us8)(w.q, y); }
-static inline __m512i ED_SFX(dot_o8)(ED_SFX(wpair) w, __m512i y) { return ED_SFX(dot_offset)(w.q, y, 8); }
-static inline __m512i ED_SFX(dot_o16)(ED_SFX(wpair) w, __m512i y) { return ED_SFX(dot_offset)(w.q, y, 16); }
+
+/* The int32 sums of a weight pair against an activation pair: with VNNI one vpdpbusd from the pair's
+ * bias; without, signed x signed as |x| * (y with x's sign), offset kinds as u * y - off * y */
+#if ED_VNNI
+static inline __m512i ED_SFX(dot_s)(ED_SFX(wpair) w, ED_SFX(ypair) y) { return _mm512_dpbusd_epi32(y.bias, w.q, y.q); }
+#define ED_SFX_DOT_ALL ED_SFX(dot_s)
+static inline __m512i ED_SFX(dot_u)(ED_SFX(wpair) w, ED_SFX(ypair) y) { return ED_SFX_DOT_ALL(w, y); }
+static inline __m512i ED_SFX(dot_o8)(ED_SFX(wpair) w, ED_SFX(ypair) y) { return ED_SFX_DOT_ALL(w, y); }
+static inline __m512i ED_SFX(dot_o16)(ED_SFX(wpair) w, ED_SFX(ypair) y) { return ED_SFX_DOT_ALL(w, y); }
+#undef ED_SFX_DOT_ALL
+#else
+static inline __m512i ED_SFX(dot_s)(ED_SFX(wpair) w, ED_SFX(ypair) y) {
+    return ED_SFX(dot_us8)(w.q, _mm512_mask_sub_epi8(y.q, w.neg, _mm512_setzero_si512(), y.q));
+}
+static inline __m512i ED_SFX(dot_u)(ED_SFX(wpair) w, ED_SFX(ypair) y) { return ED_SFX(dot_us8)(w.q, y.q); }
+static inline __m512i ED_SFX(dot_o8)(ED_SFX(wpair) w, ED_SFX(ypair) y) { return ED_SFX(dot_offset)(w.q, y.q, 8); }
+static inline __m512i ED_SFX(dot_o16)(ED_SFX(wpair) w, ED_SFX(ypair) y) { return ED_SFX(dot_offset)(w.q, y.q, 16); }
+#endif
 
 /* Row c's share of weight pair w (blocks a, b) into acc: [d_a x 8, d_b x 8] * the int sums, where d is
  * the product of the weight's and the activation's block scales (for the odd last block, b = a and the
@@ -86,7 +126,7 @@ static inline __m512i ED_SFX(dot_o16)(ED_SFX(wpair) w, __m512i y) { return ED_SF
  * converted once for every activation row, by the row's (converted once for both weight rows). */
 #define ED_ROW_PAIR(DOT, MINS, acc, ms, w, wd, yp, a, b, odd)                                          \
     do {                                                                                                \
-        const __m512 sum = _mm512_cvtepi32_ps(DOT(w, yp.q));                                            \
+        const __m512 sum = _mm512_cvtepi32_ps(DOT(w, yp));                                            \
         __m512 sc;                                                                                      \
         if (MINS) {                                                                                     \
             __m128 h = heads_dm(&x[a], &x[b], &y[a], &y[b]);                                            \
@@ -100,22 +140,12 @@ static inline __m512i ED_SFX(dot_o16)(ED_SFX(wpair) w, __m512i y) { return ED_SF
         acc = _mm512_fmadd_ps(sc, sum, acc);                                                            \
     } while (0)
 
-/* An activation block pair as the weight rows meet it: its 64 quants and (without mins) its scales */
-typedef struct {
-    __m512i q;
-    __m512 d;
-} ED_SFX(ypair);
-
-/* blocks a, b of activation row y (the scales are not needed with mins: heads_dm reads them) */
-#define ED_LOAD_Y(y, a, b, MINS) \
-    ((ED_SFX(ypair)){qs64(y[a].qs, y[b].qs), MINS ? _mm512_setzero_ps() : f16_pair(&y[a], &y[b])})
-
 /* nr (1 or 2) weight rows (vx + r * bx) against nc activation rows (vy + c * by): blocks in pairs, two
  * pairs per iteration into two accumulators; an odd last block is paired with itself at scale 0. Each
  * weight pair is unpacked once for all activation rows, each activation pair loaded once for both weight
  * rows; each output's float operations are those of the nr = nc = 1 instance, which is vec_dot itself,
  * so vec_dot_nx, vec_dot_2nx and vec_dot give the same bits. */
-#define ED_LEGACY_DOT512(name, XT, YT, UNPACK, DOT, MINS)                                               \
+#define ED_LEGACY_DOT512(name, XT, YT, UNPACK, DOT, MINS, OFF)                                             \
     ED_ALWAYS_INLINE void ED_SFX(name##_mn)(int n, float *s, size_t bs, const uint8_t *vx, size_t bx,     \
                                             const uint8_t *vy, size_t by, const int nr, const int nc) {   \
         const int nb = n / QK;                                                                            \
@@ -135,8 +165,8 @@ typedef struct {
             }                                                                                             \
             for (int c = 0; c < nc; c++) {                                                                \
                 const YT *y = (const YT *)(vy + c * by);                                                  \
-                const ED_SFX(ypair) y0 = ED_LOAD_Y(y, ib, ib + 1, MINS);                        \
-                const ED_SFX(ypair) y1 = ED_LOAD_Y(y, ib + 2, ib + 3, MINS);                    \
+                const ED_SFX(ypair) y0 = ED_LOAD_Y(y, ib, ib + 1, MINS, OFF);                        \
+                const ED_SFX(ypair) y1 = ED_LOAD_Y(y, ib + 2, ib + 3, MINS, OFF);                    \
                 for (int r = 0; r < nr; r++) {                                                            \
                     const XT *x = (const XT *)(vx + r * bx);                                              \
                     ED_ROW_PAIR(DOT, MINS, acc0[r][c], ms[r][c], w0[r], wd0[r], y0, ib, ib + 1, 0);       \
@@ -152,7 +182,7 @@ typedef struct {
             }                                                                                             \
             for (int c = 0; c < nc; c++) {                                                                \
                 const YT *y = (const YT *)(vy + c * by);                                                  \
-                const ED_SFX(ypair) y0 = ED_LOAD_Y(y, ib, ib + 1, MINS);                        \
+                const ED_SFX(ypair) y0 = ED_LOAD_Y(y, ib, ib + 1, MINS, OFF);                        \
                 for (int r = 0; r < nr; r++) {                                                            \
                     const XT *x = (const XT *)(vx + r * bx);                                              \
                     ED_ROW_PAIR(DOT, MINS, acc0[r][c], ms[r][c], w0[r], wd0[r], y0, ib, ib + 1, 0);       \
@@ -167,7 +197,7 @@ typedef struct {
             }                                                                                             \
             for (int c = 0; c < nc; c++) {                                                                \
                 const YT *y = (const YT *)(vy + c * by);                                                  \
-                const ED_SFX(ypair) y0 = ED_LOAD_Y(y, ib, ib, MINS);                            \
+                const ED_SFX(ypair) y0 = ED_LOAD_Y(y, ib, ib, MINS, OFF);                            \
                 for (int r = 0; r < nr; r++) {                                                            \
                     const XT *x = (const XT *)(vx + r * bx);                                              \
                     ED_ROW_PAIR(DOT, MINS, acc1[r][c], ms[r][c], w0[r], wd0[r], y0, ib, ib, 1);           \
@@ -182,12 +212,12 @@ typedef struct {
     ED_MN_ENTRIES(ED_SFX(name##_mn), ED_SFX(name##_1n), ED_SFX(vec_dot_##name), ED_SFX(vec_dot_nx_##name), \
                   ED_SFX(vec_dot_2nx_##name))
 
-ED_LEGACY_DOT512(q4_0, block_q4_0, block_q8_0, ED_SFX(unpack_q4_0), ED_SFX(dot_o8), 0)
-ED_LEGACY_DOT512(q4_1, block_q4_1, block_q8_1, ED_SFX(unpack_q4_1), ED_SFX(dot_u), 1)
-ED_LEGACY_DOT512(q5_0, block_q5_0, block_q8_0, ED_SFX(unpack_q5_0), ED_SFX(dot_o16), 0)
-ED_LEGACY_DOT512(q5_1, block_q5_1, block_q8_1, ED_SFX(unpack_q5_1), ED_SFX(dot_u), 1)
-ED_LEGACY_DOT512(q8_0, block_q8_0, block_q8_0, ED_SFX(unpack_q8_0), ED_SFX(dot_s), 0)
-ED_LEGACY_DOT512(iq4_nl, block_iq4_nl, block_q8_0, ED_SFX(unpack_iq4_nl), ED_SFX(dot_s), 0)
+ED_LEGACY_DOT512(q4_0, block_q4_0, block_q8_0, ED_SFX(unpack_q4_0), ED_SFX(dot_o8), 0, 8)
+ED_LEGACY_DOT512(q4_1, block_q4_1, block_q8_1, ED_SFX(unpack_q4_1), ED_SFX(dot_u), 1, 0)
+ED_LEGACY_DOT512(q5_0, block_q5_0, block_q8_0, ED_SFX(unpack_q5_0), ED_SFX(dot_o16), 0, 16)
+ED_LEGACY_DOT512(q5_1, block_q5_1, block_q8_1, ED_SFX(unpack_q5_1), ED_SFX(dot_u), 1, 0)
+ED_LEGACY_DOT512(q8_0, block_q8_0, block_q8_0, ED_SFX(unpack_q8_0), ED_SFX(dot_s), 0, 128)
+ED_LEGACY_DOT512(iq4_nl, block_iq4_nl, block_q8_0, ED_SFX(unpack_iq4_nl), ED_SFX(dot_s), 0, 128)
 
 static void ED_SFX(set_legacy)(ed_kernel_table *t) {
     t->types[ED_Q4_0].vec_dot = ED_SFX(vec_dot_q4_0), t->types[ED_Q4_0].vec_dot_nx = ED_SFX(vec_dot_nx_q4_0);
