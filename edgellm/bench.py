@@ -1,6 +1,7 @@
 """`edgellm bench`: prompt and generation speed of one model on one backend, measured like llama-bench.
 
-pp: one forward pass over a -p token prompt (logits for its last token only), tokens/s.
+pp: one forward pass over a -p token prompt (logits for its last token only), tokens/s; a
+    sliding-window cache takes it in forwards of the most tokens it holds per forward (512 for gemma3).
 tg: -n single-token decode steps after a prompt, each a forward pass and a greedy pick, tokens/s
     (llama-bench's tg starts from an empty cache; here the steps follow the -p prompt, or one token
     when -p is 0, which costs the same within noise at these lengths).
@@ -83,8 +84,17 @@ def _ids(n_vocab: int, n: int, seed: int = 0) -> np.ndarray:
 
 
 def _prefill(model, kv, ids: np.ndarray, seq: int = 0) -> np.ndarray:
+    """One forward over the prompt, or where a sliding-window cache takes fewer tokens of a sequence per
+    forward (gemma3: 512), consecutive forwards of that many, as llama-bench's 512-token ubatches do."""
     n = len(ids)
-    return model.forward(ids, np.arange(n), np.full(n, seq, np.int64), kv, logits_rows=np.array([n - 1]))
+    step = kv.window_chunk if getattr(kv, "ring_layers", None) else n
+    for s in range(0, n, step):
+        e = min(n, s + step)
+        pos = np.arange(s, e)
+        logits = model.forward(
+            ids[s:e], pos, np.full(e - s, seq, np.int64), kv, logits_rows=np.array([e - s - 1])
+        )
+    return logits
 
 
 def run_bench(

@@ -412,3 +412,17 @@ def test_run_constrains_the_answer_with_a_grammar_or_a_json_schema(capsys, tmp_p
     assert rc == 1 and out == "" and err.startswith("error:") and "objekt" in err and err.count("\n") == 1
     rc, _, err = run(capsys, "run", "-p", "x", "--json", "--grammar", 'root ::= "a"')
     assert rc == 1 and "give one" in err
+
+
+def test_bench_takes_a_prompt_longer_than_a_sliding_window_forward(tmp_path):
+    """gemma3's ring layers take at most 512 tokens of a sequence per forward: a longer -p runs as
+    forwards of 512 (llama-bench's ubatches), not the refusal a single forward gets."""
+    from test_config_validation import _gemma3_spec
+    from tiny_models import random_weights, write_gguf
+
+    from edgellm.bench import run_bench
+
+    spec = _gemma3_spec()
+    path = write_gguf(tmp_path / "gemma3.gguf", spec, random_weights(spec))
+    r = run_bench(str(path), backend="native", n_prompt=600, n_gen=2, reps=1)
+    assert r.pp_tok_s > 0 and r.tg_tok_s > 0
