@@ -1,10 +1,12 @@
 /* AVX-512 (F, BW, VL) kernels, with VNNI variants of the legacy-block dots (avx512_body.h) and the
- * K-quant dots (avx512_kquants.h); target pragmas let a build without -march carry them. The activation quantizers are the AVX2 ones (bit-identical across levels).
+ * K-quant dots (avx512_kquants.h); target pragmas let a build without -march carry them. The activation
+ * quantizers are the AVX2 ones (bit-identical across levels).
  *
  * ggml-org/llama.cpp ggml/src/ggml-cpu/arch/x86/quants.c has no 512-bit vec_dot for these types: an
  * AVX-512 build of ggml runs its AVX2 code with _mm256_dpbusd_epi32 in mul_sum_us8_pairs_float. Here
- * the legacy dots put two blocks in one 512-bit vector, and the K-quant dots take 64 quants per vpmaddubsw, with the sub-block scales spread by vpermw; the arithmetic per block and per
- * K-quant sub-block is ggml's AVX2 one (vec_dot_q4_K_q8_K ...), so results agree to float summation order.
+ * the legacy dots put two blocks in one 512-bit vector, and the K-quant dots take 64 quants per
+ * vpmaddubsw, with the sub-block scales spread by vpermw; the arithmetic per block and per K-quant
+ * sub-block is ggml's AVX2 one (vec_dot_q4_K_q8_K ...), so results agree to float summation order.
  *
  * Built with -DED_EMULATE_AVX512 (tests only), the same code compiles against SIMDe's portable
  * intrinsics (native/tests/avx512_emu.h) so a machine without AVX-512 can run and check it.
