@@ -103,13 +103,11 @@ static inline ED_SFX(ypair) ED_SFX(load_y)(const int8_t *q0, const int8_t *q1, c
 
 /* The int32 sums of a weight pair against an activation pair: with VNNI one vpdpbusd from the pair's
  * bias; without, signed x signed as |x| * (y with x's sign), offset kinds as u * y - off * y */
-#if ED_VNNI
+#if ED_VNNI /* one kind: the activation pair's bias carries the weight's offset */
 static inline __m512i ED_SFX(dot_s)(ED_SFX(wpair) w, ED_SFX(ypair) y) { return _mm512_dpbusd_epi32(y.bias, w.q, y.q); }
-#define ED_SFX_DOT_ALL ED_SFX(dot_s)
-static inline __m512i ED_SFX(dot_u)(ED_SFX(wpair) w, ED_SFX(ypair) y) { return ED_SFX_DOT_ALL(w, y); }
-static inline __m512i ED_SFX(dot_o8)(ED_SFX(wpair) w, ED_SFX(ypair) y) { return ED_SFX_DOT_ALL(w, y); }
-static inline __m512i ED_SFX(dot_o16)(ED_SFX(wpair) w, ED_SFX(ypair) y) { return ED_SFX_DOT_ALL(w, y); }
-#undef ED_SFX_DOT_ALL
+static inline __m512i ED_SFX(dot_u)(ED_SFX(wpair) w, ED_SFX(ypair) y) { return ED_SFX(dot_s)(w, y); }
+static inline __m512i ED_SFX(dot_o8)(ED_SFX(wpair) w, ED_SFX(ypair) y) { return ED_SFX(dot_s)(w, y); }
+static inline __m512i ED_SFX(dot_o16)(ED_SFX(wpair) w, ED_SFX(ypair) y) { return ED_SFX(dot_s)(w, y); }
 #else
 static inline __m512i ED_SFX(dot_s)(ED_SFX(wpair) w, ED_SFX(ypair) y) {
     return ED_SFX(dot_us8)(w.q, _mm512_mask_sub_epi8(y.q, w.neg, _mm512_setzero_si512(), y.q));
