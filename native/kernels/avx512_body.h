@@ -217,20 +217,20 @@ ED_LEGACY_DOT512(q5_1, block_q5_1, block_q8_1, ED_SFX(unpack_q5_1), ED_SFX(dot_u
 ED_LEGACY_DOT512(q8_0, block_q8_0, block_q8_0, ED_SFX(unpack_q8_0), ED_SFX(dot_s), 0, 128)
 ED_LEGACY_DOT512(iq4_nl, block_iq4_nl, block_q8_0, ED_SFX(unpack_iq4_nl), ED_SFX(dot_s), 0, 128)
 
+/* a type's three table entries from its kernel's names */
+#define ED_SET(T, name)                                                                              \
+    t->types[T].vec_dot = ED_SFX(vec_dot_##name), t->types[T].vec_dot_nx = ED_SFX(vec_dot_nx_##name), \
+    t->types[T].vec_dot_2nx = ED_SFX(vec_dot_2nx_##name)
+
 static void ED_SFX(set_legacy)(ed_kernel_table *t) {
-    t->types[ED_Q4_0].vec_dot = ED_SFX(vec_dot_q4_0), t->types[ED_Q4_0].vec_dot_nx = ED_SFX(vec_dot_nx_q4_0);
-    t->types[ED_Q4_0].vec_dot_2nx = ED_SFX(vec_dot_2nx_q4_0);
-    t->types[ED_Q4_1].vec_dot = ED_SFX(vec_dot_q4_1), t->types[ED_Q4_1].vec_dot_nx = ED_SFX(vec_dot_nx_q4_1);
-    t->types[ED_Q4_1].vec_dot_2nx = ED_SFX(vec_dot_2nx_q4_1);
-    t->types[ED_Q5_0].vec_dot = ED_SFX(vec_dot_q5_0), t->types[ED_Q5_0].vec_dot_nx = ED_SFX(vec_dot_nx_q5_0);
-    t->types[ED_Q5_0].vec_dot_2nx = ED_SFX(vec_dot_2nx_q5_0);
-    t->types[ED_Q5_1].vec_dot = ED_SFX(vec_dot_q5_1), t->types[ED_Q5_1].vec_dot_nx = ED_SFX(vec_dot_nx_q5_1);
-    t->types[ED_Q5_1].vec_dot_2nx = ED_SFX(vec_dot_2nx_q5_1);
-    t->types[ED_Q8_0].vec_dot = ED_SFX(vec_dot_q8_0), t->types[ED_Q8_0].vec_dot_nx = ED_SFX(vec_dot_nx_q8_0);
-    t->types[ED_Q8_0].vec_dot_2nx = ED_SFX(vec_dot_2nx_q8_0);
-    t->types[ED_IQ4_NL].vec_dot = ED_SFX(vec_dot_iq4_nl), t->types[ED_IQ4_NL].vec_dot_nx = ED_SFX(vec_dot_nx_iq4_nl);
-    t->types[ED_IQ4_NL].vec_dot_2nx = ED_SFX(vec_dot_2nx_iq4_nl);
+    ED_SET(ED_Q4_0, q4_0);
+    ED_SET(ED_Q4_1, q4_1);
+    ED_SET(ED_Q5_0, q5_0);
+    ED_SET(ED_Q5_1, q5_1);
+    ED_SET(ED_Q8_0, q8_0);
+    ED_SET(ED_IQ4_NL, iq4_nl);
 }
+#undef ED_SET
 
 #undef ED_LEGACY_DOT512
 #undef ED_FMA_PAIR
