@@ -39,6 +39,17 @@ typedef void (*ed_vec_dot_nx_fn)(int n, float *s, size_t bs, const void *vx, con
  * against nc activation rows, each activation block loaded once for both; bit-identical to vec_dot too. */
 typedef void (*ed_vec_dot_2nx_fn)(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,
                                   int nc);
+/* AMX (amx_tile + amx_int8): activation row `lane` of a tile of ED_AMX_ROWS rows packed for the tile GEMM
+ * (y: the row quantized to Q8_0 / Q8_1, n elements; NULL packs a row of zeros); tile: n / 32 blocks of
+ * ED_AMX_BLOCK_BYTES. */
+typedef void (*ed_amx_pack_fn)(const void *y, int n, void *tile, int lane);
+/* s[c * bs + r] = dot(vx + r * bx, activation row c) for r < nr (<= ED_AMX_ROWS) and c < nc, the
+ * activations packed in whole tiles; scratch holds n / 32 * ED_AMX_WBLOCK_BYTES. Bit-identical to vec_dot. */
+typedef void (*ed_amx_gemm_fn)(int n, float *s, size_t bs, const void *vx, size_t bx, int nr, const void *packed,
+                               int nc, void *scratch);
+#define ED_AMX_ROWS 16
+#define ED_AMX_BLOCK_BYTES 704
+#define ED_AMX_WBLOCK_BYTES 640
 /* y = x (n floats) converted to an activation type (Q8_0, Q8_1, Q8_K, F16, BF16; F32 is a copy). */
 typedef void (*ed_from_float_fn)(const float *x, void *y, int64_t n);
 
@@ -46,6 +57,7 @@ typedef struct {
     ed_vec_dot_fn vec_dot;      /* NULL: this weight type has no kernel */
     ed_vec_dot_nx_fn vec_dot_nx; /* NULL: callers loop over vec_dot (ed_vec_dot_nx does) */
     ed_vec_dot_2nx_fn vec_dot_2nx; /* NULL: callers take one weight row at a time */
+    ed_amx_gemm_fn amx_gemm;    /* NULL: no AMX tile GEMM (set for every type whose activation type has amx_pack) */
     int vec_dot_type;           /* ED_Q8_0, ED_Q8_1, ED_Q8_K, ED_F16, ED_BF16 or ED_F32 */
     int block_elems;            /* elements per block of the weight type (32, 256, 1) */
     int block_bytes;            /* bytes per block of the weight type */
@@ -55,6 +67,7 @@ typedef struct {
     int level;                                   /* the ED_LEVEL_* these kernels are compiled for */
     ed_type_kernels types[ED_TYPE_COUNT];        /* indexed by weight type */
     ed_from_float_fn from_float[ED_TYPE_COUNT];  /* indexed by activation type (Q8_0, Q8_1, Q8_K, F16, BF16, F32) */
+    ed_amx_pack_fn amx_pack[ED_TYPE_COUNT];      /* indexed by activation type; NULL: no AMX */
     int act_block_elems[ED_TYPE_COUNT];          /* elements / bytes per block of each activation type */
     int act_block_bytes[ED_TYPE_COUNT];
 } ed_kernel_table;
@@ -65,6 +78,9 @@ int ed_cpu_level(void);
 int ed_cpu_has_dotprod(void);
 /* Whether AVX-512 VNNI (vpdpbusd) is present; the AVX-512 table then uses it (0 elsewhere). */
 int ed_cpu_has_avx512vnni(void);
+/* Whether AMX int8 tiles are usable: amx_tile + amx_int8, the OS saving tile state, and Linux granting
+ * this process the tile data (arch_prctl ARCH_REQ_XCOMP_PERM); EDGELLM_AMX=0 switches them off. */
+int ed_cpu_has_amx(void);
 /* The kernel table for a level, or NULL when that level was not compiled into this build or the CPU
  * cannot run it. Each level's functions live in their own translation unit or carry
  * __attribute__((target(...))) so one x86 build carries scalar, AVX2 and AVX-512 without -march flags. */

@@ -11,6 +11,9 @@ Tolerance for matmul: the same products of the same quantized numbers in another
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -105,6 +108,39 @@ def test_matmul_gives_the_same_bits_on_1_2_and_3_threads(nb, t):
             with threads(nb, k):
                 outs.append(nb.matmul(w, x))
         assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+
+
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.Q4_K, T.F16], ids=lambda t: t.name)
+def test_a_rows_matmul_bits_do_not_depend_on_the_rows_beside_it(nb, t):
+    """Decode (one row), batched decode and prompts (multi-row kernels, the AMX tile GEMM where the CPU has
+    it) give every row the same bits, so a batch's composition never changes a sequence's tokens."""
+    w = nb.bind(random_weight(t, 40, 1280, rng))  # 40 blocks of 32: two groups of 16 and a tail
+    x = rng.standard_normal((37, 1280)).astype(np.float32)
+    single = np.concatenate([nb.matmul(w, x[i : i + 1]) for i in range(len(x))])
+    for n in (2, 4, 17, 37):
+        assert np.array_equal(nb.matmul(w, x[:n]).view(np.uint32), single[:n].view(np.uint32)), n
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
+@pytest.mark.skipif(not {"amx_tile", "amx_int8"} <= _cpu_flags(), reason="needs a CPU with AMX (amx_tile, amx_int8)")
+def test_amx_is_in_use_where_the_cpu_has_it_and_off_with_edgellm_amx_0():
+    """Where the CPU has AMX the native level says so (then the batch test above runs the tile GEMM);
+    EDGELLM_AMX=0 switches it off. The level is fixed per process: each case runs in its own."""
+    code = "from edgellm.backends.native import NativeBackend; print(NativeBackend(threads=1).level)"
+    levels = {}
+    for amx in ("1", "0"):
+        env = {**os.environ, "EDGELLM_AMX": amx}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        levels[amx] = out.stdout.strip()
+    assert levels == {"1": "avx512+vnni+amx", "0": "avx512+vnni"}
 
 
 def test_back_to_back_runs_of_small_and_large_ops_on_more_threads_than_cores(nb):

@@ -191,6 +191,12 @@ ED_TARGET_PUSH("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
 #undef ED_VNNI
 ED_TARGET_POP
 
+#if !defined(ED_EMULATE_AVX512) /* SIMDe has no AMX */
+ED_TARGET_PUSH("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")
+#include "avx512_amx.h"
+ED_TARGET_POP
+#endif
+
 int ed_fill_avx512(ed_kernel_table *t) {
     if (!ed_fill_avx2(t)) return 0; /* quantizers and anything not overridden below */
     /* AVX2's multi-row kernels match AVX2's vec_dot bits, not these: each type below sets both */
@@ -200,6 +206,9 @@ int ed_fill_avx512(ed_kernel_table *t) {
         set_legacy_vnni(t), set_kquants_vnni(t);
     else
         set_legacy_bw(t), set_kquants_bw(t);
+#if !defined(ED_EMULATE_AVX512)
+    if (ed_cpu_has_amx()) set_legacy_amx(t);
+#endif
     t->types[ED_F16].vec_dot = vec_dot_f16;
     t->types[ED_BF16].vec_dot = vec_dot_bf16;
     t->types[ED_F32].vec_dot = vec_dot_f32;

@@ -4,11 +4,16 @@
  * YMM/ZMM state (ggml-cpu/arch/x86/cpu-feats.cpp does the same checks). aarch64: NEON is baseline;
  * the dot-product extension (sdot) comes from getauxval(AT_HWCAP) & HWCAP_ASIMDDP (sysctl on Apple).
  */
+#define _GNU_SOURCE /* syscall() */
 #include "ed_blocks.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
 #include <stdlib.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #elif defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 #elif defined(__aarch64__) && defined(__APPLE__)
@@ -17,7 +22,7 @@
 
 /* ------------------------------------------------------------------------------ CPU features */
 
-enum { F_AVX2 = 1, F_AVX512 = 2, F_AVX512VNNI = 4, F_DOTPROD = 8, F_KNOWN = 1 << 30 };
+enum { F_AVX2 = 1, F_AVX512 = 2, F_AVX512VNNI = 4, F_DOTPROD = 8, F_AMX = 16, F_KNOWN = 1 << 30 };
 static int g_features;
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -25,6 +30,21 @@ static uint64_t xgetbv0(void) {
     uint32_t eax, edx;
     __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
     return ((uint64_t)edx << 32) | eax;
+}
+
+/* AMX int8 tiles: CPUID.7.0 EDX bits 24 (amx_tile) and 25 (amx_int8), XCR0 bits 17-18 (tile config and
+ * data), then Linux's per-process grant of the tile data (XFEATURE_XTILEDATA = 18): without it the
+ * first tile instruction faults. The kernel refuses the grant (ENOSPC) where a thread's sigaltstack is
+ * too small for the larger signal frame, and then there is no AMX. */
+static int amx_usable(uint32_t edx7, uint64_t xcr0) {
+    const char *env = getenv("EDGELLM_AMX");
+    if (env && env[0] == '0') return 0;
+    if (!((edx7 >> 24) & 1) || !((edx7 >> 25) & 1) || (xcr0 & 0x60000) != 0x60000) return 0;
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
+#else
+    return 0;
+#endif
 }
 #endif
 
@@ -46,12 +66,13 @@ static int detect(void) {
     if ((f & F_AVX2) && os_zmm && avx512f && avx512bw && avx512vl) {
         f |= F_AVX512;
         if (avx512vnni) f |= F_AVX512VNNI;
+        if (avx512vnni && amx_usable(d, xcr0)) f |= F_AMX;
     }
 #if defined(ED_EMULATE_AVX512) /* tests: avx512.c runs on SIMDe; ED_EMULATE_VNNI=0 picks the BW variant */
     if (f & F_AVX2) { /* assigned, not OR-ed: =0 must switch off a real VNNI bit too, so both variants
                        * run on every x86 host (an AVX-512 + VNNI Xeon included) */
         const char *vnni = getenv("ED_EMULATE_VNNI");
-        f = (f & ~F_AVX512VNNI) | F_AVX512 | (vnni && vnni[0] == '0' ? 0 : F_AVX512VNNI);
+        f = (f & ~(F_AVX512VNNI | F_AMX)) | F_AVX512 | (vnni && vnni[0] == '0' ? 0 : F_AVX512VNNI);
     }
 #endif
 #elif defined(__aarch64__) && defined(__linux__)
@@ -79,6 +100,8 @@ static int features(void) {
 int ed_cpu_has_dotprod(void) { return (features() & F_DOTPROD) != 0; }
 
 int ed_cpu_has_avx512vnni(void) { return (features() & F_AVX512VNNI) != 0; }
+
+int ed_cpu_has_amx(void) { return (features() & F_AMX) != 0; }
 
 /* ------------------------------------------------------------------------------------- tables */
 

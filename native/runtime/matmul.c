@@ -8,12 +8,39 @@
  * blocks once for them all, or a pair of weight rows meets them per vec_dot_2nx call where the level has
  * one (each activation block then loaded once for both); every output has vec_dot's bits, so any thread
  * count gives the same bits.
+ *
+ * Where the CPU has AMX and the weight type an AMX tile GEMM (legacy blocks), a prompt of AMX_MIN_ROWS
+ * rows or more takes it instead: phase 0 also packs each quantized row into the tiles' layout, and
+ * phase 1 multiplies 16 weight rows at a time with every row, again with vec_dot's bits.
  */
 #include "runtime.h"
 
 #define TILE_W 16
 #define TILE_X 8
 #define CHUNKS_PER_THREAD 4
+#define AMX_MIN_ROWS 4
+
+/* whether the AMX tile GEMM takes this matmul: the same for every weight type of one activation type
+ * (each has amx_gemm where the activation type has amx_pack), so a matmul reusing the activations of
+ * the one before (i1) finds them packed */
+static int uses_amx(const ed_op *op, const ed_kernel_table *kt) {
+    const ed_type_kernels *tk = &kt->types[op->type];
+    return kt->amx_pack[tk->vec_dot_type] && tk->amx_gemm && op->n >= AMX_MIN_ROWS;
+}
+
+/* the packed activations follow the quantized rows, on a cache line */
+static size_t packed_offset(const ed_op *op, size_t arow) { return ((size_t)op->n * arow + 63) & ~(size_t)63; }
+
+static size_t packed_tile_bytes(const ed_op *op) { return (size_t)(op->k / 32) * ED_AMX_BLOCK_BYTES; }
+
+size_t ed_matmul_shared_scratch(const ed_op *op, const ed_kernel_table *kt) {
+    const int vt = kt->types[op->type].vec_dot_type;
+    if (vt == ED_F32) return 0;
+    const size_t arow = ed_act_row_bytes(vt, op->k);
+    if (!uses_amx(op, kt)) return (size_t)op->n * arow;
+    const size_t tiles = (size_t)(op->n + ED_AMX_ROWS - 1) / ED_AMX_ROWS;
+    return packed_offset(op, arow) + tiles * packed_tile_bytes(op);
+}
 
 /* weight rows per chunk of the dot phase: whole tiles, a few chunks per thread so that a descheduled
  * thread's share is picked up by the others */
@@ -39,11 +66,19 @@ void ed_matmul(const ed_op *op, int phase, ed_ctx *ctx) {
     const uint8_t *act = vt == ED_F32 ? (const uint8_t *)op->src1 : (const uint8_t *)ed_shared_scratch(ctx);
     if (op->i1) phase++; /* the activations are already quantized: only the dot products */
 
+    const int amx = uses_amx(op, kt);
+    uint8_t *packed = amx ? (uint8_t *)act + packed_offset(op, arow) : NULL;
     if (phase == 0) {
         int64_t r0, r1;
         ed_split(n, ctx->chunk, ctx->n_chunks, &r0, &r1);
-        for (int64_t r = r0; r < r1; r++)
+        for (int64_t r = r0; r < r1; r++) {
             kt->from_float[vt]((const float *)op->src1 + r * k, (uint8_t *)act + r * arow, k);
+            if (amx)
+                kt->amx_pack[vt](act + r * arow, (int)k, packed + r / ED_AMX_ROWS * packed_tile_bytes(op),
+                                 (int)(r % ED_AMX_ROWS));
+        }
+        for (int64_t r = n; amx && r1 == n && r % ED_AMX_ROWS; r++) /* the last tile's rows past n: zeros */
+            kt->amx_pack[vt](NULL, (int)k, packed + r / ED_AMX_ROWS * packed_tile_bytes(op), (int)(r % ED_AMX_ROWS));
         return;
     }
 
@@ -53,6 +88,14 @@ void ed_matmul(const ed_op *op, int phase, ed_ctx *ctx) {
     const ed_vec_dot_fn dot = tk->vec_dot;
     const int64_t rows = chunk_rows(m, ctx->nth);
     const int64_t c0 = ctx->chunk * rows, c1 = c0 + rows < m ? c0 + rows : m;
+    void *scratch = amx ? ed_thread_scratch(ctx, (size_t)(k / 32) * ED_AMX_WBLOCK_BYTES) : NULL;
+    if (scratch) { /* (out of memory: the dots below, which need none, give the same bits) */
+        for (int64_t j0 = c0; j0 < c1; j0 += ED_AMX_ROWS) {
+            const int nr = (int)(c1 - j0 < ED_AMX_ROWS ? c1 - j0 : ED_AMX_ROWS);
+            tk->amx_gemm((int)k, &y[j0], (size_t)m, w + j0 * wrow, wrow, nr, packed, (int)n, scratch);
+        }
+        return;
+    }
     for (int64_t j0 = c0; j0 < c1; j0 += TILE_W) {
         const int64_t j1 = j0 + TILE_W < c1 ? j0 + TILE_W : c1;
         for (int64_t i0 = 0; i0 < n; i0 += TILE_X) {

@@ -37,9 +37,7 @@ int64_t ed_op_chunks(const ed_op *op, int phase, int nth, const ed_kernel_table 
 }
 
 size_t ed_op_shared_scratch(const ed_op *op, const ed_kernel_table *kt) {
-    if (op->code != ED_OP_MATMUL) return 0;
-    int vt = kt->types[op->type].vec_dot_type;
-    return vt == ED_F32 ? 0 : (size_t)op->n * ed_act_row_bytes(vt, op->k);
+    return op->code == ED_OP_MATMUL ? ed_matmul_shared_scratch(op, kt) : 0;
 }
 
 int ed_op_valid(const ed_op *op, const ed_kernel_table *kt) {

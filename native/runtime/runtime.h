@@ -35,6 +35,7 @@ void *ed_thread_scratch(ed_ctx *ctx, size_t bytes);
 
 /* kernels of each op family */
 void ed_matmul(const ed_op *op, int phase, ed_ctx *ctx);
+size_t ed_matmul_shared_scratch(const ed_op *op, const ed_kernel_table *kt);
 void ed_attention(const ed_op *op, int phase, ed_ctx *ctx);
 void ed_get_rows(const ed_op *op, ed_ctx *ctx);
 void ed_rms_norm(const ed_op *op, ed_ctx *ctx);

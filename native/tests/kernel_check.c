@@ -7,8 +7,9 @@
  * summation order (ggml's tests/test-quantize-fns.cpp bounds the error against the *unquantized* dot,
  * a much looser check). vec_dot_nx (one weight row x nc activation rows, through ed_vec_dot_nx, so the
  * vec_dot fallback too) must give every row vec_dot's bits exactly, and so must vec_dot_2nx (two weight
- * rows: the case's and its blocks in reverse order) where a level has it. Exit status 0 iff every check
- * passes.
+ * rows: the case's and its blocks in reverse order) where a level has it, and amx_gemm (the AMX tile
+ * GEMM: up to 16 weight rows against packed activation rows) where the CPU has AMX. Exit status 0 iff
+ * every check passes.
  * `--bench` also times each case.
  *
  * Case file (little-endian): "EDKC", u32 version (1), u32 count, then per case:
@@ -182,6 +183,40 @@ static int check_2nx(const ed_kernel_table *k, const test_case *c, uint8_t *acts
     return fails;
 }
 
+/* amx_gemm, where the level has it: the case's weight row and its blocks reversed, then rows of zeros up
+ * to 16 (nr = 2 and 16), against the NX_ROWS rows packed in one tile (padded with zero rows), at strides
+ * bs = 17 floats; every output must be vec_dot's bits. */
+static int check_amx(const ed_kernel_table *k, const test_case *c, uint8_t *acts) {
+    const ed_type_kernels *t = &k->types[c->wtype];
+    if (!t->amx_gemm) return 0;
+    const size_t ab = c->abytes, bb = (size_t)t->block_bytes, nb = c->wbytes / bb;
+    uint8_t *w = calloc(ED_AMX_ROWS, c->wbytes);
+    uint8_t *packed = aligned_alloc(64, nb * ED_AMX_BLOCK_BYTES), *scratch = malloc(nb * ED_AMX_WBLOCK_BYTES);
+    float *got = malloc(sizeof(float) * 17 * NX_ROWS);
+    memcpy(w, c->w, c->wbytes);
+    for (size_t b = 0; b < nb; b++) memcpy(w + c->wbytes + b * bb, c->w + (nb - 1 - b) * bb, bb);
+    for (int lane = 0; lane < ED_AMX_ROWS; lane++)
+        k->amx_pack[t->vec_dot_type](lane < NX_ROWS ? acts + lane * ab : NULL, (int)c->n, packed, lane);
+    int fails = 0;
+    for (int nr = 2; nr <= ED_AMX_ROWS && !fails; nr += ED_AMX_ROWS - 2) {
+        for (int i = 0; i < 17 * NX_ROWS; i++) got[i] = NAN;
+        t->amx_gemm((int)c->n, got, 17, w, c->wbytes, nr, packed, NX_ROWS, scratch);
+        for (int i = 0; i < NX_ROWS && !fails; i++)
+            for (int r = 0; r < nr; r++) {
+                float want;
+                t->vec_dot((int)c->n, &want, w + r * c->wbytes, acts + i * ab);
+                if (memcmp(&got[17 * i + r], &want, sizeof(float))) {
+                    printf("FAIL %-7s %s: amx_gemm (nr %d) weight row %d, row %d gives %.9g, vec_dot %.9g\n",
+                           level_name(k->level), c->name, nr, r, i, got[17 * i + r], want);
+                    fails = 1;
+                    break;
+                }
+            }
+    }
+    free(w), free(packed), free(scratch), free(got);
+    return fails;
+}
+
 /* Single-thread time per call with the row in L1: the best of many short batches, so that a shared,
  * busy machine's preemptions drop out. */
 static void bench(const ed_kernel_table *k, const test_case *c, uint8_t *act) {
@@ -244,8 +279,8 @@ int main(int argc, char **argv) {
     for (uint32_t i = 0; i < count; i++) max_n = cs[i].n > max_n ? cs[i].n : max_n;
     float *xr = malloc(max_n * sizeof(float));
 
-    printf("cpu level %s, dotprod %d, avx512vnni %d; %u cases\n", level_name(ed_cpu_level()),
-           ed_cpu_has_dotprod(), ed_cpu_has_avx512vnni(), count);
+    printf("cpu level %s, dotprod %d, avx512vnni %d, amx %d; %u cases\n", level_name(ed_cpu_level()),
+           ed_cpu_has_dotprod(), ed_cpu_has_avx512vnni(), ed_cpu_has_amx(), count);
     int failures = 0, levels = 0;
     for (int level = 0; level < 4; level++) {
         const ed_kernel_table *k = ed_kernels(level);
@@ -255,7 +290,10 @@ int main(int argc, char **argv) {
         int fails = 0;
         for (uint32_t i = 0; i < count; i++) {
             const int f = check(k, &cs[i], act, &worst);
-            fails += f ? f : check_nx(k, &cs[i], acts, xr) ? 1 : check_2nx(k, &cs[i], acts);
+            fails += f                              ? f
+                     : check_nx(k, &cs[i], acts, xr) ? 1
+                     : check_2nx(k, &cs[i], acts)    ? 1
+                                                     : check_amx(k, &cs[i], acts);
         }
         printf("%-7s %u cases, %d failed, worst relative dot error %.2g\n", level_name(level), count, fails, worst);
         failures += fails;
