@@ -40,16 +40,17 @@ typedef void (*ed_vec_dot_nx_fn)(int n, float *s, size_t bs, const void *vx, con
 typedef void (*ed_vec_dot_2nx_fn)(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,
                                   int nc);
 /* AMX (amx_tile + amx_int8): activation row `lane` of a tile of ED_AMX_ROWS rows packed for the tile GEMM
- * (y: the row quantized to Q8_0 / Q8_1, n elements; NULL packs a row of zeros); tile: n / 32 blocks of
- * ED_AMX_BLOCK_BYTES. */
+ * (y: the row quantized to Q8_0 / Q8_1 / Q8_K, n elements; NULL packs a row of zeros); tile: n / 32 blocks of
+ * ED_AMX_BLOCK_BYTES, or for Q8_K n / 256 of ED_AMX_KBLOCK_BYTES. */
 typedef void (*ed_amx_pack_fn)(const void *y, int n, void *tile, int lane);
 /* s[c * bs + r] = dot(vx + r * bx, activation row c) for r < nr (<= ED_AMX_ROWS) and c < nc, the
  * activations packed in whole tiles; scratch holds n / 32 * ED_AMX_WBLOCK_BYTES. Bit-identical to vec_dot. */
 typedef void (*ed_amx_gemm_fn)(int n, float *s, size_t bs, const void *vx, size_t bx, int nr, const void *packed,
                                int nc, void *scratch);
 #define ED_AMX_ROWS 16
-#define ED_AMX_BLOCK_BYTES 704
-#define ED_AMX_WBLOCK_BYTES 640
+#define ED_AMX_BLOCK_BYTES 704   /* a packed Q8_0 / Q8_1 block (32 elements) of a tile */
+#define ED_AMX_KBLOCK_BYTES 4928 /* a packed Q8_K super-block (256 elements) of a tile */
+#define ED_AMX_WBLOCK_BYTES 720  /* amx_gemm's scratch per 32 weight elements */
 /* y = x (n floats) converted to an activation type (Q8_0, Q8_1, Q8_K, F16, BF16; F32 is a copy). */
 typedef void (*ed_from_float_fn)(const float *x, void *y, int64_t n);
 
@@ -57,7 +58,7 @@ typedef struct {
     ed_vec_dot_fn vec_dot;      /* NULL: this weight type has no kernel */
     ed_vec_dot_nx_fn vec_dot_nx; /* NULL: callers loop over vec_dot (ed_vec_dot_nx does) */
     ed_vec_dot_2nx_fn vec_dot_2nx; /* NULL: callers take one weight row at a time */
-    ed_amx_gemm_fn amx_gemm;    /* NULL: no AMX tile GEMM (set for every type whose activation type has amx_pack) */
+    ed_amx_gemm_fn amx_gemm;    /* NULL: no AMX tile GEMM */
     int vec_dot_type;           /* ED_Q8_0, ED_Q8_1, ED_Q8_K, ED_F16, ED_BF16 or ED_F32 */
     int block_elems;            /* elements per block of the weight type (32, 256, 1) */
     int block_bytes;            /* bytes per block of the weight type */

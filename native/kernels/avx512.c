@@ -13,6 +13,8 @@
  */
 #include "ed_blocks.h"
 
+#include <math.h>
+
 #if defined(__x86_64__) || defined(_M_X64)
 
 #if defined(ED_EMULATE_AVX512)
@@ -46,6 +48,12 @@ static inline float hsum_f32x8(__m256 x) {
 static inline __m256 lo256(__m512 v) { return _mm512_castps512_ps256(v); }
 static inline __m256 hi256(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
 static inline float hsum_f32x16(__m512 v) { return hsum_f32x8(_mm256_add_ps(lo256(v), hi256(v))); }
+
+static inline int32_t hsum_i32x8(__m256i v) {
+    __m128i r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    r = _mm_add_epi32(r, _mm_unpackhi_epi64(r, r));
+    return _mm_cvtsi128_si32(_mm_add_epi32(r, _mm_shuffle_epi32(r, 1)));
+}
 
 static inline __m256i add_halves_i32(__m512i v) {
     return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
@@ -207,7 +215,7 @@ int ed_fill_avx512(ed_kernel_table *t) {
     else
         set_legacy_bw(t), set_kquants_bw(t);
 #if !defined(ED_EMULATE_AVX512)
-    if (ed_cpu_has_amx()) set_legacy_amx(t);
+    if (ed_cpu_has_amx()) set_amx(t);
 #endif
     t->types[ED_F16].vec_dot = vec_dot_f16;
     t->types[ED_BF16].vec_dot = vec_dot_bf16;

@@ -20,12 +20,13 @@
  * Per super-block and row the scale sums (8 int32 lanes) and the min sums (8 lanes: min k times Q8_K's
  * bsums 2k + 2k+1) meet their float factors [d x 8, -dmin x 8] (times the row's d) in one 16-lane FMA */
 ED_ALWAYS_INLINE void ED_SFX(q45_K_n)(int n, float *s, size_t bs, const void *vx, const uint8_t *vy, size_t by,
-                              const int nc, const int five) {
+                              const int nc, const int five, const int exact) {
     const size_t xstride = five ? sizeof(block_q5_K) : sizeof(block_q4_K);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m256i pairs = _mm256_set_epi16(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
     __m512 acc[ED_NX_MAX];
-    for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+    float facc[ED_NX_MAX];
+    for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps(), facc[c] = 0.0f;
     for (int i = 0; i < n / QK_K; i++) {
         const uint8_t *xb = (const uint8_t *)vx + i * xstride;
         const block_q4_K *x4 = (const block_q4_K *)xb; /* d, dmin, scales lead both layouts */
@@ -60,27 +61,41 @@ ED_ALWAYS_INLINE void ED_SFX(q45_K_n)(int n, float *s, size_t bs, const void *vx
         }
         for (int c = 0; c < nc; c++) {
             const __m256i msum = _mm256_madd_epi16(mins2, _mm256_loadu_si256((const __m256i *)Q8K(c, i)->bsums));
-            const __m512 sm = _mm512_cvtepi32_ps(join256(add_halves_i32(sumi[c]), msum));
+            __m512i both = join256(add_halves_i32(sumi[c]), msum);
+            if (exact) { /* the super-block's two integers (lanes 0 and 8), then the AMX GEMM's float steps */
+                both = _mm512_add_epi32(both, _mm512_unpackhi_epi64(both, both));
+                both = _mm512_add_epi32(both, _mm512_srli_epi64(both, 32));
+                both = _mm512_add_epi32(both, _mm512_permutexvar_epi32(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 12, 0, 0, 0, 0, 0, 0, 0, 4), both));
+                const __m512 f = _mm512_cvtepi32_ps(both);
+                const float dy = Q8K(c, i)->d;
+                facc[c] = fmaf(ed_f16_table[ed_load_u16(&x4->d)] * dy, _mm_cvtss_f32(_mm512_castps512_ps128(f)), facc[c]);
+                facc[c] = fmaf(-(ed_f16_table[ed_load_u16(&x4->dmin)] * dy), _mm_cvtss_f32(_mm512_extractf32x4_ps(f, 2)),
+                               facc[c]);
+                continue;
+            }
+            const __m512 sm = _mm512_cvtepi32_ps(both);
             acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(wf, _mm512_set1_ps(Q8K(c, i)->d)), sm, acc[c]);
         }
     }
-    for (int c = 0; c < nc; c++) s[c * bs] = hsum_f32x16(acc[c]);
+    for (int c = 0; c < nc; c++) s[c * bs] = exact ? facc[c] : hsum_f32x16(acc[c]);
 }
 
 ED_ALWAYS_INLINE void ED_SFX(q4_K_n)(int n, float *s, size_t bs, const void *vx, const uint8_t *vy, size_t by, const int nc) {
-    ED_SFX(q45_K_n)(n, s, bs, vx, vy, by, nc, 0);
+    ED_SFX(q45_K_n)(n, s, bs, vx, vy, by, nc, 0, 0);
 }
 ED_ALWAYS_INLINE void ED_SFX(q5_K_n)(int n, float *s, size_t bs, const void *vx, const uint8_t *vy, size_t by, const int nc) {
-    ED_SFX(q45_K_n)(n, s, bs, vx, vy, by, nc, 1);
+    ED_SFX(q45_K_n)(n, s, bs, vx, vy, by, nc, 1, 0);
 }
 ED_NX_ENTRIES(ED_SFX(q4_K_n), ED_SFX(vec_dot_q4_K), ED_SFX(vec_dot_nx_q4_K), 8)
 ED_NX_ENTRIES(ED_SFX(q5_K_n), ED_SFX(vec_dot_q5_K), ED_SFX(vec_dot_nx_q5_K), 8)
 
-ED_ALWAYS_INLINE void ED_SFX(q6_K_n)(int n, float *s, size_t bs, const void *vx, const uint8_t *vy, size_t by, const int nc) {
+ED_ALWAYS_INLINE void ED_SFX(q6_K_x)(int n, float *s, size_t bs, const void *vx, const uint8_t *vy, size_t by,
+                                     const int nc, const int exact) {
     const block_q6_K *x = vx;
     const __m512i m15 = _mm512_set1_epi8(15), m48 = _mm512_set1_epi8(48);
     __m256 acc[ED_NX_MAX];
-    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+    float facc[ED_NX_MAX];
+    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps(), facc[c] = 0.0f;
     for (int i = 0; i < n / QK_K; i++) {
         const float xd = ed_f16_table[ed_load_u16(&x[i].d)];
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
@@ -110,10 +125,16 @@ ED_ALWAYS_INLINE void ED_SFX(q6_K_n)(int n, float *s, size_t bs, const void *vx,
             const __m256i bsums = _mm256_loadu_si256((const __m256i *)Q8K(c, i)->bsums);
             const __m256i sub = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
             const __m256i total = _mm256_sub_epi32(add_halves_i32(sumi[c]), sub);
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(Q8K(c, i)->d * xd), _mm256_cvtepi32_ps(total), acc[c]);
+            if (exact) /* the super-block's integer, then the AMX GEMM's float step (avx512_amx.h) */
+                facc[c] = fmaf(xd * Q8K(c, i)->d, (float)hsum_i32x8(total), facc[c]);
+            else
+                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(Q8K(c, i)->d * xd), _mm256_cvtepi32_ps(total), acc[c]);
         }
     }
-    for (int c = 0; c < nc; c++) s[c * bs] = hsum_f32x8(acc[c]);
+    for (int c = 0; c < nc; c++) s[c * bs] = exact ? facc[c] : hsum_f32x8(acc[c]);
+}
+ED_ALWAYS_INLINE void ED_SFX(q6_K_n)(int n, float *s, size_t bs, const void *vx, const uint8_t *vy, size_t by, const int nc) {
+    ED_SFX(q6_K_x)(n, s, bs, vx, vy, by, nc, 0);
 }
 ED_NX_ENTRIES(ED_SFX(q6_K_n), ED_SFX(vec_dot_q6_K), ED_SFX(vec_dot_nx_q6_K), 4)
 

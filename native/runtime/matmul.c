@@ -20,26 +20,29 @@
 #define CHUNKS_PER_THREAD 4
 #define AMX_MIN_ROWS 4
 
-/* whether the AMX tile GEMM takes this matmul: the same for every weight type of one activation type
- * (each has amx_gemm where the activation type has amx_pack), so a matmul reusing the activations of
- * the one before (i1) finds them packed */
-static int uses_amx(const ed_op *op, const ed_kernel_table *kt) {
-    const ed_type_kernels *tk = &kt->types[op->type];
-    return kt->amx_pack[tk->vec_dot_type] && tk->amx_gemm && op->n >= AMX_MIN_ROWS;
+/* whether phase 0 packs the activations for the AMX tile GEMM: by activation type alone, so a matmul
+ * reusing the activations of the one before (i1) finds them packed whatever the weight types */
+static int packs(const ed_op *op, const ed_kernel_table *kt) {
+    return kt->amx_pack[kt->types[op->type].vec_dot_type] && op->n >= AMX_MIN_ROWS;
 }
+
+/* whether the AMX tile GEMM takes this matmul */
+static int uses_amx(const ed_op *op, const ed_kernel_table *kt) { return packs(op, kt) && kt->types[op->type].amx_gemm; }
 
 /* the packed activations follow the quantized rows, on a cache line */
 static size_t packed_offset(const ed_op *op, size_t arow) { return ((size_t)op->n * arow + 63) & ~(size_t)63; }
 
-static size_t packed_tile_bytes(const ed_op *op) { return (size_t)(op->k / 32) * ED_AMX_BLOCK_BYTES; }
+static size_t packed_tile_bytes(const ed_op *op, int vt) {
+    return vt == ED_Q8_K ? (size_t)(op->k / 256) * ED_AMX_KBLOCK_BYTES : (size_t)(op->k / 32) * ED_AMX_BLOCK_BYTES;
+}
 
 size_t ed_matmul_shared_scratch(const ed_op *op, const ed_kernel_table *kt) {
     const int vt = kt->types[op->type].vec_dot_type;
     if (vt == ED_F32) return 0;
     const size_t arow = ed_act_row_bytes(vt, op->k);
-    if (!uses_amx(op, kt)) return (size_t)op->n * arow;
+    if (!packs(op, kt)) return (size_t)op->n * arow;
     const size_t tiles = (size_t)(op->n + ED_AMX_ROWS - 1) / ED_AMX_ROWS;
-    return packed_offset(op, arow) + tiles * packed_tile_bytes(op);
+    return packed_offset(op, arow) + tiles * packed_tile_bytes(op, vt);
 }
 
 /* weight rows per chunk of the dot phase: whole tiles, a few chunks per thread so that a descheduled
@@ -66,19 +69,19 @@ void ed_matmul(const ed_op *op, int phase, ed_ctx *ctx) {
     const uint8_t *act = vt == ED_F32 ? (const uint8_t *)op->src1 : (const uint8_t *)ed_shared_scratch(ctx);
     if (op->i1) phase++; /* the activations are already quantized: only the dot products */
 
-    const int amx = uses_amx(op, kt);
-    uint8_t *packed = amx ? (uint8_t *)act + packed_offset(op, arow) : NULL;
+    const int pack = packs(op, kt), amx = uses_amx(op, kt);
+    uint8_t *packed = pack ? (uint8_t *)act + packed_offset(op, arow) : NULL;
     if (phase == 0) {
         int64_t r0, r1;
         ed_split(n, ctx->chunk, ctx->n_chunks, &r0, &r1);
         for (int64_t r = r0; r < r1; r++) {
             kt->from_float[vt]((const float *)op->src1 + r * k, (uint8_t *)act + r * arow, k);
-            if (amx)
-                kt->amx_pack[vt](act + r * arow, (int)k, packed + r / ED_AMX_ROWS * packed_tile_bytes(op),
+            if (pack)
+                kt->amx_pack[vt](act + r * arow, (int)k, packed + r / ED_AMX_ROWS * packed_tile_bytes(op, vt),
                                  (int)(r % ED_AMX_ROWS));
         }
-        for (int64_t r = n; amx && r1 == n && r % ED_AMX_ROWS; r++) /* the last tile's rows past n: zeros */
-            kt->amx_pack[vt](NULL, (int)k, packed + r / ED_AMX_ROWS * packed_tile_bytes(op), (int)(r % ED_AMX_ROWS));
+        for (int64_t r = n; pack && r1 == n && r % ED_AMX_ROWS; r++) /* the last tile's rows past n: zeros */
+            kt->amx_pack[vt](NULL, (int)k, packed + r / ED_AMX_ROWS * packed_tile_bytes(op, vt), (int)(r % ED_AMX_ROWS));
         return;
     }
 

@@ -191,7 +191,8 @@ static int check_amx(const ed_kernel_table *k, const test_case *c, uint8_t *acts
     if (!t->amx_gemm) return 0;
     const size_t ab = c->abytes, bb = (size_t)t->block_bytes, nb = c->wbytes / bb;
     uint8_t *w = calloc(ED_AMX_ROWS, c->wbytes);
-    uint8_t *packed = aligned_alloc(64, nb * ED_AMX_BLOCK_BYTES), *scratch = malloc(nb * ED_AMX_WBLOCK_BYTES);
+    const size_t tile = t->vec_dot_type == ED_Q8_K ? c->n / 256 * ED_AMX_KBLOCK_BYTES : c->n / 32 * ED_AMX_BLOCK_BYTES;
+    uint8_t *packed = aligned_alloc(64, tile), *scratch = malloc(c->n / 32 * ED_AMX_WBLOCK_BYTES);
     float *got = malloc(sizeof(float) * 17 * NX_ROWS);
     memcpy(w, c->w, c->wbytes);
     for (size_t b = 0; b < nb; b++) memcpy(w + c->wbytes + b * bb, c->w + (nb - 1 - b) * bb, bb);
