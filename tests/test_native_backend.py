@@ -110,7 +110,9 @@ def test_matmul_gives_the_same_bits_on_1_2_and_3_threads(nb, t):
         assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
 
 
-@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.Q4_K, T.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize(
+    "t", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.F16], ids=lambda t: t.name
+)
 def test_a_rows_matmul_bits_do_not_depend_on_the_rows_beside_it(nb, t):
     """Decode (one row), batched decode and prompts (multi-row kernels, the AMX tile GEMM where the CPU has
     it) give every row the same bits, so a batch's composition never changes a sequence's tokens."""

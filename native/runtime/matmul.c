@@ -19,6 +19,7 @@
 #define TILE_X 8
 #define CHUNKS_PER_THREAD 4
 #define AMX_MIN_ROWS 4
+#define PREFETCH_ROWS 2
 
 /* whether phase 0 packs the activations for the AMX tile GEMM: by activation type alone, so a matmul
  * reusing the activations of the one before (i1) finds them packed whatever the weight types */
@@ -104,7 +105,11 @@ void ed_matmul(const ed_op *op, int phase, ed_ctx *ctx) {
         for (int64_t i0 = 0; i0 < n; i0 += TILE_X) {
             const int64_t i1 = i0 + TILE_X < n ? i0 + TILE_X : n;
             if (i1 - i0 == 1) { /* a matvec (decode): the single-row kernel */
-                for (int64_t j = j0; j < j1; j++) dot((int)k, &y[i0 * m + j], w + j * wrow, act + i0 * arow);
+                for (int64_t j = j0; j < j1; j++) {
+                    if (j + PREFETCH_ROWS < c1)
+                        for (size_t b = 0; b < wrow; b += 64) __builtin_prefetch(w + (j + PREFETCH_ROWS) * wrow + b);
+                    dot((int)k, &y[i0 * m + j], w + j * wrow, act + i0 * arow);
+                }
                 continue;
             }
             for (int64_t j = j0; j < j1; j += tk->vec_dot_2nx && j + 1 < j1 ? 2 : 1)
