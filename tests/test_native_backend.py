@@ -111,7 +111,9 @@ def test_matmul_gives_the_same_bits_on_1_2_and_3_threads(nb, t):
 
 
 @pytest.mark.parametrize(
-    "t", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.F16], ids=lambda t: t.name
+    "t",
+    [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.F16],
+    ids=lambda t: t.name,
 )
 def test_a_rows_matmul_bits_do_not_depend_on_the_rows_beside_it(nb, t):
     """Decode (one row), batched decode and prompts (multi-row kernels, the AMX tile GEMM where the CPU has
@@ -132,7 +134,7 @@ def _cpu_flags() -> set[str]:
     return set(line.split(":", 1)[-1].split())
 
 
-@pytest.mark.skipif(not {"amx_tile", "amx_int8"} <= _cpu_flags(), reason="needs a CPU with AMX (amx_tile, amx_int8)")
+@pytest.mark.skipif(not {"amx_tile", "amx_int8"} <= _cpu_flags(), reason="needs a CPU with AMX (amx_int8)")
 def test_amx_is_in_use_where_the_cpu_has_it_and_off_with_edgellm_amx_0():
     """Where the CPU has AMX the native level says so (then the batch test above runs the tile GEMM);
     EDGELLM_AMX=0 switches it off. The level is fixed per process: each case runs in its own."""
@@ -140,8 +142,10 @@ def test_amx_is_in_use_where_the_cpu_has_it_and_off_with_edgellm_amx_0():
     levels = {}
     for amx in ("1", "0"):
         env = {**os.environ, "EDGELLM_AMX": amx}
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-        levels[amx] = out.stdout.strip()
+        run = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        levels[amx] = run.stdout.strip()
     assert levels == {"1": "avx512+vnni+amx", "0": "avx512+vnni"}
 
 
