@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -134,7 +135,10 @@ def _cpu_flags() -> set[str]:
     return set(line.split(":", 1)[-1].split())
 
 
-@pytest.mark.skipif(not {"amx_tile", "amx_int8"} <= _cpu_flags(), reason="needs a CPU with AMX (amx_int8)")
+@pytest.mark.skipif(
+    platform.machine() != "x86_64" or not {"amx_tile", "amx_int8"} <= _cpu_flags(),
+    reason="needs an x86-64 CPU with AMX (amx_int8); under qemu-user /proc/cpuinfo is the host's",
+)
 def test_amx_is_in_use_where_the_cpu_has_it_and_off_with_edgellm_amx_0():
     """Where the CPU has AMX the native level says so (then the batch test above runs the tile GEMM);
     EDGELLM_AMX=0 switches it off. The level is fixed per process: each case runs in its own."""
