@@ -39,6 +39,8 @@ class BenchResult:
     rss_beyond_model_mb: float | None = None
     model_bytes: int = 0
     weight_bytes_per_token: int = 0
+    cache_types: str = "f16/f16"  # K/V cache types (-ctk / -ctv)
+    kv_cache_bytes: int = 0  # the bench's KV cache (its context of positions)
     runs: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -108,6 +110,7 @@ def run_bench(
     n_ctx: int | None = None,
     log=None,
     progress: Callable[[str], None] | None = None,
+    cache_types: tuple[str, str] = ("f16", "f16"),
 ) -> BenchResult:
     """Measure one model; `progress`, if given, is told each stage as it starts ("warm-up", "pp128 2/5")."""
     from edgellm.llm import LLM
@@ -119,7 +122,10 @@ def run_bench(
     ctx = n_ctx or (n_prompt + n_gen + 8)
     if n_prompt + n_gen + 1 > ctx:
         raise ValueError(f"-p {n_prompt} plus -n {n_gen} does not fit a context of {ctx}")
-    llm = LLM(model, backend=backend, threads=threads, n_ctx=ctx, log=log)
+    llm = LLM(
+        model, backend=backend, threads=threads, n_ctx=ctx, log=log, cache_type_k=cache_types[0],
+        cache_type_v=cache_types[1],
+    )  # fmt: skip
     m = llm.model
     stage("warm-up")
     if hasattr(llm.backend, "warmup"):
@@ -177,6 +183,8 @@ def run_bench(
         rss_beyond_model_mb=beyond,
         model_bytes=model_bytes,
         weight_bytes_per_token=weight_bytes_per_token(m),
+        cache_types=f"{m.cache_type_k}/{m.cache_type_v}",
+        kv_cache_bytes=int(kv.nbytes),
         runs={"pp_tok_s": pp, "tg_tok_s": tg, "ttft_s": ttft},
     )
 
@@ -197,7 +205,7 @@ def format_result(r: BenchResult) -> str:
     lines.append(
         f"load {r.load_s * 1e3:.0f} ms · time to first token (pp{r.n_prompt}) {f(r.ttft_s, '.3f')} s · "
         f"peak RSS {f(r.peak_rss_mb, '.0f')} MiB ({f(r.rss_beyond_model_mb, '.0f')} MiB beyond the model) · "
-        f"medians of {r.reps}"
+        f"KV cache {r.cache_types} {r.kv_cache_bytes / 2**20:.1f} MiB · medians of {r.reps}"
     )
     if r.tg_tok_s:
         gbs = r.tg_tok_s * r.weight_bytes_per_token / 1e9

@@ -16,6 +16,17 @@ BACKEND_HELP = f"Compute backend: {', '.join(backend_names())} (auto: the fastes
 MODEL_OPT_HELP = "Model, as llama.cpp spells it: same as MODEL."
 
 
+# llama.cpp's -ctk / -ctv: how the KV cache stores K and V (edgellm.backends.paged_kv.CACHE_TYPES)
+CACHE_OPTIONS = {
+    "cache_type_k": lambda: typer.Option(
+        "f16", "-ctk", "--cache-type-k", help="KV cache type for K: f16 or q8_0 (53% of f16's memory)."
+    ),
+    "cache_type_v": lambda: typer.Option(
+        "f16", "-ctv", "--cache-type-v", help="KV cache type for V: f16 or q8_0."
+    ),
+}
+
+
 def model_option():
     """`-m/--model`, llama.cpp's spelling of the positional MODEL (every command that takes one)."""
     return typer.Option(None, "-m", "--model", help=MODEL_OPT_HELP)
@@ -31,6 +42,8 @@ def perplexity(
     threads: int | None = typer.Option(None, "-t", "--threads"),
     save_logits: Path | None = typer.Option(None, "--save-logits", help="Save scored log-probs (.npz)."),
     kl_base: Path | None = typer.Option(None, "--kl-base", help="Compare with a --save-logits file by KL."),
+    cache_type_k: str = CACHE_OPTIONS["cache_type_k"](),
+    cache_type_v: str = CACHE_OPTIONS["cache_type_v"](),
 ) -> None:
     """Perplexity of a text, by llama.cpp's method (second half of each -c chunk)."""
     from edgellm.cli import pick_model
@@ -44,6 +57,8 @@ def perplexity(
         threads=threads,
         n_ctx=ctx,
         log=lambda m: print(m, file=sys.stderr),
+        cache_type_k=cache_type_k,
+        cache_type_v=cache_type_v,
     )
     text = file.read_text(encoding="utf-8")
 
@@ -111,6 +126,8 @@ def bench(
     backend: str = typer.Option("auto", "--backend", help=BACKEND_HELP),
     ctx: int | None = typer.Option(None, "-c", "--ctx-size", help="KV cache size (default: -p + -n)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    cache_type_k: str = CACHE_OPTIONS["cache_type_k"](),
+    cache_type_v: str = CACHE_OPTIONS["cache_type_v"](),
 ) -> None:
     """Prompt and generation speed, time to first token and peak memory, like llama-bench."""
     from edgellm.bench import format_result, run_bench
@@ -127,6 +144,7 @@ def bench(
             n_ctx=ctx,
             log=lambda m: print(m, file=sys.stderr),
             progress=progress,
+            cache_types=(cache_type_k, cache_type_v),
         )
     print(json.dumps(r.as_dict()) if as_json else format_result(r))
 

@@ -16,6 +16,7 @@ import typer
 
 from edgellm import store
 from edgellm.backends import names as backend_names
+from edgellm.cli_eval import CACHE_OPTIONS
 from edgellm.cli_serve import MEMORY_OPTIONS, SPEC_OPTIONS, spec_config
 from edgellm.sampler import SamplingParams
 
@@ -177,6 +178,8 @@ def run(
     ),
     no_mmap: bool = MEMORY_OPTIONS["no_mmap"](),
     mlock: bool = MEMORY_OPTIONS["mlock"](),
+    cache_type_k: str = CACHE_OPTIONS["cache_type_k"](),
+    cache_type_v: str = CACHE_OPTIONS["cache_type_v"](),
     verbose: bool = typer.Option(
         False, "--verbose", "-v", help="Print load time, the chat template and tokens/s."
     ),
@@ -219,12 +222,15 @@ def run(
         use_mlock=mlock,
         log=log,
         spec=spec_config(spec_type, draft_max, draft_min, model_draft),
+        cache_type_k=cache_type_k,
+        cache_type_v=cache_type_v,
     )
     _warn_long_context(llm, log)
     if verbose:
         kernels = getattr(llm.backend, "level", None)  # the native backend's SIMD level, chosen at run time
         backend = f"{llm.backend.name} ({kernels})" if kernels else llm.backend.name
-        log(f"loaded {llm.path.name} in {llm.load_s:.2f} s (backend {backend}, ctx {llm.n_ctx})")
+        kv = f"KV {llm.model.cache_type_k}/{llm.model.cache_type_v}"
+        log(f"loaded {llm.path.name} in {llm.load_s:.2f} s (backend {backend}, ctx {llm.n_ctx}, {kv})")
         log(f"chat template: {_template_label(llm, raw and text is not None)}")
     sampling = dict(
         temperature=temp,

@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from edgellm import store
-from edgellm.cli_eval import model_option
+from edgellm.cli_eval import CACHE_OPTIONS, model_option
 
 
 class ServeError(ValueError):
@@ -48,7 +48,6 @@ MEMORY_OPTIONS = {
         False, "--mlock", help="Lock the model in RAM: never swapped or dropped (RLIMIT_MEMLOCK permitting)."
     ),
 }
-
 
 # llama.cpp's --spec-type names (a comma-separated list there too) as edgellm's kinds
 SPEC_TYPES = {"none": "none", "ngram-simple": "ngram-simple", "draft": "draft", "draft-simple": "draft"}
@@ -124,6 +123,8 @@ def serve(
     draft_min: int = SPEC_OPTIONS["draft_min"](),
     no_mmap: bool = MEMORY_OPTIONS["no_mmap"](),
     mlock: bool = MEMORY_OPTIONS["mlock"](),
+    cache_type_k: str = CACHE_OPTIONS["cache_type_k"](),
+    cache_type_v: str = CACHE_OPTIONS["cache_type_v"](),
     no_webui: bool = typer.Option(False, "--no-webui", help="Do not serve the chat page at /."),
     slots: bool = typer.Option(True, "--slots/--no-slots", help="Serve the read-only GET /slots."),
     embeddings: bool = typer.Option(
@@ -188,6 +189,8 @@ def serve(
         n_ctx=ctx_size,
         parallel=parallel,
         kv_budget=kv_budget,
+        cache_type_k=cache_type_k,
+        cache_type_v=cache_type_v,
         batch_tokens=batch_size,
         queue_size=queue_size,
         prefix_cache=not no_prefix_cache,

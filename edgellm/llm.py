@@ -123,6 +123,8 @@ class LLM:
         use_mlock: bool = False,
         log=None,
         spec: speculative.SpecConfig | str | None = None,
+        cache_type_k: str = "f16",
+        cache_type_v: str = "f16",
     ):
         t0 = time.perf_counter()
         self.path = store.resolve(str(model) if model is not None else None, log=log)
@@ -140,6 +142,7 @@ class LLM:
             log("compiling the numba kernels (first run only; about a minute)...")
         self.backend = get_backend(backend, threads, {t.type for t in matrices(self.file)})
         self.model = load_model(self.file, self.backend)
+        self.model.set_cache_types(cache_type_k, cache_type_v)  # -ctk / -ctv: ValueError naming a bad one
         self.tokenizer = Tokenizer.from_gguf(self.file)
         self.template = ChatTemplate.from_gguf(self.file, override=chat_template)
         n_train = self.model.config.n_ctx_train

@@ -59,6 +59,8 @@ class ServerConfig:
     n_ctx: int | None = None
     parallel: int = 4
     kv_budget: str | None = None  # "512MiB", "2GB" or a token count
+    cache_type_k: str = "f16"  # -ctk / -ctv: how the KV cache stores K and V ("f16" or "q8_0")
+    cache_type_v: str = "f16"
     batch_tokens: int = 256
     queue_size: int = 64
     block_size: int = 16
@@ -131,7 +133,8 @@ def load(state: State) -> None:
     try:
         llm = LLM(
             c.model, backend=c.backend, threads=c.threads, n_ctx=c.n_ctx, chat_template=c.chat_template,
-            spec=c.spec, use_mmap=c.use_mmap, use_mlock=c.mlock,
+            spec=c.spec, use_mmap=c.use_mmap, use_mlock=c.mlock, cache_type_k=c.cache_type_k,
+            cache_type_v=c.cache_type_v,
         )  # fmt: skip
         kv_tokens = None
         if c.kv_budget:

@@ -101,16 +101,32 @@ def test_get_rows_is_the_exact_dequantization(b, t):
 
 
 # -- attention -----------------------------------------------------------------------------------------------
+CACHE_TYPES = {
+    "f16": ("f16", "f16"),
+    "q8_0": ("q8_0", "q8_0"),
+    "q8_0-K": ("q8_0", "f16"),
+    "q8_0-V": ("f16", "q8_0"),
+}
+
+
+@pytest.mark.parametrize("cache", CACHE_TYPES)
 @pytest.mark.parametrize(
     "window,softcap", [(None, None), (5, None), (None, 20.0)], ids=["full", "window", "softcap"]
 )
-def test_attention_through_a_shuffled_block_table(b, window, softcap):
+def test_attention_through_a_shuffled_block_table(b, window, softcap, cache):
     """Two sequences whose blocks are scattered over the pool, prefilled in one forward then decoded one
-    step, grouped-query heads (4 over 2): the oracle's outputs, and the next step reads what was written."""
+    step, grouped-query heads (4 over 2): the oracle's outputs, and the next step reads what was written.
+    For each KV cache type (-ctk / -ctv); a backend that cannot hold one refuses it by name."""
     n_kv, dh, bs = 2, 64, 4
+    types = dict(zip(("type_k", "type_v"), CACHE_TYPES[cache]))
+    for kind in set(types.values()):
+        if not b.supports("kv_cache", kind):
+            with pytest.raises(ValueError, match=kind):
+                b.new_kv_cache(1, n_kv, dh, 32, 2, block_size=bs, n_blocks=16, **types)
+            return
     caches = []
     for backend in (ORACLE, b):
-        kv = backend.new_kv_cache(1, n_kv, dh, 32, 2, block_size=bs, n_blocks=16)
+        kv = backend.new_kv_cache(1, n_kv, dh, 32, 2, block_size=bs, n_blocks=16, **types)
         kv.block_table[:] = -1
         kv.block_table[0, :4] = [9, 2, 14, 5]
         kv.block_table[1, :3] = [0, 11, 7]
@@ -129,6 +145,9 @@ def test_attention_through_a_shuffled_block_table(b, window, softcap):
         outs.append([b.to_host(first), b.to_host(step)] if backend is b else [first, step])
     for got, want in zip(outs[1], outs[0]):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    if isinstance(getattr(caches[1], "k", None), np.ndarray) and caches[1].k.size:  # a host cache
+        for mine, oracle in ((caches[1].k, caches[0].k), (caches[1].v, caches[0].v)):
+            np.testing.assert_array_equal(mine.view(np.uint8), oracle.view(np.uint8))  # the same rows stored
 
 
 def _up(backend, b, *arrays):

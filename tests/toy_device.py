@@ -137,10 +137,11 @@ class ToyDeviceBackend(Backend):
         return DeviceArray(out)
 
     def new_kv_cache(self, n_layers, n_kv_heads, head_dim, n_ctx, n_seqs, block_size=None, n_blocks=None,
-                     window_layers=(), window=None) -> ToyKV:  # fmt: skip
+                     window_layers=(), window=None, type_k="f16", type_v="f16") -> ToyKV:  # fmt: skip
         return ToyKV(
-            n_layers, n_kv_heads, head_dim, n_ctx, n_seqs, block_size, n_blocks, window_layers, window
-        )
+            n_layers, n_kv_heads, head_dim, n_ctx, n_seqs, block_size, n_blocks, window_layers, window,
+            type_k=type_k, type_v=type_v,
+        )  # fmt: skip
 
     def silu_mul(self, gate, up):
         return DeviceArray(self.ref.silu_mul(dev(gate), dev(up)))

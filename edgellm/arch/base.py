@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from edgellm.backends.paged_kv import check_cache_type, row_bytes
+
 
 class DecoderModel:
     """Base of the model classes; a subclass sets config, backend, output_norm and output (and, where its
@@ -17,6 +19,18 @@ class DecoderModel:
     output: Any  # (V, D), or the tied token embedding
     output_bias: Any = None  # (V,) added to the logits (qwen2's optional output.bias)
     final_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma's final soft-capping)
+    cache_type_k: str = "f16"  # how its KV caches store K and V (set_cache_types)
+    cache_type_v: str = "f16"
+
+    def set_cache_types(self, type_k: str = "f16", type_v: str = "f16") -> None:
+        """Store K and V of every KV cache made from now on as `type_k` / `type_v` ("f16" or "q8_0",
+        llama.cpp's -ctk / -ctv). ValueError, naming what is wrong, for a type this model's heads or this
+        backend cannot hold."""
+        for which, kind in (("K", type_k), ("V", type_v)):
+            check_cache_type(kind, self.config.head_dim, which)
+            if not self.backend.supports("kv_cache", kind):
+                raise ValueError(f"the {self.backend.name} backend cannot hold a {kind} {which} cache")
+        self.cache_type_k, self.cache_type_v = type_k, type_v
 
     def new_kv_cache(
         self,
@@ -34,17 +48,19 @@ class DecoderModel:
         local = self.window_layers() if window_rings else ()
         window = c.sliding_window if local else None
         return b.new_kv_cache(
-            c.n_layer, c.n_head_kv, c.head_dim, n_ctx, n_seqs, block_size, n_blocks, local, window
-        )
+            c.n_layer, c.n_head_kv, c.head_dim, n_ctx, n_seqs, block_size, n_blocks, local, window,
+            type_k=self.cache_type_k, type_v=self.cache_type_v,
+        )  # fmt: skip
 
     def window_layers(self) -> list[int]:
         """Layers that attend through a sliding window (none by default)."""
         return []
 
     def kv_bytes_per_token(self) -> int:
-        """Bytes of float16 K and V one position takes over all layers."""
+        """Bytes of K and V (of the cache types set) one position takes over all layers."""
         c = self.config
-        return 2 * 2 * c.n_layer * c.n_head_kv * c.head_dim
+        per_head = row_bytes(self.cache_type_k, c.head_dim) + row_bytes(self.cache_type_v, c.head_dim)
+        return c.n_layer * c.n_head_kv * per_head
 
     def decode_step(
         self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, kv: Any

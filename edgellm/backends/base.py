@@ -92,7 +92,8 @@ class Backend(ABC):
     # -- what runs here --------------------------------------------------------------------------------
     def supports(self, op: str, qtype: Any = None) -> bool:
         """Whether `op` ("matmul", "get_rows", "attention", ...) runs natively here; for the weight ops
-        (WEIGHT_OPS) `qtype` is the weight's GGMLQuantizationType. The default: everything."""
+        (WEIGHT_OPS) `qtype` is the weight's GGMLQuantizationType; for "kv_cache" it is a KV cache type
+        ("f16", "q8_0": llama.cpp's -ctk / -ctv names). The default: everything."""
         return True
 
     def fallback_cost(self, t: QTensor) -> int:
@@ -174,8 +175,14 @@ class Backend(ABC):
         n_blocks: int | None = None,
         window_layers: Sequence[int] = (),
         window: int | None = None,
+        type_k: str = "f16",
+        type_v: str = "f16",
     ) -> Any:
         """Allocate a paged KV cache for n_seqs sequences of up to n_ctx positions.
+
+        `type_k`, `type_v`: how K and V rows are stored, "f16" or "q8_0" (ggml block_q8_0 per 32 values
+        of a head, paged_kv.py); a backend that cannot hold a type says so (supports("kv_cache", type) is
+        False) and raises ValueError naming it.
 
         `window_layers` attend to at most `window` positions (sliding window): they may keep only a ring
         of about window + one prefill chunk positions per sequence instead of n_ctx.

@@ -13,7 +13,7 @@ from abc import abstractmethod
 from typing import Any
 
 from edgellm.backends.base import WEIGHT_OPS, Backend
-from edgellm.backends.paged_kv import KVCache
+from edgellm.backends.paged_kv import CACHE_TYPES, KVCache
 from edgellm.backends.reference import ReferenceBackend
 from edgellm.gguf import QTensor
 
@@ -36,6 +36,8 @@ class HostBackend(Backend):
             if types is None:  # asked once per op: the load report asks for every tensor
                 types = self._covered[op] = self.kernel_types(op)
             return qtype is not None and int(qtype) in types
+        if op == "kv_cache":
+            return qtype in CACHE_TYPES
         return True
 
     def vector(self, t: QTensor):

@@ -24,7 +24,7 @@ from edgellm.backends.base import BackendUnavailable, RopeSpec, RopeTables, gelu
 from edgellm.backends.cpu import physical_cores
 from edgellm.backends.host import HostBackend
 from edgellm.backends.native_plan import Capture, Plan, Regions, address
-from edgellm.backends.paged_kv import KVCache
+from edgellm.backends.paged_kv import KVCache, row_bytes
 from edgellm.backends.reference import RefWeight
 from edgellm.gguf import QTensor
 
@@ -41,6 +41,7 @@ _KNOWN_TYPES = {int(t) for t in quants.supported_types()}
 
 # op codes of native/runtime/ed_runtime.h
 MATMUL, GET_ROWS, RMS_NORM, ROPE, ATTENTION, SILU_MUL, GELU_MUL, ADD, SCALE, SOFTCAP, COPY = range(1, 12)
+F16_KIND, Q8_0_KIND = 1, 8  # an ATTENTION op's cache kinds (ggml type ids; ed_runtime.h)
 
 
 def available() -> str | None:
@@ -232,14 +233,19 @@ class NativeBackend(HostBackend):
             raise ValueError(f"attention: q {q.shape}, k {k.shape}, v {v.shape}")
         kv.check(seq_ids, positions)  # the C attention skips a row without a slot, silently
         kc, vc, table, block_size = paged(kv, layer)
-        if kc.shape[1:] != (n_kv, dh) or kc.dtype != np.float16 or not kc.flags.c_contiguous:
-            raise ValueError(f"attention: cache of shape {kc.shape} for heads of {(n_kv, dh)}")
+        kinds = 0
+        for which, (c, kind) in enumerate(((kc, kv.type_k), (vc, kv.type_v))):
+            want = (n_kv, row_bytes(kind, dh)) if kind == "q8_0" else (n_kv, dh)
+            dtype = np.uint8 if kind == "q8_0" else np.float16
+            if c.shape[1:] != want or c.dtype != dtype or not c.flags.c_contiguous or len(c) != len(kc):
+                raise ValueError(f"attention: a {kind} cache of shape {c.shape} for heads of {(n_kv, dh)}")
+            kinds |= (Q8_0_KIND if kind == "q8_0" else F16_KIND) << (8 * which)
         if table.dtype != np.int32 or not table.flags.c_contiguous:
             raise ValueError("attention: the block table must be a C-contiguous int32 array")
         out = self._out(q.shape)
         if n:
             self._exec(
-                code=ATTENTION, n=n, m=n_head, k=dh, i0=n_kv, i1=block_size, i2=table.shape[1],
+                code=ATTENTION, type=kinds, n=n, m=n_head, k=dh, i0=n_kv, i1=block_size, i2=table.shape[1],
                 i3=table.shape[0], i4=int(window or 0), i5=kc.shape[0], f0=float(scale),
                 f1=float(softcap or 0.0), src0=self._in(q, "attention"), src1=self._in(k, "attention"),
                 src2=self._in(v, "attention"), src3=address(kc), src4=address(vc), src5=address(table),

@@ -137,12 +137,15 @@ class NumbaBackend(HostBackend):
         kv.check(seq_ids, positions)  # the kernel reads and writes unchecked
         kc, vc, table = kv.layer_view(layer)
         out = np.empty((q.shape[0], q.shape[1], v.shape[-1]), np.float32)
-        O.attention(
+        k8, v8 = kv.type_k == "q8_0", kv.type_v == "q8_0"
+        quantized = (k8, v8) if k8 or v8 else ()  # attention_q8 takes the two flags
+        (O.attention_q8 if quantized else O.attention)(
             np.ascontiguousarray(q, np.float32),
             np.ascontiguousarray(k, np.float32),
             np.ascontiguousarray(v, np.float32),
-            kc.view(np.uint16),
-            vc.view(np.uint16),
+            kc if k8 else kc.view(np.uint16),
+            vc if v8 else vc.view(np.uint16),
+            *quantized,
             table,
             kv.block_size,
             np.asarray(seq_ids, np.int64),

@@ -1,6 +1,12 @@
-"""The paged KV cache in host memory that the CPU backends share: float16 K and V in blocks of positions,
-an int32 block table per sequence, and rings for sliding-window layers. It implements base.KVCacheProtocol;
-the C attention (native/runtime/attention.c) and the numba kernels read exactly this layout.
+"""The paged KV cache in host memory that the CPU backends share: K and V (float16, or q8_0 blocks) in blocks
+of positions, an int32 block table per sequence, and rings for sliding-window layers. It implements
+base.KVCacheProtocol; the C attention (native/runtime/attention.c) and the numba kernels read exactly this
+layout.
+
+A q8_0 row (llama.cpp's `-ctk q8_0` / `-ctv q8_0`) is each head's Dh values as Dh / 32 ggml block_q8_0
+(an f16 scale, then 32 int8), 34 bytes per 32 values against float16's 64 (53%). Rows are quantized as
+ggml-cpu's quantize_row_q8_0 does when it copies K and V into such a cache (and the native kernels do for
+activations): d = amax / 127 stored as f16, q = rint(x * (127 / amax)).
 """
 
 from __future__ import annotations
@@ -11,10 +17,56 @@ import numpy as np
 
 DEFAULT_BLOCK_SIZE = 16  # positions per KV block (vLLM's default; llama.cpp's unified cache is one block)
 WINDOW_CHUNK = 512  # most tokens of one sequence per forward on a sliding-window ring (PREFILL_CHUNK)
+CACHE_TYPES = ("f16", "q8_0")  # what -ctk / -ctv take (llama.cpp's names)
+Q8_0_BLOCK = 32  # values per block_q8_0
+Q8_0_BYTES = 34  # f16 d + 32 int8
+
+
+def check_cache_type(kind: str, head_dim: int, which: str = "K") -> str:
+    """`kind` if a cache of heads of head_dim can hold it, else ValueError naming what is wrong."""
+    if kind not in CACHE_TYPES:
+        choices = ", ".join(CACHE_TYPES)
+        raise ValueError(f"{which} cache type {kind!r} is not supported (choose from {choices})")
+    if kind == "q8_0" and head_dim % Q8_0_BLOCK:
+        raise ValueError(f"{which} cache type q8_0 needs heads that is a multiple of 32 (not {head_dim})")
+    return kind
+
+
+def row_bytes(kind: str, head_dim: int) -> int:
+    """Bytes one head's row of head_dim values takes in a cache of type `kind`."""
+    return head_dim // Q8_0_BLOCK * Q8_0_BYTES if kind == "q8_0" else 2 * head_dim
+
+
+def q8_0_encode(x: np.ndarray) -> np.ndarray:
+    """Rows (..., Dh) float32 as q8_0 blocks (..., Dh / 32 * 34) uint8, as quantize_row_q8_0 does
+    (ggml-cpu quants: d = f16(amax / 127), q = nearest-even of x * (127 / amax); 0 for an all-zero block)."""
+    x = np.asarray(x, np.float32)
+    b = x.reshape(*x.shape[:-1], -1, Q8_0_BLOCK)
+    amax = np.abs(b).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(b * inv).astype(np.int8)
+    d = (amax / np.float32(127)).astype(np.float16)
+    out = np.concatenate([d.view(np.uint8), q.view(np.uint8)], axis=-1)
+    return out.reshape(*x.shape[:-1], -1)
+
+
+def q8_0_decode(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """q8_0 rows (..., nb * 34) uint8 -> (scales (..., nb) float32, values (..., nb, 32) int8)."""
+    b = np.ascontiguousarray(raw).reshape(*raw.shape[:-1], -1, Q8_0_BYTES)
+    d = np.ascontiguousarray(b[..., :2]).view(np.float16)[..., 0].astype(np.float32)
+    return d, np.ascontiguousarray(b[..., 2:]).view(np.int8)
+
+
+def q8_0_values(raw: np.ndarray) -> np.ndarray:
+    """q8_0 rows (..., nb * 34) -> their values (..., nb * 32) float32 (d * q: exact in float32)."""
+    d, q = q8_0_decode(raw)
+    return (q.astype(np.float32) * d[..., None]).reshape(*raw.shape[:-1], -1)
 
 
 class KVCache:
-    """Paged float16 cache: k, v of shape (layers, slots, Hkv, Dh), slots = n_blocks * block_size.
+    """Paged cache: k, v of shape (layers, slots, Hkv, Dh) float16, slots = n_blocks * block_size; a q8_0
+    cache (type_k / type_v "q8_0") holds (layers, slots, Hkv, Dh / 32 * 34) uint8 rows of blocks instead.
 
     block_table (seqs, max_blocks_per_seq) int32 names the block holding each run of block_size positions
     of a sequence (-1: unmapped); position p of sequence s lives at slot
@@ -43,7 +95,12 @@ class KVCache:
         window: int | None = None,
         window_chunk: int = WINDOW_CHUNK,
         host_storage: bool = True,
+        type_k: str = "f16",
+        type_v: str = "f16",
     ):
+        self.type_k = check_cache_type(type_k, head_dim, "K")
+        self.type_v = check_cache_type(type_v, head_dim, "V")
+        self.head_dim = int(head_dim)
         bs = int(block_size or DEFAULT_BLOCK_SIZE)
         if bs <= 0 or n_ctx <= 0 or n_seqs <= 0:
             raise ValueError(f"KV cache needs positive sizes, got block {bs}, ctx {n_ctx}, seqs {n_seqs}")
@@ -62,12 +119,18 @@ class KVCache:
         self.full_layers = full
         # a device cache (host_storage=False) keeps only the tables here
         keep = 1 if host_storage else 0
+
         # np.zeros, never zeros_like (which writes every zero): pages are taken as blocks fill, so a large
         # --kv-budget costs memory only as far as it is used. numpy asks for transparent huge pages on large
         # arrays, so the first write to each layer's rows takes 2 MiB (at most 4 MiB per layer beyond what
         # is used); 4 KiB pages would save that but cost a third of decode speed at depth 1024 (Zen 3).
-        self.k = np.zeros((len(full) * keep, self.n_slots * keep, n_kv_heads, head_dim), np.float16)
-        self.v = np.zeros(self.k.shape, np.float16)
+        def rows(layers: int, slots: int, kind: str) -> np.ndarray:
+            if kind == "q8_0":
+                return np.zeros((layers, slots, n_kv_heads, row_bytes(kind, head_dim)), np.uint8)
+            return np.zeros((layers, slots, n_kv_heads, head_dim), np.float16)
+
+        self.k = rows(len(full) * keep, self.n_slots * keep, self.type_k)
+        self.v = rows(len(full) * keep, self.n_slots * keep, self.type_v)
         self.ring_layers = ring
         self.ring_blocks = ring_blocks if ring else 0
         self.ring_table = (
@@ -78,9 +141,8 @@ class KVCache:
             else None
         )
         self.n_ring_slots = n_seqs * ring_blocks * bs if ring else 0
-        ring_shape = (len(ring) * keep, self.n_ring_slots * keep, n_kv_heads, head_dim)
-        self.k_ring = np.zeros(ring_shape, np.float16)
-        self.v_ring = np.zeros(ring_shape, np.float16)
+        self.k_ring = rows(len(ring) * keep, self.n_ring_slots * keep, self.type_k)
+        self.v_ring = rows(len(ring) * keep, self.n_ring_slots * keep, self.type_v)
         self.block_table = table
         self.block_size = bs
         self.n_blocks = int(n_blocks)
@@ -98,7 +160,8 @@ class KVCache:
         return (self.k, self.v, self.block_table, self.k_ring, self.v_ring)
 
     def layer_view(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """k, v (slots, Hkv, Dh) float16 and the int32 block table of one layer."""
+        """k, v (slots, Hkv, Dh) float16 (or (slots, Hkv, Dh / 32 * 34) uint8 q8_0 rows) and the int32
+        block table of one layer."""
         ring, i = self._where[layer]
         if ring:
             return self.k_ring[i], self.v_ring[i], self.ring_table

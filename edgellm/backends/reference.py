@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType as T
 
 from edgellm import quants
 from edgellm.backends.base import Backend, RopeSpec, rope_table
-from edgellm.backends.paged_kv import KVCache
+from edgellm.backends.paged_kv import CACHE_TYPES, KVCache, q8_0_decode, q8_0_encode, q8_0_values
 from edgellm.gguf import QTensor
 
 
@@ -128,6 +128,21 @@ def exact_einsum(spec: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.einsum(spec, a.astype(np.float64), b.astype(np.float64), optimize=True).astype(np.float32)
 
 
+def q8_0_scores(q: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Scores (Hkv, group, n, T) of queries q (n, Hkv, group, Dh) float32 against q8_0 keys (T, Hkv, Dh / 32 *
+    34), as ggml-cpu's flash attention computes them over a q8_0 K cache: each query head quantized to q8_0
+    (the cache's own quantizer), then vec_dot_q8_0_q8_0: per block the exact integer sum times
+    f32(d_k * d_q), the blocks added in order in float32 (every step rounded once, as every backend does)."""
+    qd, qi = q8_0_decode(q8_0_encode(q))  # (n, Hkv, g, nb), (n, Hkv, g, nb, 32)
+    kd, ki = q8_0_decode(keys)  # (T, Hkv, nb), (T, Hkv, nb, 32)
+    isum = np.einsum("nhgbi,thbi->hgntb", qi.astype(np.int32), ki.astype(np.int32)).astype(np.float32)
+    d = np.einsum("nhgb,thb->hgntb", qd, kd)  # one product each: exact float32 rounding of d_q * d_k
+    s = np.zeros(isum.shape[:-1], np.float32)
+    for b in range(isum.shape[-1]):
+        s = s + d[..., b] * isum[..., b]
+    return s
+
+
 def exp32(x: np.ndarray) -> np.ndarray:
     """exp of float32 values, correctly rounded to float32 (float64 exp, one rounding): numpy's float32
     exp has per-CPU SIMD variants."""
@@ -195,6 +210,9 @@ class ReferenceBackend(Backend):
             out[..., 1 : spec.n_dims : 2] = a * sin + b * cos
         return out
 
+    def supports(self, op: str, qtype: Any = None) -> bool:
+        return qtype in CACHE_TYPES if op == "kv_cache" else True
+
     def new_kv_cache(self, *args: Any, **kwargs: Any) -> KVCache:
         # Backend.new_kv_cache's arguments are paged_kv.KVCache's
         return KVCache(*args, **kwargs)
@@ -206,8 +224,9 @@ class ReferenceBackend(Backend):
         kv.check_window_chunk(seq_ids)
         kc, vc, table = kv.layer_view(layer)
         slots = kv.slots(seq_ids, positions, table)
-        kc[slots] = k  # every row's k, v first, then attention
-        vc[slots] = v
+        k8, v8 = kv.type_k == "q8_0", kv.type_v == "q8_0"
+        kc[slots] = q8_0_encode(k) if k8 else k  # every row's k, v first, then attention
+        vc[slots] = q8_0_encode(v) if v8 else v
         out = np.empty((n, n_head, v.shape[-1]), np.float32)
         for s in np.unique(seq_ids):
             rows = np.nonzero(seq_ids == s)[0]
@@ -216,11 +235,14 @@ class ReferenceBackend(Backend):
             # positions 0..t-1 of s through its block table (on a ring, those before the window now
             # hold later positions: the window masks them)
             slots = kv.slots(np.full(t, s), np.arange(t), table)
-            keys = kc[slots].astype(np.float32)  # (T, Hkv, Dh)
-            vals = vc[slots].astype(np.float32)
-            qs = _f16_round(q[rows]).reshape(len(rows), n_kv_head, group, dh)
-            # scores (Hkv, group, n, T)
-            scores = exact_einsum("nhgd,thd->hgnt", qs, keys) * np.float32(scale)
+            vals = q8_0_values(vc[slots]) if v8 else vc[slots].astype(np.float32)
+            if k8:
+                scores = q8_0_scores(q[rows].reshape(len(rows), n_kv_head, group, dh), kc[slots])
+            else:
+                qs = _f16_round(q[rows]).reshape(len(rows), n_kv_head, group, dh)
+                # scores (Hkv, group, n, T)
+                scores = exact_einsum("nhgd,thd->hgnt", qs, kc[slots].astype(np.float32))
+            scores = scores * np.float32(scale)
             if softcap:
                 scores = np.float32(softcap) * tanh32(scores / np.float32(softcap))
             j = np.arange(t)
@@ -231,6 +253,8 @@ class ReferenceBackend(Backend):
             scores -= scores.max(axis=-1, keepdims=True)
             p = exp32(scores)
             p /= p.astype(np.float64).sum(axis=-1, keepdims=True).astype(np.float32)
-            o = exact_einsum("hgnt,thd->nhgd", _f16_round(p), vals)
+            # float16 values meet weights rounded to f16 (ggml's f16 matmul); q8_0 values meet them in
+            # float32, as ggml-cpu's flash attention does with a quantized V (v_to_float, then mad in f32)
+            o = exact_einsum("hgnt,thd->nhgd", p if v8 else _f16_round(p), vals)
             out[rows] = o.reshape(len(rows), n_head, -1)
         return out

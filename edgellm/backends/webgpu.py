@@ -303,6 +303,11 @@ class WebGPUKV(KVCache):
     and one V buffer per layer, float16 pairs in u32 words, slot-major (slots, Hkv, Dh)."""
 
     def __init__(self, backend: WebGPUBackend, *args: Any, **kwargs: Any):
+        for which in ("type_k", "type_v"):
+            if kwargs.get(which, "f16") != "f16":
+                flag = f"-ct{which[-1]}"
+                kind = kwargs[which]
+                raise ValueError(f"{backend.name}: a {kind} KV cache ({flag}) is not supported, only f16")
         super().__init__(*args, host_storage=False, **kwargs)
         self.backend = backend
         n_layers, n_kv_heads, head_dim = args[:3]
@@ -613,6 +618,8 @@ class WebGPUBackend(Backend):
     def supports(self, op: str, qtype: Any = None) -> bool:
         if op in WEIGHT_OPS:
             return qtype is not None and int(qtype) in self.weight_types
+        if op == "kv_cache":
+            return qtype == "f16"
         return True
 
     def bind(self, t: QTensor) -> GWeight:

@@ -7,6 +7,14 @@
  * operations are the reference backend's: q rounded to f16, q.k * scale, optional softcap
  * c * tanh(s / c), softmax in f32, weights rounded to f16 before their product with the values. The q.k
  * sums run over 8 lanes, combined in a fixed order: the result does not depend on the thread count.
+ *
+ * A q8_0 cache (op->type = K kind | V kind << 8, a kind being ED_F16 or ED_Q8_0; 0 reads as f16) holds each
+ * head's row as dh / 32 block_q8_0, quantized with the kernels' Q8_0 activation quantizer (ggml-cpu's
+ * quantize_row_q8_0, as llama.cpp copies K and V into such a cache). Over q8_0 keys each query head is
+ * quantized the same way and a score is, block by block in order, f32(d_k * d_q) * (exact integer sum)
+ * added in f32 (ggml's vec_dot_q8_0_q8_0 with its blocks summed in order); q8_0 values are d * q (exact in
+ * f32) and meet the softmax weights unrounded, as ggml-cpu's flash attention does with a quantized V:
+ * edgellm/backends/reference.py's q8_0_scores and attention define the same operations.
  */
 #include <math.h>
 #include <string.h>
@@ -22,6 +30,11 @@ static int64_t slot_of(const ed_op *op, int64_t seq, int64_t pos) {
     const int64_t slot = (int64_t)blk * bs + pos % bs;
     return slot < op->i5 ? slot : -1;
 }
+
+typedef struct { uint16_t d; int8_t qs[32]; } kv_q8; /* ggml's block_q8_0 */
+
+/* the integer sum of one pair of q8_0 blocks: exact, so every build gets the same value */
+typedef int32_t (*q8_isum_fn)(const int8_t *a, const int8_t *b);
 
 /* The inner loops, in two builds with the same float operations in the same order (so the same bits):
  * portable C, and AVX + F16C for x86 CPUs with the kernels' AVX2 level (which requires F16C).
@@ -41,9 +54,41 @@ typedef struct {
                    const int64_t *slots, int64_t t, float *kbuf, float *sc);
     void (*values)(float *out, const float *w, int64_t group, int64_t dh, const uint16_t *kv, int64_t stride,
                    const int64_t *slots, int64_t t);
+    q8_isum_fn q8_isum;
+    /* out_h += w[h * wstride] * row[d] for the group's heads: pv's float steps on a float32 row */
+    void (*pv_f32)(float *out, const float *w, int64_t wstride, int64_t group, int64_t dh, const float *row);
 } attn_loops;
 
 static float combine(const float *l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
+
+
+static int32_t q8_isum_c(const int8_t *a, const int8_t *b) {
+    int32_t s = 0;
+    for (int j = 0; j < 32; j++) s += (int32_t)a[j] * b[j];
+    return s;
+}
+
+/* s[h] = q_h . key over nb q8_0 blocks for the group's heads (blocks of head h at q + h * nb) */
+static void q8_scores(const kv_q8 *q, int64_t group, int64_t nb, const kv_q8 *key, float *s, q8_isum_fn isum) {
+    for (int64_t h = 0; h < group; h++) {
+        const kv_q8 *qh = q + h * nb;
+        float acc = 0.0f;
+        for (int64_t b = 0; b < nb; b++) {
+            const float d = ed_rt_f16_lut[key[b].d] * ed_rt_f16_lut[qh[b].d];
+            const float t = d * (float)isum(key[b].qs, qh[b].qs);
+            acc = acc + t;
+        }
+        s[h] = acc;
+    }
+}
+
+/* row = the values of nb q8_0 blocks (d * q, exact) */
+static void q8_values(const kv_q8 *v, int64_t nb, float *row) {
+    for (int64_t b = 0; b < nb; b++) {
+        const float d = ed_rt_f16_lut[v[b].d];
+        for (int j = 0; j < 32; j++) row[b * 32 + j] = d * (float)v[b].qs[j];
+    }
+}
 
 static void qk_c(const float *q, int64_t group, int64_t dh, const uint16_t *krow, float *row, float *s) {
     for (int64_t d = 0; d < dh; d++) row[d] = ed_rt_f16_lut[krow[d]];
@@ -68,11 +113,19 @@ static void pv_c(float *out, const float *w, int64_t wstride, int64_t group, int
     }
 }
 
+static void pv_f32_c(float *out, const float *w, int64_t wstride, int64_t group, int64_t dh, const float *row) {
+    for (int64_t h = 0; h < group; h++) {
+        const float wh = w[h * wstride];
+        float *y = out + h * dh;
+        for (int64_t d = 0; d < dh; d++) y[d] += wh * row[d];
+    }
+}
+
 static void round_f16_c(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = ed_f16_round(x[i]);
 }
 
-static const attn_loops loops_c = {qk_c, pv_c, round_f16_c, NULL, NULL};
+static const attn_loops loops_c = {qk_c, pv_c, round_f16_c, NULL, NULL, q8_isum_c, pv_f32_c};
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -169,7 +222,28 @@ ED_AVX static void values_avx(float *out, const float *w, int64_t group, int64_t
     }
 }
 
-static const attn_loops loops_avx = {qk_avx, pv_avx, round_f16_avx, scores_avx, values_avx};
+/* |a| . sign(b, a) as u8 x s8 pairs (maddubs: at most 2 * 127 * 127 per pair, no saturation), then int32 */
+__attribute__((target("avx2"))) static int32_t q8_isum_avx2(const int8_t *a, const int8_t *b) {
+    const __m256i x = _mm256_loadu_si256((const __m256i *)a), y = _mm256_loadu_si256((const __m256i *)b);
+    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)),
+                                        _mm256_set1_epi16(1));
+    const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    const __m128i q = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    return _mm_cvtsi128_si32(_mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1)));
+}
+
+ED_AVX static void pv_f32_avx(float *out, const float *w, int64_t wstride, int64_t group, int64_t dh, const float *row) {
+    const int64_t d8 = dh / 8 * 8;
+    for (int64_t h = 0; h < group; h++) {
+        const __m256 wh = _mm256_set1_ps(w[h * wstride]);
+        float *y = out + h * dh;
+        for (int64_t d = 0; d < d8; d += 8)
+            _mm256_storeu_ps(y + d, _mm256_add_ps(_mm256_loadu_ps(y + d), _mm256_mul_ps(wh, _mm256_loadu_ps(row + d))));
+        for (int64_t d = d8; d < dh; d++) y[d] += w[h * wstride] * row[d];
+    }
+}
+
+static const attn_loops loops_avx = {qk_avx, pv_avx, round_f16_avx, scores_avx, values_avx, q8_isum_avx2, pv_f32_avx};
 #endif
 
 static const attn_loops *loops(const ed_kernel_table *kt) {
@@ -180,6 +254,28 @@ static const attn_loops *loops(const ed_kernel_table *kt) {
     return &loops_c;
 }
 
+/* the K (which 0) or V (which 1) cache's kind: ED_Q8_0, or ED_F16 */
+static int kind_of(const ed_op *op, int which) { return ((op->type >> (8 * which)) & 0xff) == ED_Q8_0 ? ED_Q8_0 : ED_F16; }
+
+int ed_attention_valid(const ed_op *op) {
+    for (int which = 0; which < 2; which++) {
+        const int kind = (op->type >> (8 * which)) & 0xff;
+        if (kind != 0 && kind != ED_F16 && kind != ED_Q8_0) return 0;
+        if (kind == ED_Q8_0 && op->k % 32) return 0;
+    }
+    return (op->type >> 16) == 0;
+}
+
+/* one row (hkv * dh floats) into a cache row of its kind */
+static void store_row(const float *x, uintptr_t cache, int64_t slot, int64_t row, int kind, const ed_kernel_table *kt) {
+    if (kind == ED_Q8_0) {
+        kt->from_float[ED_Q8_0](x, (kv_q8 *)cache + slot * (row / 32), row);
+        return;
+    }
+    uint16_t *c = (uint16_t *)cache + slot * row;
+    for (int64_t j = 0; j < row; j++) c[j] = ed_f32_to_f16(x[j]);
+}
+
 static void store(const ed_op *op, ed_ctx *ctx) {
     const int64_t hkv = op->i0, dh = op->k, row = hkv * dh;
     const int64_t *seq = (const int64_t *)op->src6, *pos = (const int64_t *)op->src7;
@@ -188,12 +284,8 @@ static void store(const ed_op *op, ed_ctx *ctx) {
     for (int64_t r = r0; r < r1; r++) {
         const int64_t slot = slot_of(op, seq[r], pos[r]);
         if (slot < 0) continue;
-        const float *k = (const float *)op->src1 + r * row, *v = (const float *)op->src2 + r * row;
-        uint16_t *kc = (uint16_t *)op->src3 + slot * row, *vc = (uint16_t *)op->src4 + slot * row;
-        for (int64_t j = 0; j < row; j++) {
-            kc[j] = ed_f32_to_f16(k[j]);
-            vc[j] = ed_f32_to_f16(v[j]);
-        }
+        store_row((const float *)op->src1 + r * row, op->src3, slot, row, kind_of(op, 0), ctx->kt);
+        store_row((const float *)op->src2 + r * row, op->src4, slot, row, kind_of(op, 1), ctx->kt);
     }
 }
 
@@ -208,8 +300,8 @@ static int key_slots(const ed_op *op, const int32_t *blocks, int64_t lo, int64_t
     return 1;
 }
 
-/* softmax over each of the group's rows of t scores, the weights rounded to f16 */
-static void softmax(float *sc, int64_t group, int64_t t, const attn_loops *L, const ed_kernel_table *kt) {
+/* softmax over each of the group's rows of t scores, the weights rounded to f16 if `round` */
+static void softmax(float *sc, int64_t group, int64_t t, int round, const attn_loops *L, const ed_kernel_table *kt) {
     for (int64_t h = 0; h < group; h++) {
         float *e = sc + h * t, mx = -INFINITY, total = 0.0f;
         for (int64_t j = 0; j < t; j++) mx = e[j] > mx ? e[j] : mx;
@@ -217,7 +309,54 @@ static void softmax(float *sc, int64_t group, int64_t t, const attn_loops *L, co
         ed_exp_span(e, t, kt);
         for (int64_t j = 0; j < t; j++) total += e[j];
         for (int64_t j = 0; j < t; j++) e[j] /= total;
-        L->round_f16(e, t);
+        if (round) L->round_f16(e, t);
+    }
+}
+
+/* one (token r, kv head g) pair over a cache with q8_0 K and/or V rows: positions lo .. lo+t-1, every key
+ * mapped (the caller checked: an unmapped one leaves the output zero) */
+static void attend_q8(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_t r, int64_t g, int64_t lo, int64_t t,
+                      float *out) {
+    const int64_t n_head = op->m, hkv = op->i0, dh = op->k, group = n_head / hkv, nb = dh / 32;
+    const int k8 = kind_of(op, 0) == ED_Q8_0, v8 = kind_of(op, 1) == ED_Q8_0;
+    const float scale = op->f0, softcap = op->f1;
+    /* scratch: slots (t), q as f32 (group, dh) and as q8_0 (group * nb blocks), one row (dh), scores
+     * (group, t), one key's scores (group) */
+    const size_t qbytes = (sizeof(kv_q8) * (size_t)(group * nb) + 7) / 8 * 8;
+    int64_t *slots = ed_thread_scratch(ctx, sizeof(int64_t) * t + qbytes + sizeof(float) * (group * dh + dh + group * t + group));
+    if (!slots) return;
+    kv_q8 *qq = (kv_q8 *)(slots + t);
+    float *qh = (float *)((char *)qq + qbytes), *row = qh + group * dh, *sc = row + dh, *s1 = sc + group * t;
+    if (!key_slots(op, (const int32_t *)op->src5 + ((const int64_t *)op->src6)[r] * op->i2, lo, t, slots))
+        return;
+    const float *q = (const float *)op->src0 + (r * n_head + g * group) * dh;
+    if (k8) {
+        ctx->kt->from_float[ED_Q8_0](q, qq, group * dh);
+    } else {
+        memcpy(qh, q, sizeof(float) * group * dh);
+        L->round_f16(qh, group * dh);
+    }
+    const int64_t krow = hkv * (k8 ? nb * (int64_t)sizeof(kv_q8) : dh * 2), vrow = hkv * (v8 ? nb * (int64_t)sizeof(kv_q8) : dh * 2);
+    const char *kc = (const char *)op->src3 + g * (krow / hkv), *vc = (const char *)op->src4 + g * (vrow / hkv);
+    for (int64_t j = 0; j < t; j++) {
+        const char *key = kc + slots[j] * krow;
+        if (k8) q8_scores(qq, group, nb, (const kv_q8 *)key, s1, L->q8_isum);
+        else L->qk(qh, group, dh, (const uint16_t *)key, row, s1);
+        for (int64_t h = 0; h < group; h++) {
+            float x = s1[h] * scale;
+            if (softcap > 0) x = softcap * tanhf(x / softcap);
+            sc[h * t + j] = x;
+        }
+    }
+    softmax(sc, group, t, !v8, L, ctx->kt);
+    for (int64_t j = 0; j < t; j++) {
+        const char *val = vc + slots[j] * vrow;
+        if (v8) {
+            q8_values((const kv_q8 *)val, nb, row);
+            L->pv_f32(out, sc + j, t, group, dh, row);
+        } else {
+            L->pv(out, sc + j, t, group, dh, (const uint16_t *)val, row);
+        }
     }
 }
 
@@ -245,6 +384,10 @@ void ed_attention(const ed_op *op, int phase, ed_ctx *ctx) {
         if (t <= 0 || slot_of(op, s, p) < 0) return; /* the caller checked: not expected */
         /* scratch: the keys' slots (t), q (group, dh), one key/value row (dh), scores (group, t), one
          * step's scores (group), 8 converted keys (8, dh); the output accumulates in out */
+        if (kind_of(op, 0) == ED_Q8_0 || kind_of(op, 1) == ED_Q8_0) {
+            attend_q8(op, ctx, L, r, g, lo, t, out);
+            return;
+        }
         int64_t *slots = ed_thread_scratch(ctx, sizeof(int64_t) * t + sizeof(float) * (group * dh + 9 * dh + group * t + group));
         if (!slots) return;
         float *qh = (float *)(slots + t), *row = qh + group * dh, *sc = row + dh, *s1 = sc + group * t, *kbuf = s1 + group;
@@ -258,7 +401,7 @@ void ed_attention(const ed_op *op, int phase, ed_ctx *ctx) {
                 if (softcap > 0) x = softcap * tanhf(x / softcap);
                 sc[i] = x;
             }
-            softmax(sc, group, t, L, ctx->kt);
+            softmax(sc, group, t, 1, L, ctx->kt);
             L->values(out, sc, group, dh, vc + g * dh, hkv * dh, slots, t);
             return;
         }
@@ -285,7 +428,7 @@ void ed_attention(const ed_op *op, int phase, ed_ctx *ctx) {
                     }
                 }
             }
-            if (pass == 0) softmax(sc, group, t, L, ctx->kt);
+            if (pass == 0) softmax(sc, group, t, 1, L, ctx->kt);
         }
     }
 }

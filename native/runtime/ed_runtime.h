@@ -26,6 +26,8 @@
  *              (slots, i0, k) f16 of this layer, src5 block_table (i3 seqs, i2 blocks) int32, src6 seq_ids,
  *              src7 positions (n,) int64, dst (n, m, k); i1 = block_size, i4 = window (0: none),
  *              i5 = slots; f0 = scale, f1 = softcap (0: none). Rows whose slot is unmapped write zeros.
+ *              type = K kind | V kind << 8, a kind being ED_F16 (1; 0 reads as f16) or ED_Q8_0 (8: the
+ *              cache holds (slots, i0, k / 32) block_q8_0, and k is a multiple of 32).
  *   SILU_MUL   src0 gate, src1 up, dst: n*k f32.   GELU_MUL  the same, src2 = ggml's GELU table (65536 f32)
  *   ADD        src0 a (n, k), src1 b (n, k), or (k,) broadcast over rows when i0 = 1, dst (n, k).
  *   SCALE      dst = src0 * f0 (n*k).              SOFTCAP   dst = f0 * tanhf(src0 / f0) (n*k).

@@ -52,7 +52,7 @@ int ed_op_valid(const ed_op *op, const ed_kernel_table *kt) {
                op->i0 == op->k / tk->block_elems * tk->block_bytes;
     }
     case ED_OP_GET_ROWS: return ed_dequantize_supported(op->type);
-    case ED_OP_ATTENTION: return op->i0 > 0 && op->m % op->i0 == 0 && op->i1 > 0;
+    case ED_OP_ATTENTION: return op->i0 > 0 && op->m % op->i0 == 0 && op->i1 > 0 && ed_attention_valid(op);
     case ED_OP_ROPE: return op->i0 <= op->k && op->i0 % 2 == 0;
     case ED_OP_RMS_NORM: case ED_OP_SILU_MUL: case ED_OP_GELU_MUL: case ED_OP_ADD: case ED_OP_SCALE:
     case ED_OP_SOFTCAP: case ED_OP_NONE: return 1;

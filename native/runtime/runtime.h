@@ -37,6 +37,8 @@ void *ed_thread_scratch(ed_ctx *ctx, size_t bytes);
 void ed_matmul(const ed_op *op, int phase, ed_ctx *ctx);
 size_t ed_matmul_shared_scratch(const ed_op *op, const ed_kernel_table *kt);
 void ed_attention(const ed_op *op, int phase, ed_ctx *ctx);
+/* whether an ATTENTION op's cache kinds (op->type) are known and fit its head size */
+int ed_attention_valid(const ed_op *op);
 void ed_get_rows(const ed_op *op, ed_ctx *ctx);
 void ed_rms_norm(const ed_op *op, ed_ctx *ctx);
 void ed_rope(const ed_op *op, ed_ctx *ctx);

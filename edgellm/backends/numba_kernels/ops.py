@@ -134,6 +134,145 @@ def attention(q, k, v, kc, vc, table, block_size, seq_ids, positions, scale, win
                     out[r, g * group + i, d] = acc[i, d]
 
 
+@njit(cache=True, inline="always")
+def _q8_store(x, row):
+    """x (Dh,) float32 -> row (Dh / 32 * 34,) uint8 of q8_0 blocks (paged_kv.q8_0_encode)."""
+    for b in range(x.shape[0] // 32):
+        amax = F32(0)
+        for j in range(32):
+            a = abs(x[b * 32 + j])
+            if a > amax:
+                amax = a
+        inv = F32(127) / amax if amax != F32(0) else F32(0)
+        h = f32_to_f16_bits(amax / F32(127))
+        row[b * 34] = np.uint8(h & np.uint32(255))
+        row[b * 34 + 1] = np.uint8(h >> np.uint32(8))
+        for j in range(32):
+            q = np.int32(np.rint(x[b * 32 + j] * inv))
+            row[b * 34 + 2 + j] = np.uint8(q & 255)
+
+
+@njit(cache=True, inline="always")
+def _q8_scale(row, b):
+    return f16_to_f32(np.uint32(row[b * 34]) | (np.uint32(row[b * 34 + 1]) << np.uint32(8)))
+
+
+@njit(cache=True, inline="always")
+def _q8_int(row, b, j):
+    v = np.int32(row[b * 34 + 2 + j])
+    return v - 256 if v > 127 else v
+
+
+@njit(cache=True, nogil=True)
+def attention_q8(q, k, v, kc, vc, k8, v8, table, block_size, seq_ids, positions, scale, window, softcap, out):
+    """attention() over a cache whose K (k8) and/or V (v8) rows are q8_0 blocks (uint8 (slots, Hkv,
+    Dh / 32 * 34)); the other is float16 bits as in attention(). The reference's operations
+    (reference.q8_0_scores): over q8_0 keys each query head is quantized to q8_0 and a score is the blocks'
+    f32(d_k * d_q) * exact integer sum, added in block order; q8_0 values are d * q, met by float32 weights
+    (not rounded to f16). The caller has checked that every block read or written is mapped."""
+    n, n_head, dh = q.shape
+    n_kv = k.shape[1]
+    group = n_head // n_kv
+    nb = dh // 32
+    scale = F32(scale)
+    softcap = F32(softcap)
+    for r in range(n):
+        slot = _slot(table, block_size, seq_ids[r], positions[r])
+        for hh in range(n_kv):
+            if k8:
+                _q8_store(k[r, hh], kc[slot, hh])
+            else:
+                for d in range(dh):
+                    kc[slot, hh, d] = f32_to_f16_bits(k[r, hh, d])
+            if v8:
+                _q8_store(v[r, hh], vc[slot, hh])
+            else:
+                for d in range(dh):
+                    vc[slot, hh, d] = f32_to_f16_bits(v[r, hh, d])
+    qg = np.empty((group, dh), F32)
+    qrow = np.empty((group, nb * 34), np.uint8)
+    qi = np.empty((group, dh), np.int32)
+    qd = np.empty((group, nb), F32)
+    kf = np.empty(dh, F32)
+    acc = np.empty((group, dh), F32)
+    for r in range(n):
+        s_id, pos = seq_ids[r], positions[r]
+        lo = max(0, pos - window + 1) if window > 0 else 0
+        t = pos + 1 - lo
+        scores = np.empty((group, t), F32)
+        slots = np.empty(t, np.int64)
+        for j in range(t):
+            slots[j] = _slot(table, block_size, s_id, lo + j)
+        for g in range(n_kv):
+            for i in range(group):
+                if k8:
+                    _q8_store(q[r, g * group + i], qrow[i])
+                    for b in range(nb):
+                        qd[i, b] = _q8_scale(qrow[i], b)
+                        for j in range(32):
+                            qi[i, b * 32 + j] = _q8_int(qrow[i], b, j)
+                else:
+                    for d in range(dh):
+                        qg[i, d] = f16_to_f32(f32_to_f16_bits(q[r, g * group + i, d]))
+            for j in range(t):
+                krow = kc[slots[j], g]
+                if k8:
+                    for i in range(group):
+                        s = F32(0)
+                        for b in range(nb):
+                            isum = 0
+                            for e in range(32):
+                                isum += qi[i, b * 32 + e] * _q8_int(krow, b, e)
+                            dd = _q8_scale(krow, b) * qd[i, b]
+                            s = s + dd * F32(isum)
+                        scores[i, j] = s
+                else:
+                    for d in range(dh):
+                        kf[d] = _f16_bits_to_f32(krow[d])
+                    for i in range(group):
+                        s = F32(0)
+                        for d in range(dh):
+                            s += qg[i, d] * kf[d]
+                        scores[i, j] = s
+                for i in range(group):
+                    s = scores[i, j] * scale
+                    if softcap > 0:
+                        s = softcap * np.tanh(s / softcap)
+                    scores[i, j] = s
+            for i in range(group):
+                mx = F32(-np.inf)
+                for j in range(t):
+                    if scores[i, j] > mx:
+                        mx = scores[i, j]
+                total = F32(0)
+                for j in range(t):
+                    e = np.exp(scores[i, j] - mx)
+                    scores[i, j] = e
+                    total += e
+                for j in range(t):
+                    w = scores[i, j] / total
+                    scores[i, j] = w if v8 else f16_to_f32(f32_to_f16_bits(w))
+                for d in range(dh):
+                    acc[i, d] = F32(0)
+            for j in range(t):
+                vrow = vc[slots[j], g]
+                if v8:
+                    for b in range(nb):
+                        db = _q8_scale(vrow, b)
+                        for e in range(32):
+                            kf[b * 32 + e] = db * F32(_q8_int(vrow, b, e))
+                else:
+                    for d in range(dh):
+                        kf[d] = _f16_bits_to_f32(vrow[d])
+                for i in range(group):
+                    p = scores[i, j]
+                    for d in range(dh):
+                        acc[i, d] += p * kf[d]
+            for i in range(group):
+                for d in range(dh):
+                    out[r, g * group + i, d] = acc[i, d]
+
+
 @njit(cache=True, nogil=True)
 def silu_mul(gate, up, out):
     """SwiGLU over flat float32 arrays: gate / (1 + exp(-gate)) * up."""
