@@ -1,6 +1,6 @@
 """The native backend on older x86 CPUs: this machine's Python run under qemu-user emulating a CPU without
 AVX (Nehalem) and one with AVX2 but no AVX-512 (Haswell) picks the level that CPU has (no illegal
-instruction) and generates the same greedy tokens as the host.
+instruction) and generates the same greedy tokens as the host, over an f16 and a q8_0 KV cache.
 
 The levels do not promise identical bits: quantized activations are byte-identical on every level, but
 vec_dot's float sums run in a different order (tests/test_native_kernels_cross.py bounds them per type). On
@@ -37,7 +37,11 @@ import edgellm
 llm = edgellm.LLM(sys.argv[1], backend="native", n_ctx=64, threads=2)
 out = llm.generate("the cat", max_tokens=8, temperature=0)
 logits = llm.logits(llm.tokenize("the cat"))
-print(json.dumps({"level": llm.backend.level, "tokens": out.tokens, "logits": np.asarray(logits).tolist()}))
+q8 = edgellm.LLM(sys.argv[1], backend="native", n_ctx=64, threads=2, cache_type_k="q8_0", cache_type_v="q8_0")
+out8 = q8.generate("the cat", max_tokens=8, temperature=0)
+logits8 = q8.logits(q8.tokenize("the cat"))
+print(json.dumps({"level": llm.backend.level, "tokens": out.tokens, "logits": np.asarray(logits).tolist(),
+                  "tokens_q8": out8.tokens, "logits_q8": np.asarray(logits8).tolist()}))
 """
 
 
@@ -77,3 +81,5 @@ def test_an_older_x86_cpu_runs_its_own_level_and_generates_the_same_tokens(model
     assert got["level"] == level
     assert got["tokens"] == host["tokens"]
     np.testing.assert_allclose(got["logits"], host["logits"], rtol=0, atol=0.15)
+    assert got["tokens_q8"] == host["tokens_q8"]  # a q8_0 KV cache (-ctk/-ctv q8_0): its loops per level
+    np.testing.assert_allclose(got["logits_q8"], host["logits_q8"], rtol=0, atol=0.15)

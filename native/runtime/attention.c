@@ -57,6 +57,13 @@ typedef struct {
     q8_isum_fn q8_isum;
     /* out_h += w[h * wstride] * row[d] for the group's heads: pv's float steps on a float32 row */
     void (*pv_f32)(float *out, const float *w, int64_t wstride, int64_t group, int64_t dh, const float *row);
+    /* Optional: all t keys / values of a (token, kv head) at once over q8_0 rows (rows of nb blocks at
+     * base + slots[j] * stride bytes), with q8_scores' and q8_values + pv_f32's bits: sc[h * t + j] =
+     * q_h . key j; out_h += w[h * t + j] * value j for j in order. */
+    void (*q8_scores_all)(const kv_q8 *q, int64_t group, int64_t nb, const char *base, int64_t stride,
+                          const int64_t *slots, int64_t t, float *sc);
+    void (*q8_values_all)(float *out, const float *w, int64_t group, int64_t nb, const char *base, int64_t stride,
+                          const int64_t *slots, int64_t t);
 } attn_loops;
 
 static float combine(const float *l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
@@ -125,7 +132,7 @@ static void round_f16_c(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = ed_f16_round(x[i]);
 }
 
-static const attn_loops loops_c = {qk_c, pv_c, round_f16_c, NULL, NULL, q8_isum_c, pv_f32_c};
+static const attn_loops loops_c = {qk_c, pv_c, round_f16_c, NULL, NULL, q8_isum_c, pv_f32_c, NULL, NULL};
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -243,7 +250,67 @@ ED_AVX static void pv_f32_avx(float *out, const float *w, int64_t wstride, int64
     }
 }
 
-static const attn_loops loops_avx = {qk_avx, pv_avx, round_f16_avx, scores_avx, values_avx, q8_isum_avx2, pv_f32_avx};
+#define ED_AVX2 __attribute__((target("avx2,f16c")))
+
+/* the 8 int32 lanes of each of 8 vectors summed, vector k's sum in lane k (exact) */
+ED_AVX2 static __m256i isum8(const __m256i *p) {
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+ED_AVX2 static void q8_scores_all_avx2(const kv_q8 *q, int64_t group, int64_t nb, const char *base, int64_t stride,
+                                       const int64_t *slots, int64_t t, float *sc) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t j0 = 0; j0 < t; j0 += 8) {
+        const int nk = t - j0 < 8 ? (int)(t - j0) : 8;
+        const kv_q8 *key[8];
+        for (int k = 0; k < 8; k++) key[k] = (const kv_q8 *)(base + slots[j0 + (k < nk ? k : 0)] * stride);
+        for (int64_t h = 0; h < group; h++) {
+            const kv_q8 *qh = q + h * nb;
+            __m256 acc = _mm256_setzero_ps();
+            for (int64_t b = 0; b < nb; b++) {
+                const __m256i y = _mm256_loadu_si256((const __m256i *)qh[b].qs);
+                __m256i p[8];
+                float dk[8];
+                for (int k = 0; k < 8; k++) {
+                    const __m256i x = _mm256_loadu_si256((const __m256i *)key[k][b].qs);
+                    p[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)), ones);
+                    dk[k] = ed_rt_f16_lut[key[k][b].d];
+                }
+                const __m256 d = _mm256_mul_ps(_mm256_loadu_ps(dk), _mm256_set1_ps(ed_rt_f16_lut[qh[b].d]));
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum8(p))));
+            }
+            float r[8];
+            _mm256_storeu_ps(r, acc);
+            memcpy(sc + h * t + j0, r, sizeof(float) * (size_t)nk);
+        }
+    }
+}
+
+ED_AVX2 static void q8_values_all_avx2(float *out, const float *w, int64_t group, int64_t nb, const char *base,
+                                       int64_t stride, const int64_t *slots, int64_t t) {
+    for (int64_t h0 = 0; h0 < group; h0 += 8) {
+        const int64_t nh = group - h0 < 8 ? group - h0 : 8;
+        for (int64_t b = 0; b < nb; b++)
+            for (int64_t e = 0; e < 32; e += 8) {
+                const int64_t d = b * 32 + e;
+                __m256 acc[8];
+                for (int64_t h = 0; h < nh; h++) acc[h] = _mm256_loadu_ps(out + (h0 + h) * nb * 32 + d);
+                for (int64_t j = 0; j < t; j++) {
+                    const kv_q8 *blk = (const kv_q8 *)(base + slots[j] * stride) + b;
+                    const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk->qs + e)));
+                    const __m256 v = _mm256_mul_ps(_mm256_set1_ps(ed_rt_f16_lut[blk->d]), _mm256_cvtepi32_ps(q));
+                    for (int64_t h = 0; h < nh; h++)
+                        acc[h] = _mm256_add_ps(acc[h], _mm256_mul_ps(_mm256_set1_ps(w[(h0 + h) * t + j]), v));
+                }
+                for (int64_t h = 0; h < nh; h++) _mm256_storeu_ps(out + (h0 + h) * nb * 32 + d, acc[h]);
+            }
+    }
+}
+
+static const attn_loops loops_avx = {qk_avx,     pv_avx,          round_f16_avx,       scores_avx,        values_avx,
+                                     q8_isum_avx2, pv_f32_avx, q8_scores_all_avx2, q8_values_all_avx2};
 #endif
 
 static const attn_loops *loops(const ed_kernel_table *kt) {
@@ -338,7 +405,15 @@ static void attend_q8(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_t
     }
     const int64_t krow = hkv * (k8 ? nb * (int64_t)sizeof(kv_q8) : dh * 2), vrow = hkv * (v8 ? nb * (int64_t)sizeof(kv_q8) : dh * 2);
     const char *kc = (const char *)op->src3 + g * (krow / hkv), *vc = (const char *)op->src4 + g * (vrow / hkv);
-    for (int64_t j = 0; j < t; j++) {
+    if (k8 && L->q8_scores_all) { /* every key at once: raw scores, then scale and softcap */
+        L->q8_scores_all(qq, group, nb, kc, krow, slots, t, sc);
+        for (int64_t i = 0; i < group * t; i++) {
+            float x = sc[i] * scale;
+            if (softcap > 0) x = softcap * tanhf(x / softcap);
+            sc[i] = x;
+        }
+    }
+    for (int64_t j = 0; j < t && !(k8 && L->q8_scores_all); j++) {
         const char *key = kc + slots[j] * krow;
         if (k8) q8_scores(qq, group, nb, (const kv_q8 *)key, s1, L->q8_isum);
         else L->qk(qh, group, dh, (const uint16_t *)key, row, s1);
@@ -349,6 +424,10 @@ static void attend_q8(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_t
         }
     }
     softmax(sc, group, t, !v8, L, ctx->kt);
+    if (v8 && L->q8_values_all) {
+        L->q8_values_all(out, sc, group, nb, vc, vrow, slots, t);
+        return;
+    }
     for (int64_t j = 0; j < t; j++) {
         const char *val = vc + slots[j] * vrow;
         if (v8) {
