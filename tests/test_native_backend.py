@@ -199,13 +199,15 @@ def test_norm_rope_glu_and_elementwise_ops_match_the_reference(nb):
     assert np.array_equal(nb.columns(g, 10, 100), g[:, 10:100])
 
 
-def _attention_pair(nb, window, softcap, block_size=None, n_blocks=None):
-    """Native and reference caches, and a function running one attention step on both."""
+KV_TYPES = {"f16": {}, "q8_0": dict(type_k="q8_0", type_v="q8_0"), "q8_0-K": dict(type_k="q8_0")}
+
+
+def _attention_pair(nb, window, softcap, block_size=None, n_blocks=None, types=None):
+    """Native and reference caches (of KV cache types `types`), and a function running one attention step
+    on both."""
     ref = ReferenceBackend()
-    if block_size is None:
-        kvs = [b.new_kv_cache(2, 2, 64, 16, 2) for b in (nb, ref)]
-    else:
-        kvs = [b.new_kv_cache(2, 2, 64, 16, 2, block_size, n_blocks) for b in (nb, ref)]
+    types = types or {}
+    kvs = [b.new_kv_cache(2, 2, 64, 16, 2, block_size, n_blocks, **types) for b in (nb, ref)]
 
     def step(seqs, pos):
         n = len(seqs)
@@ -219,10 +221,11 @@ def _attention_pair(nb, window, softcap, block_size=None, n_blocks=None):
     return kvs, step
 
 
+@pytest.mark.parametrize("types", KV_TYPES)
 @pytest.mark.parametrize("window,softcap", [(None, None), (3, None), (None, 30.0)])
-def test_attention_and_kv_cache_match_the_reference(nb, window, softcap):
+def test_attention_and_kv_cache_match_the_reference(nb, window, softcap, types):
     """A 6-token prompt of sequence 1, then a batch of sequence 1's next token and sequence 0's first."""
-    kvs, step = _attention_pair(nb, window, softcap)
+    kvs, step = _attention_pair(nb, window, softcap, types=KV_TYPES[types])
     for seqs, pos in [([1] * 6, range(6)), ([1, 0], [6, 0])]:
         a, b = step(seqs, list(pos))
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)  # summation order only
@@ -231,8 +234,9 @@ def test_attention_and_kv_cache_match_the_reference(nb, window, softcap):
         step([0, 0], [15, 16])
 
 
-def test_attention_through_a_shuffled_block_table_matches_the_reference(nb):
-    kvs, step = _attention_pair(nb, 5, None, block_size=4, n_blocks=8)
+@pytest.mark.parametrize("types", KV_TYPES)
+def test_attention_through_a_shuffled_block_table_matches_the_reference(nb, types):
+    kvs, step = _attention_pair(nb, 5, None, block_size=4, n_blocks=8, types=KV_TYPES[types])
     table = rng.permutation(8).astype(np.int32).reshape(2, 4)  # each sequence's blocks scattered in the pool
     for kv in kvs:
         kv.block_table[:] = table
@@ -245,11 +249,12 @@ def test_attention_through_a_shuffled_block_table_matches_the_reference(nb):
         step([0, 0], [12, 13])
 
 
-def test_attention_gives_the_same_bits_on_1_and_3_threads(nb):
+@pytest.mark.parametrize("types", KV_TYPES)
+def test_attention_gives_the_same_bits_on_1_and_3_threads(nb, types):
     outs = []
     for k in (1, 3):
         with threads(nb, k):
-            kv = nb.new_kv_cache(1, 2, 64, 32, 3)
+            kv = nb.new_kv_cache(1, 2, 64, 32, 3, **KV_TYPES[types])
             r = np.random.default_rng(7)
             for seqs, pos in [([2] * 9, range(9)), ([0, 2, 1], [0, 9, 0])]:
                 q = r.standard_normal((len(seqs), 6, 64)).astype(np.float32)
