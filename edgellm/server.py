@@ -161,13 +161,16 @@ def load(state: State) -> None:
     if c.chat_template:  # which template an override resolved to (a built-in, a file, inline Jinja): one line
         log.info("chat template: %s", llm.template.reason)
     log.info(
-        "ready: %s on %s, ctx %d, %d slots, %d KV blocks of %d",
+        "ready: %s on %s, ctx %d, %d slots, %d KV blocks of %d (K %s, V %s: %.1f MiB)",
         llm.path.name,
         llm.backend.name,
         llm.n_ctx,
         c.parallel,
         engine.kv.n_blocks,
         engine.kv.block_size,
+        llm.model.cache_type_k,
+        llm.model.cache_type_v,
+        engine.kv.cache.nbytes / 2**20,
     )
 
 

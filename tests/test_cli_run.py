@@ -71,6 +71,14 @@ def test_prompt_longer_than_context_and_bad_flags_are_clear_errors(capsys):
     assert rc == 1 and "context holds 32" in err
     rc, _, err = run(capsys, "run", "-p", "hi", "--temp", "-1")
     assert rc == 1 and "temperature" in err
+    rc, _, err = run(capsys, "run", "-p", "hi", "-ctk", "q4_0")
+    assert rc == 1 and err.strip() == "error: K cache type 'q4_0' is not supported (choose from f16, q8_0)"
+
+
+def test_a_q8_0_kv_cache_answers_and_says_so(capsys):
+    rc, out, err = run(capsys, "run", "-p", "The capital of France is", "--raw", "-n", "4", "--temp", "0",
+                       "-ctk", "q8_0", "-ctv", "q8_0", "-v")  # fmt: skip
+    assert rc == 0 and out.strip() and "KV q8_0/q8_0" in err
 
 
 def test_stop_string_ends_the_answer_without_printing_it(capsys):

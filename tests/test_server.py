@@ -131,8 +131,8 @@ def server(smollm2_path, tmp_path_factory):
 @pytest.fixture(scope="module")
 def small_server(smollm2_path, tmp_path_factory):
     """One slot, one queue place, an API key from the environment, a 2 s shutdown grace, the model read
-    in (--no-mmap) and locked (--mlock: warns and goes on where RLIMIT_MEMLOCK is too small); on the numba
-    backend (the main server runs the default, native)."""
+    in (--no-mmap) and locked (--mlock: warns and goes on where RLIMIT_MEMLOCK is too small), a q8_0 KV
+    cache (-ctk/-ctv); on the numba backend (the main server runs the default, native)."""
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
     with Server(
@@ -149,6 +149,10 @@ def small_server(smollm2_path, tmp_path_factory):
             "http://app.test",
             "--no-mmap",
             "--mlock",
+            "-ctk",
+            "q8_0",
+            "--cache-type-v",
+            "q8_0",
         ),
         env={"EDGELLM_API_KEY": KEY},
         backend="numba",
@@ -417,6 +421,10 @@ def test_a_client_leaving_mid_stream_cancels_only_its_sequence(server):
 
 
 # ---------------------------------------------------------------------------------------------- limits
+
+
+def test_the_kv_cache_types_are_the_flags(small_server):
+    assert "(K q8_0, V q8_0: " in small_server.wait_log_line(lambda line: "ready: " in line)
 
 
 def test_health_is_503_while_loading_then_200(small_server):
