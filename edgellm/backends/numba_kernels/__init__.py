@@ -134,6 +134,12 @@ def _compile_ops() -> None:
     pos, seq = np.arange(2, dtype=np.int64), np.zeros(2, np.int64)
     kv1 = x3[:, :1].copy()
     ops.attention(x3, kv1, kv1.copy(), cache, cache.copy(), table, 2, seq, pos, 1.0, 0, 0.0, x3.copy())
+    # over q8_0 rows (-ctk/-ctv q8_0): heads of 32, K and V each q8_0 (uint8 rows) or f16 (uint16)
+    q32, kv32 = np.ones((2, 2, 32), F32), np.ones((2, 1, 32), F32)
+    rows8, rows16 = np.zeros((4, 1, 34), np.uint8), np.zeros((4, 1, 32), np.uint16)
+    for kc, vc in ((rows8, rows8), (rows8, rows16), (rows16, rows8)):
+        k8, v8 = kc.dtype == np.uint8, vc.dtype == np.uint8
+        ops.attention_q8(q32, kv32, kv32, kc, vc, k8, v8, table, 2, seq, pos, 1.0, 0, 0.0, q32.copy())
     v = np.ones(8, F32)
     ops.silu_mul(v, v, np.empty_like(v))
     ops.gelu_mul(v, v, np.zeros(65536, F32), np.empty_like(v))
