@@ -409,7 +409,7 @@ static void attend_q8(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_t
         L->q8_scores_all(qq, group, nb, kc, krow, slots, t, sc);
         for (int64_t i = 0; i < group * t; i++) {
             float x = sc[i] * scale;
-            if (softcap > 0) x = softcap * tanhf(x / softcap);
+            if (softcap > 0) x = ed_softcap(x, softcap);
             sc[i] = x;
         }
     }
@@ -419,7 +419,7 @@ static void attend_q8(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_t
         else L->qk(qh, group, dh, (const uint16_t *)key, row, s1);
         for (int64_t h = 0; h < group; h++) {
             float x = s1[h] * scale;
-            if (softcap > 0) x = softcap * tanhf(x / softcap);
+            if (softcap > 0) x = ed_softcap(x, softcap);
             sc[h * t + j] = x;
         }
     }
@@ -477,7 +477,7 @@ void ed_attention(const ed_op *op, int phase, ed_ctx *ctx) {
             L->scores(qh, group, dh, kc + g * dh, hkv * dh, slots, t, kbuf, sc);
             for (int64_t i = 0; i < group * t; i++) {
                 float x = sc[i] * scale;
-                if (softcap > 0) x = softcap * tanhf(x / softcap);
+                if (softcap > 0) x = ed_softcap(x, softcap);
                 sc[i] = x;
             }
             softmax(sc, group, t, 1, L, ctx->kt);
@@ -499,7 +499,7 @@ void ed_attention(const ed_op *op, int phase, ed_ctx *ctx) {
                         L->qk(qh, group, dh, kc + (slot * hkv + g) * dh, row, s1);
                         for (int64_t h = 0; h < group; h++) {
                             float x = s1[h] * scale;
-                            if (softcap > 0) x = softcap * tanhf(x / softcap);
+                            if (softcap > 0) x = ed_softcap(x, softcap);
                             sc[h * t + j] = x;
                         }
                     } else {

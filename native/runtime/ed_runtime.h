@@ -30,7 +30,7 @@
  *              cache holds (slots, i0, k / 32) block_q8_0, and k is a multiple of 32).
  *   SILU_MUL   src0 gate, src1 up, dst: n*k f32.   GELU_MUL  the same, src2 = ggml's GELU table (65536 f32)
  *   ADD        src0 a (n, k), src1 b (n, k), or (k,) broadcast over rows when i0 = 1, dst (n, k).
- *   SCALE      dst = src0 * f0 (n*k).              SOFTCAP   dst = f0 * tanhf(src0 / f0) (n*k).
+ *   SCALE      dst = src0 * f0 (n*k).              SOFTCAP   dst = f0 * tanh(src0 / f0) (n*k).
  *   COPY       dst (n, k) = columns i1..i1+k of src0 rows of i0 floats.
  */
 enum {

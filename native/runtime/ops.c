@@ -162,7 +162,7 @@ void ed_elementwise(const ed_op *op, ed_ctx *ctx) {
         for (int64_t i = e0; i < e1; i++) y[i] = a[i] * f;
         break;
     case ED_OP_SOFTCAP:
-        for (int64_t i = e0; i < e1; i++) y[i] = f * tanhf(a[i] / f);
+        for (int64_t i = e0; i < e1; i++) y[i] = ed_softcap(a[i], f);
         break;
     default: break;
     }

@@ -2,6 +2,7 @@
 #ifndef ED_RUNTIME_INTERNAL_H
 #define ED_RUNTIME_INTERNAL_H
 
+#include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
@@ -55,6 +56,11 @@ int ed_dequantize_row(int type, const void *src, float *dst, int64_t n);
 int ed_dequantize_supported(int type);
 
 /* part `part` of `parts` of rows 0..rows-1, contiguous and nearly equal: [*r0, *r1) */
+/* c * tanh(x / c): tanh in double, rounded once to float, as the reference backend's tanh32. libm's tanhf
+ * is an ulp off on some inputs and differs between libcs (glibc on aarch64 and x86-64 disagree), and in
+ * attention an ulp of a weight can move its f16 rounding by a whole f16 ulp (~1e-4 in the output). */
+static inline float ed_softcap(float x, float c) { return c * (float)tanh((double)(x / c)); }
+
 static inline void ed_split(int64_t rows, int64_t part, int64_t parts, int64_t *r0, int64_t *r1) {
     int64_t per = (rows + parts - 1) / parts;
     *r0 = per * part < rows ? per * part : rows;
