@@ -8,6 +8,12 @@ must not turn into a green run that tested nothing.
 from __future__ import annotations
 
 import os
+
+# The cuda backend's kernels run under numba-cuda's simulator in tests (no GPU in CI); numba reads this when
+# it is first imported, so it is set before anything imports it. EDGELLM_CUDA_DEVICE=1 (the GPU machine's
+# check, scripts/device/cuda_check.sh) runs them on the real device instead.
+if os.environ.get("EDGELLM_CUDA_DEVICE") != "1":
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 from pathlib import Path
 
 import pytest

@@ -276,10 +276,10 @@ def test_dash_m_names_the_model_like_the_positional(capsys, smollm2_path, gemma3
 def test_backend_help_lists_the_real_backends(capsys):
     from edgellm.backends import names
 
-    assert names() == ["auto", "reference", "numba", "native", "vulkan", "metal"]
+    assert names() == ["auto", "reference", "numba", "native", "vulkan", "metal", "cuda"]
     for command in ("run", "bench", "perplexity"):
         text = help_text(capsys, command)
-        assert "Compute backend: auto, reference, numba, native, vulkan, metal" in text, command
+        assert "Compute backend: auto, reference, numba, native, vulkan, metal, cuda" in text, command
 
 
 def test_unexpected_error_hint_names_the_debug_form_that_works(capsys, monkeypatch, smollm2_path):

@@ -42,6 +42,7 @@ def model_class(arch: str) -> Any:
 def load_model(mf: ModelFile, backend: Backend) -> Any:
     """Build the model for `mf`'s architecture with its weights bound to `backend`; one warning line
     names the weights the backend has no kernel for (see fallback_report)."""
+    backend.prepare(mf)
     model = model_class(mf.arch)(mf, backend)
     report = fallback_report(mf, backend)
     if report:

@@ -14,11 +14,12 @@ BACKENDS = {
     "native": "edgellm.backends.native:NativeBackend",
     "vulkan": "edgellm.backends.webgpu:VulkanBackend",
     "metal": "edgellm.backends.webgpu:MetalBackend",
+    "cuda": "edgellm.backends.cuda:CudaBackend",
 }
-AUTO_ORDER = ["metal", "vulkan", "native", "numba", "reference"]
+AUTO_ORDER = ["cuda", "metal", "vulkan", "native", "numba", "reference"]
 # device backends `auto` takes only on a real GPU (webgpu.auto_refusal): never on a software driver such as
 # lavapipe, which is slower than the CPU backends; why one is not taken is not worth a warning
-DEVICE_BACKENDS = ("metal", "vulkan")
+DEVICE_BACKENDS = ("cuda", "metal", "vulkan")
 _SAID: set[str] = set()
 
 
@@ -29,6 +30,17 @@ def _type_name(t: int) -> str:
         return GGMLQuantizationType(t).name
     except ValueError:
         return str(t)
+
+
+def _auto_refusal(name: str) -> str | None:
+    """Why `auto` skips a device backend (no real device of that kind here), or None."""
+    if name == "cuda":
+        from edgellm.backends.cuda import auto_refusal
+
+        return auto_refusal()
+    from edgellm.backends.webgpu import auto_refusal as webgpu_refusal
+
+    return webgpu_refusal(name)
 
 
 def names() -> list[str]:
@@ -48,11 +60,8 @@ def get_backend(name: str = "auto", threads: int | None = None, weight_types: It
         chosen, first = None, None  # the first fast backend that covers the file; the first that runs
         types = sorted({int(t) for t in weight_types})
         for n in AUTO_ORDER:
-            if n in DEVICE_BACKENDS:
-                from edgellm.backends.webgpu import auto_refusal
-
-                if auto_refusal(n) is not None:
-                    continue
+            if n in DEVICE_BACKENDS and _auto_refusal(n) is not None:
+                continue
             try:
                 backend = get_backend(n, threads)
             except BackendUnavailable as e:

@@ -116,6 +116,11 @@ class Backend(ABC):
         return x[np.asarray(rows, np.int64)]
 
     # -- weights ---------------------------------------------------------------------------------------
+    def prepare(self, mf: Any) -> None:
+        """Called with the ModelFile before any of its weights is bound: a device that cannot hold them
+        raises BackendUnavailable saying so, before anything is uploaded. The default: nothing to check."""
+        return None
+
     @abstractmethod
     def bind(self, t: QTensor) -> Any:
         """Take ownership of a weight tensor (called once per tensor at load); returns an opaque handle."""
