@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import weakref
 from typing import Any
 
@@ -27,7 +28,8 @@ from edgellm.backends.base import (
     gelu_table_f32,
     rope_table,
 )
-from edgellm.backends.paged_kv import KVCache
+from edgellm.backends.device_steps import Plan, RecordedSteps, Recording
+from edgellm.backends.paged_kv import DeviceKV
 from edgellm.gguf import QTensor
 
 # what matmul and get_rows run on the device (declared without a device; cuda_kernels.blocks has a
@@ -119,45 +121,29 @@ class CWeight:
         self.qt, self.type, self.data, self.rows, self.cols = qt, qtype, data, data.shape[0], cols
 
 
-class CudaKV(KVCache):
-    """paged_kv's tables on the host (the engine writes them); K, V and the tables on the device: per layer
-    (slots, Hkv, Dh) f16 bit patterns (uint16)."""
+class CudaKV(DeviceKV):
+    """K, V and the tables on the device: per layer (slots, Hkv, Dh) f16 bit patterns (uint16)."""
 
     def __init__(self, backend: CudaBackend, *args: Any, **kwargs: Any):
-        for which in ("type_k", "type_v"):
-            if kwargs.get(which, "f16") != "f16":
-                kind = kwargs[which]
-                raise ValueError(f"cuda: a {kind} KV cache (-ct{which[-1]}) is not supported, only f16")
-        super().__init__(*args, host_storage=False, **kwargs)
+        super().__init__("cuda", *args, **kwargs)
         self.backend = backend
         n_layers, n_kv_heads, head_dim = args[:3]
         most = backend.k_attn.MAX_HEAD_DIM
         if head_dim > most:
             raise ValueError(f"cuda: head width {head_dim} is not supported (at most {most})")
-        ring = set(self.ring_layers)
         cuda = backend.cuda
-        self.layers = []
         for layer in range(n_layers):
-            slots = max(self.n_ring_slots if layer in ring else self.n_slots, 1)
-            shape = (slots, n_kv_heads, head_dim)
+            shape = (max(self.layer_slots(layer), 1), n_kv_heads, head_dim)
             self.layers.append((cuda.device_array(shape, np.uint16), cuda.device_array(shape, np.uint16)))
         self.table_d = cuda.to_device(self.block_table)
         self.ring_d = cuda.to_device(self.ring_table) if self.ring_table is not None else None
-        self._dirty = False
 
     @property
     def nbytes(self) -> int:
         return sum(k.nbytes + v.nbytes for k, v in self.layers)
 
-    def table_written(self) -> None:
-        super().table_written()
-        self._dirty = True
-
-    def sync(self) -> None:
-        """Copy the block table to the device if it changed."""
-        if self._dirty:
-            self.table_d.copy_to_device(self.block_table, stream=self.backend.stream)
-            self._dirty = False
+    def upload_table(self) -> None:
+        self.table_d.copy_to_device(self.block_table, stream=self.backend.stream)
 
     def layer(self, layer: int) -> tuple[Any, Any, Any]:
         ring, _ = self._where[layer]
@@ -165,35 +151,16 @@ class CudaKV(KVCache):
         return k, v, (self.ring_d if ring else self.table_d)
 
 
-class _Recording:
-    """A decode step being recorded: its host inputs and their device buffers, every launch, what to keep."""
+class _Plan(Plan):
+    """A recorded step (its launches are Recording.work), and once captured its CUDA graph."""
 
-    def __init__(self, backend: CudaBackend, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray):
-        self.inputs = (tokens, positions, seq_ids)
-        self.buffers = [backend.cuda.to_device(a.astype(np.int32)) for a in self.inputs]
-        self.launches: list[tuple[Any, Any, Any, tuple]] = []
-        self.refused: str | None = None
-        self.rope_limit = 1 << 62  # the plan holds for positions below this (its rope tables' length)
-        self.vocab = 1 << 62
-
-    def buffer_of(self, a: np.ndarray) -> Any:
-        for host, buf in zip(self.inputs, self.buffers):
-            if a is host:
-                return buf
-        return None
-
-
-class _Plan:
-    def __init__(self, rec: _Recording, model: Any, kv: Any, logits: CArray, ids: Any):
-        self.model, self.kv = weakref.ref(model), weakref.ref(kv)
-        self.buffers, self.launches = rec.buffers, rec.launches
-        self.rope_limit, self.vocab = rec.rope_limit, rec.vocab
-        self.logits, self.ids = logits, ids
-        self.graph: Any = None  # an instantiated CUDA graph of the launches, once captured
+    def __init__(self, rec: Recording, model: Any, kv: Any, logits: CArray, ids: Any):
+        super().__init__(rec, model, kv, logits, ids)
+        self.graph: Any = None  # an instantiated CUDA graph of the launches; False: capture failed
         self.replays = 0
 
 
-class CudaBackend(Backend):
+class CudaBackend(RecordedSteps, Backend):
     """The numba.cuda kernels on the current CUDA device (see the module docstring)."""
 
     name = "cuda"
@@ -211,6 +178,8 @@ class CudaBackend(Backend):
 
         self.k_ops, self.k_attn, self.k_mm = ops, attention, matmul
         self.simulated = bool(config.ENABLE_CUDASIM)
+        if self.simulated:
+            _guard_simulated_shared_arrays()
         self.tb = ops.TB
         if self.simulated:
             self.device_name = "numba-cuda simulator"
@@ -221,8 +190,7 @@ class CudaBackend(Backend):
         self.graphs = not self.simulated and os.environ.get("EDGELLM_CUDA_GRAPHS", "1") != "0"
         self._ropes: dict[int, tuple[RopeSpec, int, Any, Any]] = {}
         self._acts: dict[int, tuple[Any, int, CArray, Any]] = {}
-        self._plans: dict[tuple[int, int, int], _Plan | None] = {}
-        self._rec: _Recording | None = None
+        self._init_steps()
         self._keep: list[Any] = []  # host-made device arrays a queued launch may still read
         self._gelu: Any = None
         self._dummy = cuda.device_array((1, 1), np.float32)
@@ -252,7 +220,7 @@ class CudaBackend(Backend):
 
     def _launch(self, kernel: Any, grid: Any, block: Any, *args: Any) -> None:
         if self._rec is not None:
-            self._rec.launches.append((kernel, grid, block, args))
+            self._rec.work.append((kernel, grid, block, args))
         if self.simulated:
             # the simulator's threads meet at syncthreads through the GIL: at Python's default 5 ms switch
             # interval each barrier costs 5 ms; 10 us makes the tests' kernels 30x faster
@@ -276,11 +244,9 @@ class CudaBackend(Backend):
 
     def _ints(self, a: np.ndarray, what: str) -> Any:
         """Host ints (ids, positions) as a device int32 array; in a recording, the plan's input buffer."""
-        if self._rec is not None:
-            buf = self._rec.buffer_of(a)
-            if buf is not None:
-                return buf
-            self._rec.refused = f"{what} received host values that are not the step's inputs"
+        buf = self._input_buffer(a, what)
+        if buf is not None:
+            return buf
         buf = self.cuda.to_device(np.ascontiguousarray(a, np.int32), stream=self.stream)
         self._keep.append(buf)
         return buf
@@ -500,33 +466,16 @@ class CudaBackend(Backend):
         self._launch(self.k_ops.argmax, self._per_item(rows), self.tb, logits.d, ids)
         return ids
 
-    def _step(self, model: Any, tokens, positions, seq_ids, kv: Any) -> tuple[CArray, Any]:
-        """One decode step: (logits, greedy ids) on the device. A step of this (model, cache, batch size) is
-        recorded on first use (running it too) and replayed after; a refused recording runs eagerly."""
-        tokens, positions, seq_ids = (np.asarray(a, np.int64) for a in (tokens, positions, seq_ids))
-        key = (id(model), id(kv), len(tokens))
-        plan = self._plans.get(key)
-        if plan is not None and plan.model() is model and plan.kv() is kv:
-            if int(positions.max(initial=0)) < plan.rope_limit:
-                self._replay(plan, tokens, positions, seq_ids, kv)
-                return plan.logits, plan.ids
-        record = key not in self._plans or plan is not None  # None: refused before
-        rec = self._rec = _Recording(self, tokens, positions, seq_ids) if record else None
-        try:
-            logits = model.logits(model.hidden(tokens, positions, seq_ids, kv))
-            ids = self._argmax(logits)
-        finally:
-            self._rec = None
-        if rec is not None:
-            if rec.refused:
-                log.info("cuda: a decode step runs eagerly: %s", rec.refused)
-            self._plans[key] = None if rec.refused else _Plan(rec, model, kv, logits, ids)
-        return logits, ids
+    def _new_recording(self, tokens, positions, seq_ids) -> Recording:
+        inputs = (tokens, positions, seq_ids)
+        return Recording(inputs, [self.cuda.to_device(x.astype(np.int32)) for x in inputs])
+
+    def _new_plan(self, rec: Recording, model: Any, kv: Any, logits: CArray, ids: Any) -> _Plan:
+        if rec.refused is None:
+            log.debug("cuda: a decode step of %d launches recorded", len(rec.work))
+        return _Plan(rec, model, kv, logits, ids)
 
     def _replay(self, plan: _Plan, tokens, positions, seq_ids, kv) -> None:
-        if tokens.size and (tokens.min() < 0 or tokens.max() >= plan.vocab):
-            raise ValueError(f"token id outside the vocabulary of {plan.vocab}")
-        kv.check(seq_ids, positions)
         kv.sync()
         for buf, a in zip(plan.buffers, (tokens, positions, seq_ids)):
             buf.copy_to_device(np.ascontiguousarray(a, np.int32), stream=self.stream)
@@ -537,7 +486,7 @@ class CudaBackend(Backend):
 
             _check(driver.cuGraphLaunch(plan.graph, _handle(self.stream)), "cuGraphLaunch")
         else:
-            for kernel, grid, block, args in plan.launches:
+            for kernel, grid, block, args in plan.work:
                 self._launch(kernel, grid, block, *args)
         plan.replays += 1
 
@@ -552,7 +501,7 @@ class CudaBackend(Backend):
             mode = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
             _check(driver.cuStreamBeginCapture(h, mode), "cuStreamBeginCapture")
             try:
-                for kernel, grid, block, args in plan.launches:
+                for kernel, grid, block, args in plan.work:
                     kernel[grid, block, self.stream](*args)
             finally:
                 err, graph = driver.cuStreamEndCapture(h)
@@ -573,6 +522,38 @@ class CudaBackend(Backend):
         out = ids.copy_to_host(stream=self.stream)
         self.sync()
         return np.asarray(out, np.int64)[: len(tokens)]
+
+
+def _guard_simulated_shared_arrays() -> None:
+    """numba-cuda's simulator (0.30, simulator/kernelapi.py FakeCUDAShared.array) finds a block's shared
+    array by its source line, allocating it on a miss without a lock: two threads that reach the line
+    together can each allocate one, and then a reduction through it reads another thread's garbage (seen
+    here as a decode step replayed with other logits, about one in eight). The same lookup, under a lock."""
+    import traceback
+
+    from numba.core import types
+    from numba.cuda.simulator import kernelapi
+    from numba.np import numpy_support
+
+    shared = kernelapi.FakeCUDAShared
+    if getattr(shared, "_edgellm_locked", False):
+        return
+    lock = threading.Lock()
+    unlocked = shared.array
+
+    def array(self: Any, shape: Any, dtype: Any, alignment: Any = None) -> Any:
+        if alignment is not None or shape == 0:
+            return unlocked(self, shape, dtype, alignment)
+        caller = tuple(traceback.extract_stack(sys._getframe(1), limit=1)[-1][0:2])  # the kernel's line
+        with lock:
+            res = self._allocations.get(caller)
+            if res is None:
+                dt = numpy_support.as_dtype(dtype) if isinstance(dtype, types.Type) else dtype
+                res = self._allocations[caller] = np.empty(shape, dt)
+        return res
+
+    shared.array = array
+    shared._edgellm_locked = True
 
 
 def _handle(stream: Any) -> Any:

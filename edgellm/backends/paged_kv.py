@@ -12,6 +12,7 @@ activations): d = amax / 127 stored as f16, q = rint(x * (127 / amax)).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -222,3 +223,38 @@ class KVCache:
 
     def clear(self, seq: int | None = None) -> None:
         """Nothing to free: positions are overwritten before they are read."""
+
+
+class DeviceKV(KVCache):
+    """A cache whose K and V live on a device (vulkan, cuda): the tables stay here (the engine writes them),
+    K and V are f16 only (a q8_0 cache is refused by name), and a changed block table is copied to the
+    device before the next forward (`sync`). A subclass allocates `layers` [(K, V) per layer] and
+    implements `upload_table`."""
+
+    def __init__(self, backend_name: str, *args: Any, **kwargs: Any):
+        for which in ("type_k", "type_v"):
+            if kwargs.get(which, "f16") != "f16":
+                kind = kwargs[which]
+                raise ValueError(
+                    f"{backend_name}: a {kind} KV cache (-ct{which[-1]}) is not supported, only f16"
+                )
+        super().__init__(*args, host_storage=False, **kwargs)
+        self.layers: list[tuple[Any, Any]] = []
+        self._dirty = False
+
+    def layer_slots(self, layer: int) -> int:
+        """K/V rows (slots) layer `layer` holds: the ring's for a sliding-window ring layer."""
+        return self.n_ring_slots if self._where[layer][0] else self.n_slots
+
+    def table_written(self) -> None:
+        super().table_written()
+        self._dirty = True
+
+    def sync(self) -> None:
+        """Copy the block table to the device if it changed."""
+        if self._dirty:
+            self.upload_table()
+            self._dirty = False
+
+    def upload_table(self) -> None:
+        raise NotImplementedError

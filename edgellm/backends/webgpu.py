@@ -36,7 +36,8 @@ from edgellm.backends.base import (
     gelu_table_f32,
     rope_table,
 )
-from edgellm.backends.paged_kv import KVCache
+from edgellm.backends.device_steps import Plan, RecordedSteps, Recording
+from edgellm.backends.paged_kv import DeviceKV
 from edgellm.backends.webgpu_layout import LAYOUT, repack
 from edgellm.gguf import QTensor
 
@@ -298,17 +299,12 @@ class GWeight:
         self.type, self.rows, self.cols, self.row_words, self.chunks = qtype, rows, cols, row_words, chunks
 
 
-class WebGPUKV(KVCache):
-    """paged_kv's tables on the host (the engine writes them) and K, V, block table on the device: one K
-    and one V buffer per layer, float16 pairs in u32 words, slot-major (slots, Hkv, Dh)."""
+class WebGPUKV(DeviceKV):
+    """K, V and the block table on the device: one K and one V buffer per layer, float16 pairs in u32
+    words, slot-major (slots, Hkv, Dh)."""
 
     def __init__(self, backend: WebGPUBackend, *args: Any, **kwargs: Any):
-        for which in ("type_k", "type_v"):
-            if kwargs.get(which, "f16") != "f16":
-                flag = f"-ct{which[-1]}"
-                kind = kwargs[which]
-                raise ValueError(f"{backend.name}: a {kind} KV cache ({flag}) is not supported, only f16")
-        super().__init__(*args, host_storage=False, **kwargs)
+        super().__init__(backend.name, *args, **kwargs)
         self.backend = backend
         n_layers, n_kv_heads, head_dim = args[:3]
         if head_dim > MAX_HEAD_DIM or head_dim % 8:
@@ -316,31 +312,21 @@ class WebGPUKV(KVCache):
                 f"{backend.name}: head width {head_dim} is not supported (a multiple of 8, <= 256)"
             )
         self.head_dim, self.n_kv_heads = head_dim, n_kv_heads
-        ring = set(self.ring_layers)
-        self.layers = []
         for layer in range(n_layers):
-            slots = self.n_ring_slots if layer in ring else self.n_slots
+            slots = self.layer_slots(layer)
             size = max(slots * n_kv_heads * head_dim * 2, 16)
             backend.check_binding(size, f"the KV cache of one layer ({slots} positions)")
             self.layers.append((backend.storage(size), backend.storage(size)))
         self.table_buf = backend.upload_ints(self.block_table, writable=True)
         self.ring_buf = backend.upload_ints(self.ring_table) if self.ring_table is not None else None
-        self._dirty = False
 
     @property
     def nbytes(self) -> int:
         return sum(k.size + v.size for k, v in self.layers)
 
-    def table_written(self) -> None:
-        super().table_written()
-        self._dirty = True
-
-    def sync(self) -> None:
-        """Copy the block table to the device if it changed (after the work already recorded ran)."""
-        if self._dirty:
-            self.backend.flush()
-            self.backend.device.queue.write_buffer(self.table_buf, 0, self.block_table.astype(np.int32))
-            self._dirty = False
+    def upload_table(self) -> None:
+        self.backend.flush()  # after the work already recorded ran
+        self.backend.device.queue.write_buffer(self.table_buf, 0, self.block_table.astype(np.int32))
 
     def layer(self, layer: int) -> tuple[Any, Any, Any, int]:
         """(K buffer, V buffer, block table buffer, table width) of one layer."""
@@ -351,43 +337,19 @@ class WebGPUKV(KVCache):
         return k, v, self.table_buf, self.block_table.shape[1]
 
 
-class _Recording:
-    """A decode step being captured: its host inputs, their device buffers, the dispatches, what to keep."""
+class _Plan(Plan):
+    """A recorded step, with its command buffer encoded ahead of the next step and, where wgpu-native's
+    C API is reachable, the dispatches as raw handles (encoding them costs no Python per dispatch)."""
 
-    def __init__(
-        self, backend: WebGPUBackend, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray
-    ):
-        self.inputs = (tokens, positions, seq_ids)
-        self.buffers = [backend.upload_ints(a, writable=True) for a in self.inputs]
-        self.dispatches: list[tuple[Any, Any, tuple[int, int, int]]] = []
-        self.keep: list[Any] = []
-        self.refused: str | None = None
-        self.rope_limit = 1 << 62  # the plan is valid for positions below this (the rope tables' length)
-        self.vocab = 1 << 62
-
-    def buffer_of(self, a: np.ndarray) -> Any:
-        for host, buf in zip(self.inputs, self.buffers):
-            if a is host:
-                return buf
-        return None
-
-
-class _Plan:
-    def __init__(self, rec: _Recording, model: Any, kv: Any, logits: GArray, ids: Any):
-        self.model, self.kv = weakref.ref(model), weakref.ref(kv)
-        self.tokens, self.positions, self.seq_ids = rec.buffers
-        self.dispatches, self.keep = rec.dispatches, rec.keep
-        self.rope_limit, self.vocab = rec.rope_limit, rec.vocab
-        self.logits, self.ids = logits, ids
+    def __init__(self, rec: Recording, model: Any, kv: Any, logits: GArray, ids: Any):
+        super().__init__(rec, model, kv, logits, ids)
         self.ready: Any = None  # the plan's command buffer, encoded ahead of the next step
         self.raw = (
-            [(p._internal, bg._internal, *grid) for p, bg, grid in self.dispatches]
-            if _LIB is not None
-            else None
+            [(p._internal, bg._internal, *grid) for p, bg, grid in self.work] if _LIB is not None else None
         )
 
 
-class WebGPUBackend(Backend):
+class WebGPUBackend(RecordedSteps, Backend):
     """The WGSL kernels on one wgpu device (see the module docstring)."""
 
     keeps_logits = True
@@ -428,8 +390,7 @@ class WebGPUBackend(Backend):
         self._uniforms: dict[bytes, Any] = {}
         self._acts: dict[int, tuple[Any, str, GArray, Any]] = {}
         self._ropes: dict[int, tuple[RopeSpec, int, Any, Any]] = {}
-        self._plans: dict[tuple[int, int, int], _Plan | None] = {}  # None: capture refused, run eagerly
-        self._rec: _Recording | None = None
+        self._init_steps()
         self._gelu: Any = None
         self._dummy = self.storage(16)
         self.uploaded = 0  # bytes of weights on the device (wgpu does not say how much memory it has)
@@ -532,7 +493,7 @@ class WebGPUBackend(Backend):
         d = (pipe, bg, (gx, gy, z))
         self._pending.append(d)
         if self._rec is not None:
-            self._rec.dispatches.append(d)
+            self._rec.work.append(d)
         else:
             self._keepalive.append(buffers)
 
@@ -578,12 +539,9 @@ class WebGPUBackend(Backend):
 
     def _ints(self, a: np.ndarray, what: str) -> Any:
         """A host int array (ids, positions) as a device int32 buffer; in a capture, the plan's input."""
-        if self._rec is not None:
-            buf = self._rec.buffer_of(a)
-            if buf is None:
-                self._rec.refused = f"{what} received host values that are not the step's inputs"
-            else:
-                return buf
+        buf = self._input_buffer(a, what)
+        if buf is not None:
+            return buf
         buf = self.upload_ints(np.asarray(a))
         self._keepalive.append(buf)
         return buf
@@ -849,38 +807,21 @@ class WebGPUBackend(Backend):
         self._dispatch(self._pipeline("sample", "argmax"), {0: logits.buf, 1: ids, 2: u}, rows)
         return ids
 
-    def _step(self, model: Any, tokens, positions, seq_ids, kv: Any) -> tuple[GArray, Any]:
-        """Run one decode step: (logits, greedy ids buffer) on the device. The step of this (model, cache,
-        batch size) is captured on first use (running it too) and replayed after; a refused capture
-        runs eagerly from then on."""
-        tokens, positions, seq_ids = (np.asarray(a, np.int64) for a in (tokens, positions, seq_ids))
-        key = (id(model), id(kv), len(tokens))
-        plan = self._plans.get(key)
-        if plan is not None and plan.model() is model and plan.kv() is kv:
-            if int(positions.max(initial=0)) < plan.rope_limit:
-                self._replay(plan, tokens, positions, seq_ids, kv)
-                return plan.logits, plan.ids
-        capture = key not in self._plans or plan is not None  # None: refused before
+    def _new_recording(self, tokens, positions, seq_ids) -> Recording:
+        inputs = (tokens, positions, seq_ids)
+        return Recording(inputs, [self.upload_ints(x, writable=True) for x in inputs])
+
+    def _new_plan(self, rec: Recording, model: Any, kv: Any, logits: GArray, ids: Any) -> _Plan:
+        return _Plan(rec, model, kv, logits, ids)
+
+    def _flush(self) -> None:
         self.flush()
-        rec = self._rec = _Recording(self, tokens, positions, seq_ids) if capture else None
-        try:
-            logits = model.logits(model.hidden(tokens, positions, seq_ids, kv))
-            ids = self._argmax(logits)
-        finally:
-            self._rec = None
-        if rec is not None:
-            self._plans[key] = None if rec.refused else _Plan(rec, model, kv, logits, ids)
-        self.flush()
-        return logits, ids
 
     def _replay(self, plan: _Plan, tokens, positions, seq_ids, kv) -> None:
-        if tokens.size and (tokens.min() < 0 or tokens.max() >= plan.vocab):
-            raise ValueError(f"token id outside the vocabulary of {plan.vocab}")
-        kv.check(seq_ids, positions)
         kv.sync()
         self.flush()
         q = self.device.queue
-        for buf, a in zip((plan.tokens, plan.positions, plan.seq_ids), (tokens, positions, seq_ids)):
+        for buf, a in zip(plan.buffers, (tokens, positions, seq_ids)):
             q.write_buffer(buf, 0, a.astype(np.int32))
         q.submit([plan.ready or self._plan_commands(plan)])
         # the next step's commands are these again (only the inputs change): encode them now, while the
@@ -888,7 +829,7 @@ class WebGPUBackend(Backend):
         plan.ready = self._plan_commands(plan)
 
     def _plan_commands(self, plan: _Plan) -> Any:
-        enc = self._encode_raw(plan.raw) if plan.raw is not None else self._encode(plan.dispatches)
+        enc = self._encode_raw(plan.raw) if plan.raw is not None else self._encode(plan.work)
         return enc.finish()
 
     def decode_step(self, model, tokens, positions, seq_ids, kv) -> np.ndarray:
