@@ -292,6 +292,8 @@ class CudaBackend(RecordedSteps, Backend):
             data = (
                 np.ascontiguousarray(t.dequantize(), np.float32).reshape(t.data.shape[0], -1).view(np.uint8)
             )
+        if t.ne[0] % 32:  # float rows are taken in blocks of 32 values, quantized ones are whole blocks
+            raise ValueError(f"cuda: {t.name} has rows of {t.ne[0]} values, not a multiple of 32")
         rows = np.ascontiguousarray(data).reshape(data.shape[0], -1)
         self.uploaded += rows.nbytes
         return CWeight(t, qtype, self.cuda.to_device(rows, stream=self.stream), t.ne[0])
