@@ -107,3 +107,17 @@ def test_backend_cuda_without_a_gpu_refuses_in_one_line(tmp_path):
     assert out.returncode != 0
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert lines == ["error: cuda: no NVIDIA GPU here (no /dev/nvidia* device)"], out.stderr
+
+
+def test_auto_on_the_native_backend_never_imports_numba(tmp_path):
+    """Asking whether cuda is there (auto does on every load) reads the simulator switch without importing
+    numba: a server on the native backend stays ~40 MB and 0.4 s lighter (the Pi unit's RSS test)."""
+    build(tmp_path, CASES["qwen2"])
+    model = str(next(tmp_path.glob("*.gguf")))
+    code = (
+        "import sys, edgellm; llm = edgellm.LLM(sys.argv[1]); "
+        "print(llm.backend.name, 'numba' in sys.modules, 'numba.cuda' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code, model], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["native", "False", "False"]
