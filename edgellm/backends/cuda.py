@@ -310,15 +310,9 @@ class CudaBackend(RecordedSteps, Backend):
 
     # -- ops -------------------------------------------------------------------------------------------------
     def get_rows(self, w: CWeight, ids: np.ndarray) -> CArray:
-        ids_h = np.asarray(ids, np.int64)
-        if ids_h.size and (ids_h.min() < 0 or ids_h.max() >= w.rows):
-            raise ValueError(f"token id outside the vocabulary of {w.rows}")
-        if self._rec is not None:
-            self._rec.vocab = min(self._rec.vocab, w.rows)
+        ids_h = self._token_ids(ids, w.rows)
         out = self._empty((len(ids_h), w.cols))
-        from edgellm.backends.cuda_kernels.blocks import QK
-
-        n_items = len(ids_h) * (w.cols // QK[int(w.type)])
+        n_items = len(ids_h) * (w.cols // self.k_mm.QK[int(w.type)])
         kernel = self.k_mm.rows_kernel(int(w.type))
         self._launch(kernel, self._blocks(n_items), self.tb, w.data, self._ints(ids, "get_rows"), out)
         return CArray(out)
@@ -480,8 +474,6 @@ class CudaBackend(RecordedSteps, Backend):
         return Recording(inputs, [self.cuda.to_device(x.astype(np.int32)) for x in inputs])
 
     def _new_plan(self, rec: Recording, model: Any, kv: Any, logits: CArray, ids: Any) -> _Plan:
-        if rec.refused is None:
-            log.debug("cuda: a decode step of %d launches recorded", len(rec.work))
         return _Plan(rec, model, kv, logits, ids)
 
     def _replay(self, plan: _Plan, tokens, positions, seq_ids, kv) -> None:

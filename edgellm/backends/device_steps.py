@@ -78,6 +78,16 @@ class RecordedSteps:
             self._rec.refused = f"{what} received host values that are not the step's inputs"
         return buf
 
+    def _token_ids(self, ids: np.ndarray, vocab: int) -> np.ndarray:
+        """get_rows' ids as host int64, each checked against the table's `vocab` rows; a recording keeps the
+        smallest vocabulary its step saw, which a replay checks its ids against."""
+        ids = np.asarray(ids, np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+            raise ValueError(f"token id outside the vocabulary of {vocab}")
+        if self._rec is not None:
+            self._rec.vocab = min(self._rec.vocab, vocab)
+        return ids
+
     def _check_replay(self, plan: Plan, tokens: np.ndarray, positions: np.ndarray, seq_ids, kv) -> None:
         if tokens.size and (tokens.min() < 0 or tokens.max() >= plan.vocab):
             raise ValueError(f"token id outside the vocabulary of {plan.vocab}")

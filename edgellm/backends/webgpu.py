@@ -605,11 +605,7 @@ class WebGPUBackend(RecordedSteps, Backend):
 
     # -- ops -----------------------------------------------------------------------------------------------
     def get_rows(self, w: GWeight, ids: np.ndarray) -> GArray:
-        ids_h = np.asarray(ids, np.int64)
-        if ids_h.size and (ids_h.min() < 0 or ids_h.max() >= w.rows):
-            raise ValueError(f"token id outside the vocabulary of {w.rows}")
-        if self._rec is not None:
-            self._rec.vocab = min(self._rec.vocab, w.rows)
+        ids_h = self._token_ids(ids, w.rows)
         out = self._alloc((len(ids_h), w.cols))
         ids_buf = self._ints(ids, "get_rows")
         pipe = self._pipeline("matmul", "rows", w.type)
