@@ -51,6 +51,28 @@ typedef void (*ed_amx_gemm_fn)(int n, float *s, size_t bs, const void *vx, size_
 #define ED_AMX_BLOCK_BYTES 704   /* a packed Q8_0 / Q8_1 block (32 elements) of a tile */
 #define ED_AMX_KBLOCK_BYTES 4928 /* a packed Q8_K super-block (256 elements) of a tile */
 #define ED_AMX_WBLOCK_BYTES 720  /* amx_gemm's scratch per 32 weight elements */
+/* Repacked weights (x16): rows in groups of ED_X16_ROWS, each group's blocks interleaved so that a SIMD
+ * lane holds one weight row (llama.cpp's ggml-cpu repack.cpp interleaves Q4_0/IQ4_NL/Q8_0 rows the same
+ * way for its ggml_gemm_* kernels). Group g, block b starts at (g * nb + b) * 16 * block_bytes: the 16
+ * rows' f16 scales, then their quants in 64-byte chunks, chunk j holding 4 consecutive quant bytes of
+ * each row (row r at bytes 4r..4r+3): Q4_0 / IQ4_NL chunk j (0..3) = qs[4j..4j+3] (low nibbles: quants
+ * 4j.., high: 16+4j..); Q8_0 chunk j (0..7) = qs[4j..4j+3] + 128, unsigned. Rows past the last are zero.
+ * One output is Σ_b fma(d_w * d_y, (float) isum_b, acc) in block order, isum_b the block's exact integer
+ * dot: the same bits at every level and batch size (decode and prompts), not vec_dot's bits. */
+#define ED_X16_ROWS 16
+/* s[c * bs + r] for r < nr (<= 16), c < nc: group vx against activation rows vy + c * by (quantized to
+ * the vec_dot type), side + c * side_row their side tables (ed_x16_side) */
+typedef void (*ed_x16_gemm_fn)(int n, float *s, size_t bs, const void *vx, int nr, const void *vy, size_t by,
+                               const void *side, size_t side_row, int nc);
+/* A Q8_0 activation row's side table: its blocks' scales as float, then their quant sums as int32. */
+void ed_x16_side(const void *y, int64_t n, void *side);
+/* Bytes of the side table of a row of n elements. */
+size_t ed_x16_side_bytes(int64_t n);
+/* Bytes of `rows` weight rows of n elements of type t repacked (rows rounded up to a whole group), or 0
+ * for a type that has no repacked layout. */
+size_t ed_x16_bytes(int t, int64_t rows, int64_t n);
+/* Repack `rows` rows (row_bytes apart) of type t into dst (ed_x16_bytes of it); 0 if t has no layout. */
+int ed_x16_repack(int t, const void *src, size_t row_bytes, int64_t rows, int64_t n, void *dst);
 /* y = x (n floats) converted to an activation type (Q8_0, Q8_1, Q8_K, F16, BF16; F32 is a copy). */
 typedef void (*ed_from_float_fn)(const float *x, void *y, int64_t n);
 
@@ -59,6 +81,7 @@ typedef struct {
     ed_vec_dot_nx_fn vec_dot_nx; /* NULL: callers loop over vec_dot (ed_vec_dot_nx does) */
     ed_vec_dot_2nx_fn vec_dot_2nx; /* NULL: callers take one weight row at a time */
     ed_amx_gemm_fn amx_gemm;    /* NULL: no AMX tile GEMM */
+    ed_x16_gemm_fn x16_gemm;    /* NULL: no kernel for this type's repacked (x16) layout */
     int vec_dot_type;           /* ED_Q8_0, ED_Q8_1, ED_Q8_K, ED_F16, ED_BF16 or ED_F32 */
     int block_elems;            /* elements per block of the weight type (32, 256, 1) */
     int block_bytes;            /* bytes per block of the weight type */

@@ -153,6 +153,38 @@ def test_amx_is_in_use_where_the_cpu_has_it_and_off_with_edgellm_amx_0():
     assert levels == {"1": "avx512+vnni+amx", "0": "avx512+vnni"}
 
 
+REPACKS = bool(native_mod.lib is not None and native_mod.lib.ed_repack_x16_supported(int(T.Q4_0)))
+
+
+@pytest.mark.skipif(
+    not REPACKS, reason="this CPU's kernels keep the file's layout (x16: AVX-512 VNNI, no AMX)"
+)
+def test_matmul_weights_are_repacked_at_load_where_the_kernels_take_them(tmp_path):
+    """On an AVX-512 VNNI CPU (without AMX) load_model gives Q4_0/Q8_0 matrices a repacked (x16) copy,
+    plans replay it bit for bit (test_every_architecture_... too), logits stay within the matmul
+    tolerance of the reference backend, and EDGELLM_REPACK=0 keeps the file's layout."""
+    model = tiny_model(tmp_path, "llama", native_mod.NativeBackend(threads=2))
+    weights = [w for w in vars(model.layers[0]).values() if isinstance(w, native_mod.NativeWeight)]
+    assert weights and all(w.x16 is not None and w.x16.ctypes.data % 64 == 0 for w in weights)
+    eager_and_planned(model, BATCH_STEPS)
+    ref = load_model(ModelFile(tmp_path / "llama.gguf"), ReferenceBackend())
+    args = (np.array([3, 1, 4, 1, 5]), np.arange(5), np.zeros(5, np.int64))
+    a, b = model.forward(*args, model.new_kv_cache(8, 1)), ref.forward(*args, ref.new_kv_cache(8, 1))
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * np.abs(b).max())
+    code = (
+        "import sys; from edgellm.arch import load_model; from edgellm.gguf import ModelFile;"
+        "from edgellm.backends.native import NativeBackend, NativeWeight;"
+        "m = load_model(ModelFile(sys.argv[1]), NativeBackend(threads=1));"
+        "print(sum(w.x16 is not None for w in vars(m.layers[0]).values() if isinstance(w, NativeWeight)))"
+    )
+    for flag, want in (("1", str(len(weights))), ("0", "0")):
+        run = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path / "llama.gguf")],
+            env={**os.environ, "EDGELLM_REPACK": flag}, capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        assert run.stdout.strip() == want, (flag, run.stdout, run.stderr)
+
+
 def test_back_to_back_runs_of_small_and_large_ops_on_more_threads_than_cores(nb):
     """Runs alternate between ops the caller runs alone and ops spread over a 3-thread pool (workers
     joining late, lists reused two runs later): every result stays the 1-thread result."""

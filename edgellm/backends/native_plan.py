@@ -135,8 +135,9 @@ class Plan:
                 if rec.get(p):
                     rec[p] = relocate(rec[p])
             if rec["code"] == MATMUL and prev is not None and _same_activations(prev, rec):
-                rec["i1"] = 1  # x is already quantized in the pool's scratch by the matmul just before,
-                rec["flags"] = NO_BARRIER  # which writes only its own output: no need to wait for it
+                # x is already quantized in the pool's scratch by the matmul just before, which writes
+                # only its own output: no need to wait for it
+                rec["i1"], rec["flags"] = 1, rec.get("flags", 0) | NO_BARRIER
             self.ops[i] = rec
             prev = rec
         start = relocate(address(result)) - address(self.arena)  # a view of the arena keeps it alive

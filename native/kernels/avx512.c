@@ -14,6 +14,7 @@
 #include "ed_blocks.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 #if defined(__x86_64__) || defined(_M_X64)
 
@@ -197,6 +198,7 @@ ED_TARGET_PUSH("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
 #include "avx512_body.h"
 #include "avx512_kquants.h"
 #undef ED_VNNI
+#include "avx512_x16.h"
 ED_TARGET_POP
 
 #if !defined(ED_EMULATE_AVX512) /* SIMDe has no AMX */
@@ -214,6 +216,10 @@ int ed_fill_avx512(ed_kernel_table *t) {
         set_legacy_vnni(t), set_kquants_vnni(t);
     else
         set_legacy_bw(t), set_kquants_bw(t);
+    /* the repacked layout where vpdpbusd is, unless AMX tiles take the prompts (they read the file's
+     * blocks); EDGELLM_REPACK=0 switches it off */
+    const char *repack = getenv("EDGELLM_REPACK");
+    if (ed_cpu_has_avx512vnni() && !ed_cpu_has_amx() && !(repack && repack[0] == '0')) set_x16(t);
 #if !defined(ED_EMULATE_AVX512)
     if (ed_cpu_has_amx()) set_amx(t);
 #endif

@@ -51,6 +51,8 @@ _Static_assert(sizeof(block_q8_K) == 292, "block_q8_K");
 /* ggml-common.h kvalues_iq4nl */
 static const int8_t ed_kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                              1,    13,   25,  38,  53,  69,  89,  113};
+/* the same + 128, unsigned: IQ4_NL in the repacked (x16) kernels */
+static const uint8_t ed_x16_iq4nl_u8[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
 
 static inline uint32_t ed_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float ed_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }

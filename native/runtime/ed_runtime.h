@@ -40,8 +40,9 @@ enum {
 };
 
 /* op flags: ED_FLAG_NO_BARRIER: the op reads nothing the op before it writes, and writes nothing it
- * touches (consecutive matmuls of one input): threads start on it before that op is complete. */
-enum { ED_FLAG_NO_BARRIER = 1 };
+ * touches (consecutive matmuls of one input): threads start on it before that op is complete.
+ * ED_FLAG_X16: a MATMUL's src0 is its weight repacked by ed_repack_x16 (ed_kernels.h: the x16 layout). */
+enum { ED_FLAG_NO_BARRIER = 1, ED_FLAG_X16 = 2 };
 
 typedef struct {
     int32_t code;
@@ -79,6 +80,13 @@ int ed_step_check(const int64_t *tokens, int64_t n_vocab, const int32_t *block_t
  * and ggml's dequantize_row_*; returns 1, or 0 for a type it has no code for (edgellm quantize reads
  * its input through it, on several threads: the caller splits the rows). */
 int ed_dequantize_row(int type, const void *src, float *dst, int64_t n);
+
+/* Repacked weights: whether this CPU's kernels multiply type `type` repacked (the x16 layout: a lane per
+ * weight row; EDGELLM_REPACK=0 says no), the bytes `rows` rows of k elements take repacked, and the
+ * repack of rows row_bytes apart into dst (64-byte aligned); returns 1, or 0 for a type without it. */
+int ed_repack_x16_supported(int type);
+size_t ed_repack_x16_bytes(int type, int64_t rows, int64_t k);
+int ed_repack_x16(int type, const void *src, size_t row_bytes, int64_t rows, int64_t k, void *dst);
 
 /* Whether matmul / get_rows support a ggml weight type with the kernels of this build. */
 int ed_matmul_supported(int type);

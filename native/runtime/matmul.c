@@ -12,6 +12,12 @@
  * Where the CPU has AMX and the weight type an AMX tile GEMM (legacy blocks), a prompt of AMX_MIN_ROWS
  * rows or more takes it instead: phase 0 also packs each quantized row into the tiles' layout, and
  * phase 1 multiplies 16 weight rows at a time with every row, again with vec_dot's bits.
+ *
+ * A weight repacked at load (ED_FLAG_X16: 16 rows' blocks interleaved, a SIMD lane per row) goes to the
+ * level's x16 GEMM for every n, decode included, so prompts and decode keep one set of bits (not
+ * vec_dot's: ed_kernels.h). Its activations carry a side table (block scales as float, quant sums),
+ * written in phase 0 for every Q8_0 activation where the level has x16 kernels, so a matmul reusing the
+ * activations of the one before finds it whatever that one's weight was.
  */
 #include "runtime.h"
 
@@ -33,6 +39,14 @@ static int uses_amx(const ed_op *op, const ed_kernel_table *kt) { return packs(o
 /* the packed activations follow the quantized rows, on a cache line */
 static size_t packed_offset(const ed_op *op, size_t arow) { return ((size_t)op->n * arow + 63) & ~(size_t)63; }
 
+/* whether phase 0 writes the x16 side tables (by activation type and level alone, as packs) */
+static int sides(const ed_op *op, const ed_kernel_table *kt) {
+    (void)op;
+    return kt->types[ED_Q8_0].x16_gemm || kt->types[ED_Q4_0].x16_gemm || kt->types[ED_IQ4_NL].x16_gemm;
+}
+
+static int has_sides(const ed_op *op, const ed_kernel_table *kt, int vt) { return vt == ED_Q8_0 && sides(op, kt); }
+
 static size_t packed_tile_bytes(const ed_op *op, int vt) {
     return vt == ED_Q8_K ? (size_t)(op->k / 256) * ED_AMX_KBLOCK_BYTES : (size_t)(op->k / 32) * ED_AMX_BLOCK_BYTES;
 }
@@ -41,6 +55,7 @@ size_t ed_matmul_shared_scratch(const ed_op *op, const ed_kernel_table *kt) {
     const int vt = kt->types[op->type].vec_dot_type;
     if (vt == ED_F32) return 0;
     const size_t arow = ed_act_row_bytes(vt, op->k);
+    if (has_sides(op, kt, vt)) return packed_offset(op, arow) + (size_t)op->n * ed_x16_side_bytes(op->k);
     if (!packs(op, kt)) return (size_t)op->n * arow;
     const size_t tiles = (size_t)(op->n + ED_AMX_ROWS - 1) / ED_AMX_ROWS;
     return packed_offset(op, arow) + tiles * packed_tile_bytes(op, vt);
@@ -72,11 +87,15 @@ void ed_matmul(const ed_op *op, int phase, ed_ctx *ctx) {
 
     const int pack = packs(op, kt), amx = uses_amx(op, kt);
     uint8_t *packed = pack ? (uint8_t *)act + packed_offset(op, arow) : NULL;
+    /* (a level has either AMX or x16 kernels: their tables never share the scratch) */
+    const size_t side_row = ed_x16_side_bytes(k);
+    uint8_t *side = has_sides(op, kt, vt) ? (uint8_t *)act + packed_offset(op, arow) : NULL;
     if (phase == 0) {
         int64_t r0, r1;
         ed_split(n, ctx->chunk, ctx->n_chunks, &r0, &r1);
         for (int64_t r = r0; r < r1; r++) {
             kt->from_float[vt]((const float *)op->src1 + r * k, (uint8_t *)act + r * arow, k);
+            if (side) ed_x16_side(act + r * arow, k, side + r * side_row);
             if (pack)
                 kt->amx_pack[vt](act + r * arow, (int)k, packed + r / ED_AMX_ROWS * packed_tile_bytes(op, vt),
                                  (int)(r % ED_AMX_ROWS));
@@ -93,6 +112,13 @@ void ed_matmul(const ed_op *op, int phase, ed_ctx *ctx) {
     const int64_t rows = chunk_rows(m, ctx->nth);
     const int64_t c0 = ctx->chunk * rows, c1 = c0 + rows < m ? c0 + rows : m;
     void *scratch = amx ? ed_thread_scratch(ctx, (size_t)(k / 32) * ED_AMX_WBLOCK_BYTES) : NULL;
+    if (op->flags & ED_FLAG_X16) { /* groups of 16 rows (chunks are whole groups) against every row */
+        for (int64_t j0 = c0; j0 < c1; j0 += ED_X16_ROWS) {
+            const int nr = (int)(c1 - j0 < ED_X16_ROWS ? c1 - j0 : ED_X16_ROWS);
+            tk->x16_gemm((int)k, &y[j0], (size_t)m, w + j0 * wrow, nr, act, arow, side, side_row, (int)n);
+        }
+        return;
+    }
     if (scratch) { /* (out of memory: the dots below, which need none, give the same bits) */
         for (int64_t j0 = c0; j0 < c1; j0 += ED_AMX_ROWS) {
             const int nr = (int)(c1 - j0 < ED_AMX_ROWS ? c1 - j0 : ED_AMX_ROWS);

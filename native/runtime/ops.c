@@ -48,6 +48,7 @@ int ed_op_valid(const ed_op *op, const ed_kernel_table *kt) {
         const ed_type_kernels *tk = &kt->types[op->type];
         if (!kt->from_float[tk->vec_dot_type] && tk->vec_dot_type != ED_F32) return 0;
         int ab = kt->act_block_elems[tk->vec_dot_type];
+        if ((op->flags & ED_FLAG_X16) && !tk->x16_gemm) return 0;
         return op->k % tk->block_elems == 0 && ab > 0 && op->k % ab == 0 &&
                op->i0 == op->k / tk->block_elems * tk->block_bytes;
     }

@@ -109,6 +109,17 @@ int ed_matmul_supported(int type) {
 
 int ed_get_rows_supported(int type) { return ed_dequantize_supported(type); }
 
+int ed_repack_x16_supported(int type) {
+    const ed_kernel_table *kt = kernels();
+    return ed_matmul_supported(type) && kt->types[type].x16_gemm != NULL;
+}
+
+size_t ed_repack_x16_bytes(int type, int64_t rows, int64_t k) { return ed_x16_bytes(type, rows, k); }
+
+int ed_repack_x16(int type, const void *src, size_t row_bytes, int64_t rows, int64_t k, void *dst) {
+    return ed_x16_repack(type, src, row_bytes, rows, k, dst);
+}
+
 /* ------------------------------------------------------------------------------- sync helpers */
 static void spin_until_at_least(atomic_llong *v, int64_t target) {
     for (unsigned spins = 0; atomic_load_explicit(v, memory_order_acquire) < target; spins++) {

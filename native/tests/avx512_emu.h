@@ -5,6 +5,8 @@
 #ifndef ED_AVX512_EMU_H
 #define ED_AVX512_EMU_H
 
+#include <math.h>
+
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
 #include <simde/x86/f16c.h>
@@ -28,6 +30,16 @@ static inline simde__m512i ed_emu_cvtepu16_epi32(simde__m256i h) {
     return ed_emu_join(simde_mm256_cvtepu16_epi32(simde_mm256_castsi256_si128(h)),
                        simde_mm256_cvtepu16_epi32(simde_mm256_extracti128_si256(h, 1)));
 }
+/* vfmadd: one rounding per lane, as the instruction (SIMDe's portable form is a * b + c, two roundings,
+ * which the x16 kernels' bit-exact check against fmaf would catch as a difference) */
+static inline simde__m512 ed_emu_fmadd_ps(simde__m512 a, simde__m512 b, simde__m512 c) {
+    float x[16], y[16], z[16];
+    simde_mm512_storeu_ps(x, a), simde_mm512_storeu_ps(y, b), simde_mm512_storeu_ps(z, c);
+    for (int i = 0; i < 16; i++) z[i] = fmaf(x[i], y[i], z[i]);
+    return simde_mm512_loadu_ps(z);
+}
+#undef _mm512_fmadd_ps
+#define _mm512_fmadd_ps(a, b, c) ed_emu_fmadd_ps(a, b, c)
 /* SIMDe 0.7.4 aliases _mm512_madd_epi16 with the masked form's arity, and has no __mmask64 alias */
 #undef _mm512_madd_epi16
 #define _mm512_madd_epi16(a, b) simde_mm512_madd_epi16(a, b)

@@ -8,8 +8,11 @@
  * a much looser check). vec_dot_nx (one weight row x nc activation rows, through ed_vec_dot_nx, so the
  * vec_dot fallback too) must give every row vec_dot's bits exactly, and so must vec_dot_2nx (two weight
  * rows: the case's and its blocks in reverse order) where a level has it, and amx_gemm (the AMX tile
- * GEMM: up to 16 weight rows against packed activation rows) where the CPU has AMX. Exit status 0 iff
- * every check passes.
+ * GEMM: up to 16 weight rows against packed activation rows) where the CPU has AMX. Where a level has
+ * a repacked (x16) GEMM for the type, 18 weight rows (the case's, rotated by a block each) are repacked
+ * into two groups (the second padded) and every output against 1..11 activation rows must be the bits of
+ * x16_ref, the layout's defined order, and the case's row within the tolerance of the expected dot.
+ * Exit status 0 iff every check passes.
  * `--bench` also times each case.
  *
  * Case file (little-endian): "EDKC", u32 version (1), u32 count, then per case:
@@ -26,6 +29,7 @@
 #include "../ed_kernels.h"
 
 int ed_cpu_has_avx512vnni(void);
+extern float ed_f16_table[1 << 16];
 
 typedef struct {
     char name[128];
@@ -218,6 +222,86 @@ static int check_amx(const ed_kernel_table *k, const test_case *c, uint8_t *acts
     return fails;
 }
 
+/* One output of the x16 layout's order: Σ_b fma(d_w * d_y, (float) isum_b, acc) over the blocks, from the
+ * file's blocks (w) and a Q8_0 activation row (a). */
+static const int8_t iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+static float x16_ref(uint32_t wtype, int n, const uint8_t *w, const uint8_t *a) {
+    float acc = 0.0f;
+    const int bb = wtype == ED_Q8_0 ? 34 : 18;
+    for (int b = 0; b < n / 32; b++) {
+        const uint8_t *wb = w + (size_t)b * bb, *ab = a + (size_t)b * 34;
+        int32_t isum = 0;
+        for (int i = 0; i < 32; i++) {
+            int q;
+            if (wtype == ED_Q8_0) q = (int8_t)wb[2 + i];
+            else {
+                const int nib = i < 16 ? wb[2 + i] & 15 : wb[2 + i - 16] >> 4;
+                q = wtype == ED_Q4_0 ? nib - 8 : iq4nl_values[nib];
+            }
+            isum += q * (int8_t)ab[2 + i];
+        }
+        uint16_t hw, ha;
+        memcpy(&hw, wb, 2), memcpy(&ha, ab, 2);
+        acc = fmaf(ed_f16_table[hw] * ed_f16_table[ha], (float)isum, acc);
+    }
+    return acc;
+}
+
+#define X16_WROWS 18
+static int check_x16(const ed_kernel_table *k, const test_case *c, uint8_t *acts, float *xr) {
+    const ed_type_kernels *t = &k->types[c->wtype];
+    if (!t->x16_gemm) return 0;
+    const size_t ab = c->abytes, bb = (size_t)t->block_bytes, nb = c->wbytes / bb;
+    for (int r = 0; r < NX_ROWS; r++) {
+        for (uint32_t i = 0; i < c->n; i++) xr[i] = c->x[(i + 37u * (uint32_t)r) % c->n] * (1.0f + 0.25f * r);
+        k->from_float[c->atype](xr, acts + r * ab, c->n);
+    }
+    uint8_t *w = malloc(X16_WROWS * c->wbytes);
+    for (int r = 0; r < X16_WROWS; r++)
+        for (size_t b = 0; b < nb; b++) memcpy(w + r * c->wbytes + b * bb, c->w + (b + r) % nb * bb, bb);
+    const size_t xbytes = ed_x16_bytes((int)c->wtype, X16_WROWS, c->n), sb = ed_x16_side_bytes(c->n);
+    uint8_t *x16 = aligned_alloc(64, (xbytes + 63) / 64 * 64), *side = malloc(NX_ROWS * sb);
+    float *got = malloc(sizeof(float) * 19 * NX_ROWS);
+    int fails = !ed_x16_repack((int)c->wtype, w, c->wbytes, X16_WROWS, c->n, x16);
+    if (fails) printf("FAIL %-7s %s: ed_x16_repack refused the type\n", level_name(k->level), c->name);
+    for (int r = 0; r < NX_ROWS; r++) ed_x16_side(acts + r * ab, c->n, side + r * sb);
+    static const int ncs[] = {1, 3, 8, NX_ROWS};
+    for (size_t ni = 0; ni < sizeof(ncs) / sizeof(ncs[0]) && !fails; ni++) {
+        const int nc = ncs[ni];
+        for (int i = 0; i < 19 * NX_ROWS; i++) got[i] = NAN;
+        for (int g = 0; g < 2; g++) /* strides bs = 19 floats: the second group's 2 rows land at 16, 17 */
+            t->x16_gemm((int)c->n, got + 16 * g, 19, x16 + (size_t)g * 16 * c->wbytes, g ? X16_WROWS - 16 : 16, acts,
+                         ab, side, sb, nc);
+        for (int i = 0; i < nc && !fails; i++) {
+            if (!isnan(got[19 * i + X16_WROWS])) {
+                printf("FAIL %-7s %s: x16_gemm wrote past row %d\n", level_name(k->level), c->name, X16_WROWS);
+                fails = 1;
+            }
+            for (int r = 0; r < X16_WROWS && !fails; r++) {
+                const float want = x16_ref(c->wtype, (int)c->n, w + r * c->wbytes, acts + i * ab);
+                if (memcmp(&got[19 * i + r], &want, sizeof(float))) {
+                    printf("FAIL %-7s %s: x16_gemm (nc %d) weight row %d, row %d gives %.9g, x16 order %.9g\n",
+                           level_name(k->level), c->name, nc, r, i, got[19 * i + r], want);
+                    fails = 1;
+                }
+            }
+        }
+    }
+    /* the case's own row against its own activation (row 0 of acts is x itself): the expected dot */
+    if (!fails) {
+        const float s = x16_ref(c->wtype, (int)c->n, c->w, acts);
+        const double err = fabs((double)s - c->expected), tol = rtol(c->wtype) * c->magnitude;
+        if (!(err <= tol)) {
+            printf("FAIL %-7s %s: x16 dot %.9g, expected %.9g (error %.3g of magnitude %.6g)\n",
+                   level_name(k->level), c->name, s, c->expected, err, c->magnitude);
+            fails = 1;
+        }
+    }
+    free(w), free(x16), free(side), free(got);
+    return fails;
+}
+
 /* Single-thread time per call with the row in L1: the best of many short batches, so that a shared,
  * busy machine's preemptions drop out. */
 static void bench(const ed_kernel_table *k, const test_case *c, uint8_t *act) {
@@ -294,7 +378,8 @@ int main(int argc, char **argv) {
             fails += f                              ? f
                      : check_nx(k, &cs[i], acts, xr) ? 1
                      : check_2nx(k, &cs[i], acts)    ? 1
-                                                     : check_amx(k, &cs[i], acts);
+                     : check_amx(k, &cs[i], acts)    ? 1
+                                                     : check_x16(k, &cs[i], acts, xr);
         }
         printf("%-7s %u cases, %d failed, worst relative dot error %.2g\n", level_name(level), count, fails, worst);
         failures += fails;

@@ -1,0 +1,113 @@
+/* The repacked (x16) GEMM at the AVX-512 VNNI level, included by avx512.c under its VNNI target: one
+ * int32 lane per weight row of a 16-row group (ed_kernels.h has the layout), so a block's whole integer
+ * dot for 16 rows is 8 vpdpbusd of the unpacked weight bytes with a broadcast 4-byte step of the
+ * activation, and the float work is one convert, one scale product and one FMA per block and activation
+ * row for all 16 rows (vec_dot's layout spends those per 4 products). The weights are unsigned (Q4_0: q,
+ * IQ4_NL: value + 128, Q8_0: q + 128) and each row's sum starts at -offset * Σy (the side table's sums),
+ * so the integer dot is exact. Per output: acc = fma(d_w * d_y, (float) isum, acc) over the blocks in
+ * order, the order of kernel_check's scalar x16 reference, whatever nc, so decode (nc = 1) and prompts
+ * give the same bits.
+ *
+ * ggml-org/llama.cpp ggml/src/ggml-cpu/arch/x86/repack.cpp (ggml_gemm_q4_0_8x8_q8_0) is the same idea
+ * with 8-row interleaves and per-4-row sums; this file is written for one vpdpbusd per 4 quants.
+ */
+#define ED_X16_NC 8 /* activation rows per call: 8 float sums, 8 unpacked weight vectors */
+
+static inline __m512i x16_bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* a 16-row group block's quants as 8 vectors of unsigned bytes, w[j] meeting the activation's bytes at
+ * x16_yoff_*[j] */
+static const int x16_yoff_q4[8] = {0, 16, 4, 20, 8, 24, 12, 28};
+static const int x16_yoff_q8[8] = {0, 4, 8, 12, 16, 20, 24, 28};
+
+static inline void x16_unpack_q4_0(const uint8_t *q, __m512i *w) {
+    const __m512i m = _mm512_set1_epi8(0x0F);
+    for (int j = 0; j < 4; j++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(q + 64 * j));
+        w[2 * j] = _mm512_and_si512(v, m);
+        w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m);
+    }
+}
+
+static inline void x16_unpack_iq4_nl(const uint8_t *q, __m512i *w) {
+    const __m128i u = _mm_loadu_si128((const __m128i *)ed_x16_iq4nl_u8);
+    const __m512i values = _mm512_broadcast_i32x4(u), m = _mm512_set1_epi8(0x0F);
+    for (int j = 0; j < 4; j++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(q + 64 * j));
+        w[2 * j] = _mm512_shuffle_epi8(values, _mm512_and_si512(v, m));
+        w[2 * j + 1] = _mm512_shuffle_epi8(values, _mm512_and_si512(_mm512_srli_epi16(v, 4), m));
+    }
+}
+
+static inline void x16_unpack_q8_0(const uint8_t *q, __m512i *w) {
+    for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512((const void *)(q + 64 * j));
+}
+
+#define ED_X16_GEMM(name, QBYTES, UNPACK, YOFF, OFF)                                                           \
+    ED_ALWAYS_INLINE void x16_##name##_nc(int n, float *s, size_t bs, const uint8_t *vx, int nr,                \
+                                          const uint8_t *vy, size_t by, const uint8_t *side, size_t side_row,    \
+                                          const int nc) {                                                       \
+        const int nb = n / QK;                                                                                  \
+        const size_t gb = ED_X16_ROWS * (2 + QBYTES);                                                           \
+        __m512 acc[ED_X16_NC];                                                                                  \
+        for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();                                              \
+        for (int b = 0; b < nb; b++) {                                                                          \
+            const uint8_t *g = vx + (size_t)b * gb;                                                             \
+            const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g));                        \
+            __m512i w[8];                                                                                       \
+            UNPACK(g + 2 * ED_X16_ROWS, w);                                                                     \
+            for (int c = 0; c < nc; c++) {                                                                      \
+                const int8_t *yq = ((const block_q8_0 *)(vy + c * by))[b].qs;                                   \
+                const float *yd = (const float *)(side + c * side_row);                                         \
+                const int32_t *ys = (const int32_t *)(yd + nb);                                                 \
+                __m512i i0 = _mm512_set1_epi32(-(OFF) * ys[b]), i1 = _mm512_setzero_si512();                    \
+                for (int j = 0; j < 8; j += 2) {                                                                \
+                    i0 = _mm512_dpbusd_epi32(i0, w[j], x16_bcast4(yq + YOFF[j]));                               \
+                    i1 = _mm512_dpbusd_epi32(i1, w[j + 1], x16_bcast4(yq + YOFF[j + 1]));                       \
+                }                                                                                               \
+                const __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(yd[b]));                                     \
+                acc[c] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)), acc[c]);             \
+            }                                                                                                   \
+        }                                                                                                       \
+        for (int c = 0; c < nc; c++) {                                                                          \
+            if (nr == ED_X16_ROWS) {                                                                            \
+                _mm512_storeu_ps(s + c * bs, acc[c]);                                                           \
+            } else {                                                                                            \
+                float t[ED_X16_ROWS];                                                                           \
+                _mm512_storeu_ps(t, acc[c]);                                                                    \
+                memcpy(s + c * bs, t, sizeof(float) * (size_t)nr);                                              \
+            }                                                                                                   \
+        }                                                                                                       \
+    }                                                                                                           \
+    static void x16_gemm_##name(int n, float *s, size_t bs, const void *vx, int nr, const void *vy, size_t by,   \
+                                const void *side, size_t side_row, int nc) {                                    \
+        const uint8_t *y = vy, *sd = side;                                                                      \
+        for (; nc >= ED_X16_NC; nc -= ED_X16_NC, s += ED_X16_NC * bs, y += ED_X16_NC * by,                      \
+                                sd += ED_X16_NC * side_row)                                                     \
+            x16_##name##_nc(n, s, bs, vx, nr, y, by, sd, side_row, ED_X16_NC);                                  \
+        switch (nc) {                                                                                           \
+        case 7: x16_##name##_nc(n, s, bs, vx, nr, y, by, sd, side_row, 7); break;                               \
+        case 6: x16_##name##_nc(n, s, bs, vx, nr, y, by, sd, side_row, 6); break;                               \
+        case 5: x16_##name##_nc(n, s, bs, vx, nr, y, by, sd, side_row, 5); break;                               \
+        case 4: x16_##name##_nc(n, s, bs, vx, nr, y, by, sd, side_row, 4); break;                               \
+        case 3: x16_##name##_nc(n, s, bs, vx, nr, y, by, sd, side_row, 3); break;                               \
+        case 2: x16_##name##_nc(n, s, bs, vx, nr, y, by, sd, side_row, 2); break;                               \
+        case 1: x16_##name##_nc(n, s, bs, vx, nr, y, by, sd, side_row, 1); break;                               \
+        default: break;                                                                                         \
+        }                                                                                                       \
+    }
+
+ED_X16_GEMM(q4_0, QK / 2, x16_unpack_q4_0, x16_yoff_q4, 8)
+ED_X16_GEMM(iq4_nl, QK / 2, x16_unpack_iq4_nl, x16_yoff_q4, 128)
+ED_X16_GEMM(q8_0, QK, x16_unpack_q8_0, x16_yoff_q8, 128)
+#undef ED_X16_GEMM
+
+static void set_x16(ed_kernel_table *t) {
+    t->types[ED_Q4_0].x16_gemm = x16_gemm_q4_0;
+    t->types[ED_IQ4_NL].x16_gemm = x16_gemm_iq4_nl;
+    t->types[ED_Q8_0].x16_gemm = x16_gemm_q8_0;
+}
