@@ -451,12 +451,21 @@ class ModelFile:
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
 
-    def evict(self, t: QTensor) -> None:
+    def evict(self, t: QTensor, start: int = 0, nbytes: int | None = None) -> None:
         """Let the kernel drop tensor t's pages from this process's memory (read again from the file if
-        touched): llama.cpp's unmap_weight, so one pass over a model never holds all of it at once."""
-        if self._mmap is not None and hasattr(mmap, "MADV_DONTNEED"):
-            start = t.offset - t.offset % mmap.PAGESIZE
-            self._mmap.madvise(mmap.MADV_DONTNEED, start, t.offset + t.nbytes - start)
+        touched): llama.cpp's unmap_weight, so one pass over a model never holds all of it at once.
+        `start`/`nbytes`: only the pages wholly inside that span of the tensor's bytes."""
+        if self._mmap is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        lo = t.offset + start
+        hi = t.offset + (t.nbytes if nbytes is None else min(t.nbytes, start + nbytes))
+        if nbytes is None:  # the whole tensor: its first and last pages too
+            lo -= lo % mmap.PAGESIZE
+        else:
+            lo += -lo % mmap.PAGESIZE
+            hi -= hi % mmap.PAGESIZE
+        if hi > lo:
+            self._mmap.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
     def metadata_bytes(self, key: str) -> bytes:
         """The key/value pair `key` exactly as the file encodes it (key string, type, value)."""

@@ -42,6 +42,7 @@ _KNOWN_TYPES = {int(t) for t in quants.supported_types()}
 # op codes of native/runtime/ed_runtime.h
 MATMUL, GET_ROWS, RMS_NORM, ROPE, ATTENTION, SILU_MUL, GELU_MUL, ADD, SCALE, SOFTCAP, COPY = range(1, 12)
 X16 = 2  # ED_FLAG_X16: a matmul's weight is repacked
+REPACK_STEP_BYTES = 4 << 20  # rows repacked (and their file pages let go) at a time
 F16_KIND, Q8_0_KIND = 1, 8  # an ATTENTION op's cache kinds (ggml type ids; ed_runtime.h)
 
 
@@ -140,22 +141,32 @@ class NativeBackend(HostBackend):
     def _repack(self, w: NativeWeight) -> None:
         """Where the CPU's kernels multiply this type faster repacked (x16: 16 rows' blocks interleaved, a
         SIMD lane per row; native/kernels/x16.c), a copy of the rows in that layout for matmul, made once
-        here (llama.cpp's repack.cpp does the same at load). The file's pages of the tensor are then let
-        go (read again only where get_rows takes a row), so resident memory stays about the model's size;
-        over a --no-mmap copy, which cannot give its pages back, the rows stay as they are."""
+        here (llama.cpp's repack.cpp does the same at load). The file's pages of the tensor are let go
+        as its rows are repacked (read again only if touched), so resident memory stays about the
+        model's size, at peak too. Left in the file's layout: the token embedding (get_rows reads it, so
+        a tied output would hold two copies; llama.cpp does not repack it either), and rows of a
+        --no-mmap copy, which cannot give its pages back."""
         t, mf = w.qt, self._file() if self._file is not None else None
         if mf is not None and not _in_file(mf, t):
             mf = None
         unmapped = mf is not None and not mf.mapped
-        if unmapped or not w.matmul_ok or not lib.ed_repack_x16_supported(int(t.type)):
+        if unmapped or t.name == "token_embd.weight" or not w.matmul_ok:
             return
-        k = t.ne[0]
-        nbytes = lib.ed_repack_x16_bytes(int(t.type), w.rows, k)
+        typ, k = int(t.type), t.ne[0]
+        if not lib.ed_repack_x16_supported(typ):
+            return
+        nbytes, group = lib.ed_repack_x16_bytes(typ, w.rows, k), lib.ed_repack_x16_bytes(typ, 16, k)
         buf = np.empty(nbytes + 64, np.uint8)
         x16 = buf[-address(buf) % 64 :][:nbytes]  # 64-byte aligned
-        if not lib.ed_repack_x16(int(t.type), ffi.cast("void *", w.ptr), w.row_bytes, w.rows, k,
-                                 ffi.cast("void *", address(x16))):  # fmt: skip
-            return
+        step = 16 * max(1, REPACK_STEP_BYTES // (16 * w.row_bytes))  # whole groups of rows at a time
+        for r0 in range(0, w.rows, step):
+            r1 = min(w.rows, r0 + step)
+            src = ffi.cast("void *", w.ptr + r0 * w.row_bytes)
+            dst = ffi.cast("void *", address(x16) + r0 // 16 * group)
+            if not lib.ed_repack_x16(typ, src, w.row_bytes, r1 - r0, k, dst):
+                return
+            if mf is not None:
+                mf.evict(t, r0 * w.row_bytes, (r1 - r0) * w.row_bytes)
         w.x16 = x16
         if mf is not None:
             mf.evict(t)

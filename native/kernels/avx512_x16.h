@@ -43,6 +43,16 @@ static inline void x16_unpack_iq4_nl(const uint8_t *q, __m512i *w) {
     }
 }
 
+/* Q5_0: Q4_0's nibbles, + 16 where the block's fifth-bit mask for that vector says so */
+static inline void x16_unpack_q5_0(const uint8_t *q, __m512i *w) {
+    x16_unpack_q4_0(q + 64, w);
+    for (int h = 0; h < 8; h++) {
+        uint64_t k;
+        memcpy(&k, q + 8 * h, 8);
+        w[h] = _mm512_mask_add_epi8(w[h], (__mmask64)k, w[h], _mm512_set1_epi8(16));
+    }
+}
+
 static inline void x16_unpack_q8_0(const uint8_t *q, __m512i *w) {
     for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512((const void *)(q + 64 * j));
 }
@@ -103,10 +113,98 @@ static inline void x16_unpack_q8_0(const uint8_t *q, __m512i *w) {
 
 ED_X16_GEMM(q4_0, QK / 2, x16_unpack_q4_0, x16_yoff_q4, 8)
 ED_X16_GEMM(iq4_nl, QK / 2, x16_unpack_iq4_nl, x16_yoff_q4, 128)
+ED_X16_GEMM(q5_0, QK / 2 + 4, x16_unpack_q5_0, x16_yoff_q4, 16)
 ED_X16_GEMM(q8_0, QK, x16_unpack_q8_0, x16_yoff_q8, 128)
 #undef ED_X16_GEMM
 
+/* Q4_K against Q8_K, per super-block and row: isum = Σ_j sc_j * (sub-block j's integer dot) (mullo on
+ * the widened scale bytes), msum = Σ_j m_j * (the activation's sum over sub-block j) (vpdpwssd on the min
+ * pairs against pairs of the activation's bsums added), then acc = fma(d_w * d_y, isum, acc) and
+ * acc = fnmadd(dmin_w * d_y, msum, acc): the float steps of ggml's vec_dot_q4_K_q8_K per super-block. All
+ * integers are exact: |isum| <= 8 * 63 * 32 * 15 * 127. Each half (sub-block) of a pair is unpacked in
+ * turn, so 8 weight vectors and 8 rows' sums fit the registers. */
+#define Q4K_SC 64
+#define Q4K_MIN 192
+#define Q4K_QS 320
+#define Q4K_GROUP (Q4K_QS + 2048)
+ED_ALWAYS_INLINE void x16_q4_K_nc(int n, float *s, size_t bs, const uint8_t *vx, int nr, const uint8_t *vy,
+                                  size_t by, const int nc) {
+    const int nb = n / QK_K;
+    __m512 acc[ED_X16_NC];
+    for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *g = vx + (size_t)b * Q4K_GROUP;
+        __m512i isum[ED_X16_NC];
+        for (int c = 0; c < nc; c++) isum[c] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) { /* sub-block j: pair j / 2, low (even) or high (odd) nibbles */
+            const uint8_t *q = g + Q4K_QS + 512 * (j / 2);
+            __m512i w[8];
+            for (int k = 0; k < 8; k++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(q + 64 * k));
+                w[k] = _mm512_and_si512(j & 1 ? _mm512_srli_epi16(v, 4) : v, m4);
+            }
+            const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(g + Q4K_SC + 16 * j)));
+            for (int c = 0; c < nc; c++) {
+                const int8_t *yq = ((const block_q8_K *)(vy + c * by))[b].qs + 32 * j;
+                __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
+                for (int k = 0; k < 8; k += 2) {
+                    i0 = _mm512_dpbusd_epi32(i0, w[k], x16_bcast4(yq + 4 * k));
+                    i1 = _mm512_dpbusd_epi32(i1, w[k + 1], x16_bcast4(yq + 4 * k + 4));
+                }
+                isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(_mm512_add_epi32(i0, i1), sc));
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + 32)));
+        for (int c = 0; c < nc; c++) {
+            const block_q8_K *y = (const block_q8_K *)(vy + c * by) + b;
+            const __m256i s32 = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), _mm256_set1_epi16(1));
+            int32_t pairs[4]; /* int16 pairs (sum of sub-block 2i, of 2i + 1) */
+            _mm_storeu_si128((__m128i *)pairs,
+                             _mm_packs_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1)));
+            __m512i msum = _mm512_setzero_si512();
+            for (int i = 0; i < 4; i++) {
+                const __m512i m = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(g + Q4K_MIN + 32 * i)));
+                msum = _mm512_dpwssd_epi32(msum, m, _mm512_set1_epi32(pairs[i]));
+            }
+            const __m512 dy = _mm512_set1_ps(y->d);
+            acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(d, dy), _mm512_cvtepi32_ps(isum[c]), acc[c]);
+            acc[c] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dy), _mm512_cvtepi32_ps(msum), acc[c]);
+        }
+    }
+    for (int c = 0; c < nc; c++) {
+        if (nr == ED_X16_ROWS) {
+            _mm512_storeu_ps(s + c * bs, acc[c]);
+        } else {
+            float t[ED_X16_ROWS];
+            _mm512_storeu_ps(t, acc[c]);
+            memcpy(s + c * bs, t, sizeof(float) * (size_t)nr);
+        }
+    }
+}
+
+static void x16_gemm_q4_K(int n, float *s, size_t bs, const void *vx, int nr, const void *vy, size_t by,
+                          const void *side, size_t side_row, int nc) {
+    (void)side, (void)side_row;
+    const uint8_t *y = vy;
+    for (; nc >= ED_X16_NC; nc -= ED_X16_NC, s += ED_X16_NC * bs, y += ED_X16_NC * by)
+        x16_q4_K_nc(n, s, bs, vx, nr, y, by, ED_X16_NC);
+    switch (nc) {
+    case 7: x16_q4_K_nc(n, s, bs, vx, nr, y, by, 7); break;
+    case 6: x16_q4_K_nc(n, s, bs, vx, nr, y, by, 6); break;
+    case 5: x16_q4_K_nc(n, s, bs, vx, nr, y, by, 5); break;
+    case 4: x16_q4_K_nc(n, s, bs, vx, nr, y, by, 4); break;
+    case 3: x16_q4_K_nc(n, s, bs, vx, nr, y, by, 3); break;
+    case 2: x16_q4_K_nc(n, s, bs, vx, nr, y, by, 2); break;
+    case 1: x16_q4_K_nc(n, s, bs, vx, nr, y, by, 1); break;
+    default: break;
+    }
+}
+
 static void set_x16(ed_kernel_table *t) {
+    t->types[ED_Q4_K].x16_gemm = x16_gemm_q4_K;
+    t->types[ED_Q5_0].x16_gemm = x16_gemm_q5_0;
     t->types[ED_Q4_0].x16_gemm = x16_gemm_q4_0;
     t->types[ED_IQ4_NL].x16_gemm = x16_gemm_iq4_nl;
     t->types[ED_Q8_0].x16_gemm = x16_gemm_q8_0;

@@ -6,15 +6,6 @@
  */
 #include "ed_blocks.h"
 
-/* bytes of quants per block and chunks of 64 bytes they fill in a group, per type; 0: no layout */
-static int quant_bytes(int t) {
-    switch (t) {
-    case ED_Q4_0: case ED_IQ4_NL: return QK / 2;
-    case ED_Q8_0: return QK;
-    default: return 0;
-    }
-}
-
 size_t ed_x16_side_bytes(int64_t n) { return (size_t)(n / QK) * (sizeof(float) + sizeof(int32_t)); }
 
 void ed_x16_side(const void *y, int64_t n, void *side) {
@@ -30,34 +21,107 @@ void ed_x16_side(const void *y, int64_t n, void *side) {
     }
 }
 
+/* One row's block (blk) into lane r of a group block (out). */
+typedef void (*lane_fn)(const uint8_t *blk, uint8_t *out, int r);
+
+/* Q4_0 / IQ4_NL: 16 f16 scales, then 4 chunks of 64 bytes (row r's qs[4j..4j+3] at 64j + 4r) */
+static void lane_q4(const uint8_t *blk, uint8_t *out, int r) {
+    memcpy(out + 2 * r, blk, 2);
+    for (int j = 0; j < 4; j++) memcpy(out + 32 + 64 * j + 4 * r, blk + 2 + 4 * j, 4);
+}
+
+/* Q5_0: 16 f16 scales, 8 64-bit masks of the fifth bits (mask h has bit 4r + i for the quant that
+ * vector h of the Q4_0 unpacking puts in byte i of lane r: h = 2j quants 4j.., h = 2j + 1 quants
+ * 16 + 4j..), then the nibbles as Q4_0's */
+static void lane_q5_0(const uint8_t *blk, uint8_t *out, int r) {
+    uint32_t qh;
+    memcpy(out + 2 * r, blk, 2);
+    memcpy(&qh, blk + 2, 4);
+    for (int h = 0; h < 8; h++)
+        for (int i = 0; i < 4; i++)
+            if ((qh >> ((h & 1) * 16 + 4 * (h / 2) + i)) & 1) out[32 + 8 * h + (4 * r + i) / 8] |= 1u << ((4 * r + i) % 8);
+    for (int j = 0; j < 4; j++) memcpy(out + 96 + 64 * j + 4 * r, blk + 6 + 4 * j, 4);
+}
+
+/* Q8_0: 16 f16 scales, then 8 chunks of 64 bytes, quants + 128 (unsigned) */
+static void lane_q8_0(const uint8_t *blk, uint8_t *out, int r) {
+    memcpy(out + 2 * r, blk, 2);
+    for (int j = 0; j < 8; j++)
+        for (int i = 0; i < 4; i++) out[32 + 64 * j + 4 * r + i] = (uint8_t)(blk[2 + 4 * j + i] ^ 0x80);
+}
+
+/* ggml get_scale_min_k4: sub-block j's 6-bit scale and min from the 12 packed bytes */
+static void scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+    }
+}
+
+/* Q4_K (a super-block of 256): 16 f16 d, 16 f16 dmin, the 8 sub-block scales as bytes [8][16], the mins
+ * as byte pairs [4][16][2] (sub-blocks 2i, 2i+1: one vpdpwssd against the activation's pair of 32-sums),
+ * then per pair of sub-blocks p 8 chunks of 64 bytes (row r's qs[32p + 4j..+3] at 512p + 64j + 4r: low
+ * nibbles are sub-block 2p, high 2p + 1) */
+#define Q4K_SC 64
+#define Q4K_MIN 192
+#define Q4K_QS 320
+static void lane_q4_K(const uint8_t *blk, uint8_t *out, int r) {
+    memcpy(out + 2 * r, blk, 2);
+    memcpy(out + 32 + 2 * r, blk + 2, 2);
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, mn;
+        scale_min_k4(j, blk + 4, &sc, &mn);
+        out[Q4K_SC + 16 * j + r] = sc;
+        out[Q4K_MIN + 32 * (j / 2) + 2 * r + (j & 1)] = mn;
+    }
+    for (int p = 0; p < 4; p++)
+        for (int j = 0; j < 8; j++) memcpy(out + Q4K_QS + 512 * p + 64 * j + 4 * r, blk + 16 + 32 * p + 4 * j, 4);
+}
+
+static const struct {
+    int type, elems, bytes; /* the file's block */
+    size_t group;           /* bytes of a 16-row group block */
+    lane_fn lane;
+} layouts[] = {
+    {ED_Q4_0, QK, 18, 288, lane_q4},
+    {ED_IQ4_NL, QK, 18, 288, lane_q4},
+    {ED_Q5_0, QK, 22, 352, lane_q5_0},
+    {ED_Q8_0, QK, 34, 544, lane_q8_0},
+    {ED_Q4_K, QK_K, 144, Q4K_QS + 2048, lane_q4_K},
+};
+
+static int layout(int t) {
+    for (int i = 0; i < (int)(sizeof(layouts) / sizeof(layouts[0])); i++)
+        if (layouts[i].type == t) return i;
+    return -1;
+}
+
 size_t ed_x16_bytes(int t, int64_t rows, int64_t n) {
-    const int qb = quant_bytes(t);
-    if (!qb || rows < 0 || n % QK) return 0;
+    const int l = layout(t);
+    if (l < 0 || rows < 0 || n % layouts[l].elems) return 0;
     const int64_t groups = (rows + ED_X16_ROWS - 1) / ED_X16_ROWS;
-    return (size_t)groups * (size_t)(n / QK) * ED_X16_ROWS * (2 + (size_t)qb);
+    return (size_t)groups * (size_t)(n / layouts[l].elems) * layouts[l].group;
 }
 
 int ed_x16_repack(int t, const void *src, size_t row_bytes, int64_t rows, int64_t n, void *dst) {
-    const int qb = quant_bytes(t), bb = 2 + qb;
-    if (!qb || n % QK || row_bytes != (size_t)(n / QK) * (size_t)bb) return 0;
-    const int64_t nb = n / QK, groups = (rows + ED_X16_ROWS - 1) / ED_X16_ROWS;
-    const uint8_t xor = t == ED_Q8_0 ? 0x80 : 0; /* Q8_0 quants stored unsigned: q + 128 */
+    const int l = layout(t);
+    if (l < 0 || n % layouts[l].elems || row_bytes != (size_t)(n / layouts[l].elems) * (size_t)layouts[l].bytes)
+        return 0;
+    const int64_t nb = n / layouts[l].elems, groups = (rows + ED_X16_ROWS - 1) / ED_X16_ROWS;
+    static const uint8_t zero[256]; /* a row past the last: scales 0 (its sums are never stored) */
     uint8_t *out = dst;
     for (int64_t g = 0; g < groups; g++)
-        for (int64_t b = 0; b < nb; b++, out += ED_X16_ROWS * bb) {
-            uint16_t *d = (uint16_t *)out;
-            uint8_t *q = out + 2 * ED_X16_ROWS;
+        for (int64_t b = 0; b < nb; b++, out += layouts[l].group) {
+            memset(out, 0, layouts[l].group); /* (lanes of Q5_0's masks are set bit by bit) */
             for (int r = 0; r < ED_X16_ROWS; r++) {
                 const int64_t row = g * ED_X16_ROWS + r;
-                if (row >= rows) { /* past the last row: scale 0, quants 0 (128 for Q8_0's zero) */
-                    d[r] = 0;
-                    for (int j = 0; j < qb / 4; j++) memset(q + 64 * j + 4 * r, xor, 4);
-                    continue;
-                }
-                const uint8_t *blk = (const uint8_t *)src + (size_t)row * row_bytes + (size_t)b * (size_t)bb;
-                d[r] = ed_load_u16(blk);
-                for (int j = 0; j < qb / 4; j++)
-                    for (int i = 0; i < 4; i++) q[64 * j + 4 * r + i] = (uint8_t)(blk[2 + 4 * j + i] ^ xor);
+                const uint8_t *blk = row < rows ? (const uint8_t *)src + (size_t)row * row_bytes +
+                                                      (size_t)b * (size_t)layouts[l].bytes
+                                                : zero;
+                layouts[l].lane(blk, out, r);
             }
         }
     return 1;

@@ -113,9 +113,11 @@ void ed_matmul(const ed_op *op, int phase, ed_ctx *ctx) {
     const int64_t c0 = ctx->chunk * rows, c1 = c0 + rows < m ? c0 + rows : m;
     void *scratch = amx ? ed_thread_scratch(ctx, (size_t)(k / 32) * ED_AMX_WBLOCK_BYTES) : NULL;
     if (op->flags & ED_FLAG_X16) { /* groups of 16 rows (chunks are whole groups) against every row */
+        const size_t group = ed_x16_bytes(op->type, ED_X16_ROWS, k);
         for (int64_t j0 = c0; j0 < c1; j0 += ED_X16_ROWS) {
             const int nr = (int)(c1 - j0 < ED_X16_ROWS ? c1 - j0 : ED_X16_ROWS);
-            tk->x16_gemm((int)k, &y[j0], (size_t)m, w + j0 * wrow, nr, act, arow, side, side_row, (int)n);
+            tk->x16_gemm((int)k, &y[j0], (size_t)m, w + j0 / ED_X16_ROWS * group, nr, act, arow, side, side_row,
+                         (int)n);
         }
         return;
     }

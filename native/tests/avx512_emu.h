@@ -38,8 +38,24 @@ static inline simde__m512 ed_emu_fmadd_ps(simde__m512 a, simde__m512 b, simde__m
     for (int i = 0; i < 16; i++) z[i] = fmaf(x[i], y[i], z[i]);
     return simde_mm512_loadu_ps(z);
 }
+static inline simde__m512 ed_emu_fnmadd_ps(simde__m512 a, simde__m512 b, simde__m512 c) {
+    return ed_emu_fmadd_ps(simde_mm512_sub_ps(simde_mm512_setzero_ps(), a), b, c); /* -(a*b) + c, once */
+}
 #undef _mm512_fmadd_ps
 #define _mm512_fmadd_ps(a, b, c) ed_emu_fmadd_ps(a, b, c)
+#undef _mm512_fnmadd_ps
+#define _mm512_fnmadd_ps(a, b, c) ed_emu_fnmadd_ps(a, b, c)
+static inline simde__m512i ed_emu_cvtepu8_epi32(simde__m128i b) {
+    return ed_emu_join(simde_mm256_cvtepu8_epi32(b), simde_mm256_cvtepu8_epi32(simde_mm_srli_si128(b, 8)));
+}
+static inline simde__m512i ed_emu_cvtepu8_epi16(simde__m256i b) {
+    return ed_emu_join(simde_mm256_cvtepu8_epi16(simde_mm256_castsi256_si128(b)),
+                       simde_mm256_cvtepu8_epi16(simde_mm256_extracti128_si256(b, 1)));
+}
+#undef _mm512_cvtepu8_epi32
+#undef _mm512_cvtepu8_epi16
+#define _mm512_cvtepu8_epi32(b) ed_emu_cvtepu8_epi32(b)
+#define _mm512_cvtepu8_epi16(b) ed_emu_cvtepu8_epi16(b)
 /* SIMDe 0.7.4 aliases _mm512_madd_epi16 with the masked form's arity, and has no __mmask64 alias */
 #undef _mm512_madd_epi16
 #define _mm512_madd_epi16(a, b) simde_mm512_madd_epi16(a, b)

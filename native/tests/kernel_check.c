@@ -222,20 +222,63 @@ static int check_amx(const ed_kernel_table *k, const test_case *c, uint8_t *acts
     return fails;
 }
 
-/* One output of the x16 layout's order: Σ_b fma(d_w * d_y, (float) isum_b, acc) over the blocks, from the
+/* One output of the x16 layout's order (Q4_0, Q5_0, IQ4_NL, Q8_0): Σ_b fma(d_w * d_y, (float) isum_b, acc) over the blocks, from the
  * file's blocks (w) and a Q8_0 activation row (a). */
 static const int8_t iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
-static float x16_ref(uint32_t wtype, int n, const uint8_t *w, const uint8_t *a) {
+static void scale_min_k4(int j, const uint8_t *q, int *d, int *m) {
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+    }
+}
+
+/* Q4_K: per super-block fma(d * d_y, Σ_j sc_j * isum_j, acc), then fma(-(dmin * d_y), Σ_j m_j * ysum_j, acc) */
+static float x16_ref_q4_K(int n, const uint8_t *w, const uint8_t *a) {
     float acc = 0.0f;
-    const int bb = wtype == ED_Q8_0 ? 34 : 18;
+    for (int b = 0; b < n / 256; b++) {
+        const uint8_t *wb = w + (size_t)b * 144, *ab = a + (size_t)b * 292;
+        float dy;
+        int16_t bsums[16];
+        memcpy(&dy, ab, 4), memcpy(bsums, ab + 4 + 256, 32);
+        int32_t isum = 0, msum = 0;
+        for (int j = 0; j < 8; j++) {
+            int sc, mn, dot = 0;
+            scale_min_k4(j, wb + 4, &sc, &mn);
+            for (int i = 0; i < 32; i++) {
+                const uint8_t byte = wb[16 + 32 * (j / 2) + i];
+                dot += (j & 1 ? byte >> 4 : byte & 15) * (int8_t)ab[4 + 32 * j + i];
+            }
+            isum += sc * dot;
+            msum += mn * (bsums[2 * j] + bsums[2 * j + 1]);
+        }
+        uint16_t hd, hm;
+        memcpy(&hd, wb, 2), memcpy(&hm, wb + 2, 2);
+        acc = fmaf(ed_f16_table[hd] * dy, (float)isum, acc);
+        acc = fmaf(-(ed_f16_table[hm] * dy), (float)msum, acc);
+    }
+    return acc;
+}
+
+static float x16_ref(uint32_t wtype, int n, const uint8_t *w, const uint8_t *a) {
+    if (wtype == ED_Q4_K) return x16_ref_q4_K(n, w, a);
+    float acc = 0.0f;
+    const int bb = wtype == ED_Q8_0 ? 34 : wtype == ED_Q5_0 ? 22 : 18;
     for (int b = 0; b < n / 32; b++) {
         const uint8_t *wb = w + (size_t)b * bb, *ab = a + (size_t)b * 34;
         int32_t isum = 0;
         for (int i = 0; i < 32; i++) {
             int q;
             if (wtype == ED_Q8_0) q = (int8_t)wb[2 + i];
-            else {
+            else if (wtype == ED_Q5_0) {
+                uint32_t qh;
+                memcpy(&qh, wb + 2, 4);
+                const int nib = i < 16 ? wb[6 + i] & 15 : wb[6 + i - 16] >> 4;
+                q = (nib | (int)((qh >> i) & 1) << 4) - 16;
+            } else {
                 const int nib = i < 16 ? wb[2 + i] & 15 : wb[2 + i - 16] >> 4;
                 q = wtype == ED_Q4_0 ? nib - 8 : iq4nl_values[nib];
             }
@@ -265,13 +308,15 @@ static int check_x16(const ed_kernel_table *k, const test_case *c, uint8_t *acts
     float *got = malloc(sizeof(float) * 19 * NX_ROWS);
     int fails = !ed_x16_repack((int)c->wtype, w, c->wbytes, X16_WROWS, c->n, x16);
     if (fails) printf("FAIL %-7s %s: ed_x16_repack refused the type\n", level_name(k->level), c->name);
-    for (int r = 0; r < NX_ROWS; r++) ed_x16_side(acts + r * ab, c->n, side + r * sb);
+    if (c->atype == ED_Q8_0)
+        for (int r = 0; r < NX_ROWS; r++) ed_x16_side(acts + r * ab, c->n, side + r * sb);
+    const size_t group = ed_x16_bytes((int)c->wtype, 16, c->n);
     static const int ncs[] = {1, 3, 8, NX_ROWS};
     for (size_t ni = 0; ni < sizeof(ncs) / sizeof(ncs[0]) && !fails; ni++) {
         const int nc = ncs[ni];
         for (int i = 0; i < 19 * NX_ROWS; i++) got[i] = NAN;
         for (int g = 0; g < 2; g++) /* strides bs = 19 floats: the second group's 2 rows land at 16, 17 */
-            t->x16_gemm((int)c->n, got + 16 * g, 19, x16 + (size_t)g * 16 * c->wbytes, g ? X16_WROWS - 16 : 16, acts,
+            t->x16_gemm((int)c->n, got + 16 * g, 19, x16 + (size_t)g * group, g ? X16_WROWS - 16 : 16, acts,
                          ab, side, sb, nc);
         for (int i = 0; i < nc && !fails; i++) {
             if (!isnan(got[19 * i + X16_WROWS])) {
