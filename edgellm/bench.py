@@ -9,7 +9,8 @@ ttft: time to the first generated token of a -p token prompt: prefill plus the f
 Each repetition starts from a fresh cache. Warm-up (kernel compile or cache load, one untimed prompt and
 step) happens before any timed region. Token ids are fixed pseudo-random ids: no tokenizer time.
 Peak RSS is the process high-water mark (VmHWM); `rss_beyond_model_mb` subtracts the part of it that is
-the mmapped model file (RssFile at the end of the run, which is at least the model pages touched).
+the mmapped model file (RssFile at the end of the run, which is at least the model pages touched) and
+the weights the backend repacked at load into memory of their own (their file pages are let go).
 """
 
 from __future__ import annotations
@@ -166,8 +167,9 @@ def run_bench(
     rss_file = proc_status_mb("RssFile")
     model_bytes = Path(llm.path).stat().st_size
     beyond = None
-    if peak is not None and rss_file is not None:
-        beyond = peak - min(rss_file, model_bytes / 2**20)
+    if peak is not None and rss_file is not None:  # weights repacked at load are the model too
+        repacked = getattr(llm.backend, "repacked_bytes", 0) / 2**20
+        beyond = peak - min(rss_file + repacked, model_bytes / 2**20 + repacked)
     return BenchResult(
         model=str(llm.path),
         backend=llm.backend.name,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +112,7 @@ class NativeBackend(HostBackend):
         self._plans: OrderedDict[tuple[int, int, int], Any] = OrderedDict()  # (kv, model, B) ids -> plan
         self._last: Plan | None = None  # the plan of the last decode step
         self._file: Any = None  # the ModelFile being bound (prepare): its pages of repacked weights go
+        self.repacked_bytes = 0  # weights held repacked (in memory of their own, not the file's pages)
 
     def prepare(self, mf: Any) -> None:
         self._file = weakref.ref(mf)
@@ -159,15 +161,25 @@ class NativeBackend(HostBackend):
         buf = np.empty(nbytes + 64, np.uint8)
         x16 = buf[-address(buf) % 64 :][:nbytes]  # 64-byte aligned
         step = 16 * max(1, REPACK_STEP_BYTES // (16 * w.row_bytes))  # whole groups of rows at a time
-        for r0 in range(0, w.rows, step):
+
+        def part(r0: int) -> bool:  # (cffi lets go of the GIL: the pool's threads repack side by side)
             r1 = min(w.rows, r0 + step)
             src = ffi.cast("void *", w.ptr + r0 * w.row_bytes)
             dst = ffi.cast("void *", address(x16) + r0 // 16 * group)
-            if not lib.ed_repack_x16(typ, src, w.row_bytes, r1 - r0, k, dst):
-                return
+            ok = bool(lib.ed_repack_x16(typ, src, w.row_bytes, r1 - r0, k, dst))
             if mf is not None:
                 mf.evict(t, r0 * w.row_bytes, (r1 - r0) * w.row_bytes)
-        w.x16 = x16
+            return ok
+
+        starts = range(0, w.rows, step)
+        if len(starts) > 1 and self.threads > 1:
+            with ThreadPoolExecutor(self.threads) as ex:
+                done = all(ex.map(part, starts))
+        else:
+            done = all(part(r0) for r0 in starts)
+        if done:
+            w.x16 = x16
+            self.repacked_bytes += nbytes
         if mf is not None:
             mf.evict(t)
 

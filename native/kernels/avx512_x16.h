@@ -13,6 +13,51 @@
  */
 #define ED_X16_NC 8 /* activation rows per call: 8 float sums, 8 unpacked weight vectors */
 
+/* decode (nc <= 2) is a stream through the weights: the same block of the next group (one group ahead,
+ * evenly spread) is prefetched, as the file-layout path prefetches rows ahead (prefetches never fault,
+ * so the last group's reach past the end is harmless) */
+#ifndef ED_X16_PF
+#define ED_X16_PF 2048
+#endif
+ED_ALWAYS_INLINE void x16_prefetch_next(const uint8_t *g, size_t group_bytes, size_t block_bytes, int nc) {
+    (void)group_bytes;
+    if (nc <= 2)
+        for (size_t off = 0; off < block_bytes; off += 64) __builtin_prefetch(g + ED_X16_PF + off);
+}
+
+/* the sums of nr (<= 16) weight rows against nc activation rows to s[c * bs + r] */
+ED_ALWAYS_INLINE void x16_store(float *s, size_t bs, const __m512 *acc, int nr, int nc) {
+    for (int c = 0; c < nc; c++) {
+        if (nr == ED_X16_ROWS) {
+            _mm512_storeu_ps(s + c * bs, acc[c]);
+        } else {
+            float t[ED_X16_ROWS];
+            _mm512_storeu_ps(t, acc[c]);
+            memcpy(s + c * bs, t, sizeof(float) * (size_t)nr);
+        }
+    }
+}
+
+/* x16_gemm from a kernel FN(n, s, bs, vx, nr, vy, by, nc) of nc (a constant) <= ED_X16_NC rows */
+#define ED_X16_ENTRY(name, FN)                                                                              \
+    static void name(int n, float *s, size_t bs, const void *vx, int nr, const void *vy, size_t by,           \
+                     const void *side, size_t side_row, int nc) {                                             \
+        (void)side, (void)side_row;                                                                           \
+        const uint8_t *y = vy;                                                                                \
+        for (; nc >= ED_X16_NC; nc -= ED_X16_NC, s += ED_X16_NC * bs, y += ED_X16_NC * by)                    \
+            FN(n, s, bs, vx, nr, y, by, ED_X16_NC);                                                           \
+        switch (nc) {                                                                                         \
+        case 7: FN(n, s, bs, vx, nr, y, by, 7); break;                                                        \
+        case 6: FN(n, s, bs, vx, nr, y, by, 6); break;                                                        \
+        case 5: FN(n, s, bs, vx, nr, y, by, 5); break;                                                        \
+        case 4: FN(n, s, bs, vx, nr, y, by, 4); break;                                                        \
+        case 3: FN(n, s, bs, vx, nr, y, by, 3); break;                                                        \
+        case 2: FN(n, s, bs, vx, nr, y, by, 2); break;                                                        \
+        case 1: FN(n, s, bs, vx, nr, y, by, 1); break;                                                        \
+        default: break;                                                                                       \
+        }                                                                                                     \
+    }
+
 static inline __m512i x16_bcast4(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
@@ -67,6 +112,7 @@ static inline void x16_unpack_q8_0(const uint8_t *q, __m512i *w) {
         for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();                                              \
         for (int b = 0; b < nb; b++) {                                                                          \
             const uint8_t *g = vx + (size_t)b * gb;                                                             \
+            x16_prefetch_next(g, (size_t)nb * gb, gb, nc);                                                      \
             const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g));                        \
             __m512i w[8];                                                                                       \
             UNPACK(g + 2 * ED_X16_ROWS, w);                                                                     \
@@ -83,15 +129,7 @@ static inline void x16_unpack_q8_0(const uint8_t *q, __m512i *w) {
                 acc[c] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)), acc[c]);             \
             }                                                                                                   \
         }                                                                                                       \
-        for (int c = 0; c < nc; c++) {                                                                          \
-            if (nr == ED_X16_ROWS) {                                                                            \
-                _mm512_storeu_ps(s + c * bs, acc[c]);                                                           \
-            } else {                                                                                            \
-                float t[ED_X16_ROWS];                                                                           \
-                _mm512_storeu_ps(t, acc[c]);                                                                    \
-                memcpy(s + c * bs, t, sizeof(float) * (size_t)nr);                                              \
-            }                                                                                                   \
-        }                                                                                                       \
+        x16_store(s, bs, acc, nr, nc);                                                                          \
     }                                                                                                           \
     static void x16_gemm_##name(int n, float *s, size_t bs, const void *vx, int nr, const void *vy, size_t by,   \
                                 const void *side, size_t side_row, int nc) {                                    \
@@ -135,6 +173,7 @@ ED_ALWAYS_INLINE void x16_q4_K_nc(int n, float *s, size_t bs, const uint8_t *vx,
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     for (int b = 0; b < nb; b++) {
         const uint8_t *g = vx + (size_t)b * Q4K_GROUP;
+        x16_prefetch_next(g, (size_t)nb * Q4K_GROUP, Q4K_GROUP, nc);
         __m512i isum[ED_X16_NC];
         for (int c = 0; c < nc; c++) isum[c] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) { /* sub-block j: pair j / 2, low (even) or high (odd) nibbles */
@@ -173,36 +212,114 @@ ED_ALWAYS_INLINE void x16_q4_K_nc(int n, float *s, size_t bs, const uint8_t *vx,
             acc[c] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dy), _mm512_cvtepi32_ps(msum), acc[c]);
         }
     }
-    for (int c = 0; c < nc; c++) {
-        if (nr == ED_X16_ROWS) {
-            _mm512_storeu_ps(s + c * bs, acc[c]);
-        } else {
-            float t[ED_X16_ROWS];
-            _mm512_storeu_ps(t, acc[c]);
-            memcpy(s + c * bs, t, sizeof(float) * (size_t)nr);
+    x16_store(s, bs, acc, nr, nc);
+}
+
+/* Q6_K against Q8_K, per super-block and row: isum = Σ_s sc_s * Σ q*y over sub-block s (16 quants, q the
+ * unsigned 6-bit value: 4 vpdpbusd), msum = Σ_s sc_s * bsum_s (vpdpwssd on the scale pairs), then
+ * acc = fma(d_w * d_y, (float) (isum - 32 * msum), acc): isum - 32 msum is ggml's integer
+ * Σ_s sc_s Σ (q - 32) y exactly (|.| < 2^29), so this is vec_dot_q6_K_q8_K's float step per super-block. */
+#define Q6K_SC 32
+#define Q6K_QL 288
+#define Q6K_QH (Q6K_QL + 2048)
+#define Q6K_GROUP (Q6K_QH + 1024)
+/* byte-wise M ? x : y (vpternlogd truth table 0xE4 over inputs x, y, M) */
+static inline __m512i x16_select(__m512i x, __m512i y, __m512i m) { return _mm512_ternarylogic_epi32(x, y, m, 0xE4); }
+
+/* Q6_K's unsigned 6-bit quants from a ql chunk pair (a: ql[4i..], b: ql[32 + 4i..] of a half) and its qh
+ * chunk: lo = qh & 0x33 holds 2-bit fields 0 and 2 at bits 0-1 and 4-5, hi = (qh >> 2) & 0x33 fields 1
+ * and 3, so each quant is one select of 4 low bits and 2 high bits (ggml dequantize_row_q6_K's q1..q4) */
+ED_ALWAYS_INLINE __m512i x16_q6_quants(__m512i a, __m512i b, __m512i lo, __m512i hi, int t, __m512i m4) {
+    switch (t) {
+    case 0: return x16_select(a, _mm512_slli_epi16(lo, 4), m4);
+    case 1: return x16_select(b, _mm512_slli_epi16(hi, 4), m4);
+    case 2: return x16_select(_mm512_srli_epi16(a, 4), lo, m4);
+    default: return x16_select(_mm512_srli_epi16(b, 4), hi, m4);
+    }
+}
+
+ED_ALWAYS_INLINE void x16_q6_K_nc(int n, float *s, size_t bs, const uint8_t *vx, int nr, const uint8_t *vy,
+                                  size_t by, const int nc) {
+    const int nb = n / QK_K;
+    __m512 acc[ED_X16_NC];
+    for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m33 = _mm512_set1_epi8(0x33);
+#define Q6K_LOAD(h, i)                                                                                      \
+    const __m512i a = _mm512_loadu_si512((const void *)(g + Q6K_QL + 64 * (16 * (h) + (i))));                 \
+    const __m512i b2 = _mm512_loadu_si512((const void *)(g + Q6K_QL + 64 * (16 * (h) + 8 + (i))));           \
+    const __m512i qh = _mm512_loadu_si512((const void *)(g + Q6K_QH + 64 * (8 * (h) + (i))));                \
+    const __m512i lo = _mm512_and_si512(qh, m33), hi = _mm512_and_si512(_mm512_srli_epi16(qh, 2), m33)
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *g = vx + (size_t)b * Q6K_GROUP;
+        x16_prefetch_next(g, (size_t)nb * Q6K_GROUP, Q6K_GROUP, nc);
+        __m512i isum[ED_X16_NC];
+        for (int c = 0; c < nc; c++) isum[c] = _mm512_setzero_si512();
+        if (nc <= 2) { /* decode: each chunk's 4 vectors made once, one sum per sub-block and row */
+            for (int hq = 0; hq < 4; hq++) {
+                const int h = hq / 2, q = hq % 2;
+                __m512i part[4][2];
+                for (int t = 0; t < 4; t++)
+                    for (int c = 0; c < nc; c++) part[t][c] = _mm512_setzero_si512();
+                for (int k = 0; k < 4; k++) {
+                    Q6K_LOAD(h, 4 * q + k);
+                    for (int t = 0; t < 4; t++) {
+                        const __m512i w = x16_q6_quants(a, b2, lo, hi, t, m4);
+                        for (int c = 0; c < nc; c++) {
+                            const int8_t *yq = ((const block_q8_K *)(vy + c * by))[b].qs;
+                            part[t][c] = _mm512_dpbusd_epi32(part[t][c], w, x16_bcast4(yq + 16 * (8 * h + 2 * t + q) + 4 * k));
+                        }
+                    }
+                }
+                for (int t = 0; t < 4; t++) {
+                    const int sb = 8 * h + 2 * t + q;
+                    const __m512i p = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(g + Q6K_SC + 32 * (sb / 2))));
+                    const __m512i sc = sb & 1 ? _mm512_srai_epi32(p, 16) : _mm512_srai_epi32(_mm512_slli_epi32(p, 16), 16);
+                    for (int c = 0; c < nc; c++) isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(part[t][c], sc));
+                }
+            }
+        } else { /* prompts: a sub-block's 4 vectors made once for all nc rows */
+            for (int sb = 0; sb < 16; sb++) { /* sub-block sb: half h, quarter t of the half's 128, q */
+                const int h = sb / 8, t = sb % 8 / 2, q = sb % 2;
+                __m512i w[4];
+                for (int k = 0; k < 4; k++) {
+                    Q6K_LOAD(h, 4 * q + k);
+                    w[k] = x16_q6_quants(a, b2, lo, hi, t, m4);
+                }
+                const __m512i p = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(g + Q6K_SC + 32 * (sb / 2))));
+                const __m512i sc = sb & 1 ? _mm512_srai_epi32(p, 16) : _mm512_srai_epi32(_mm512_slli_epi32(p, 16), 16);
+                for (int c = 0; c < nc; c++) {
+                    const int8_t *yq = ((const block_q8_K *)(vy + c * by))[b].qs + 16 * sb;
+                    __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], x16_bcast4(yq));
+                    __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], x16_bcast4(yq + 4));
+                    i0 = _mm512_dpbusd_epi32(i0, w[2], x16_bcast4(yq + 8));
+                    i1 = _mm512_dpbusd_epi32(i1, w[3], x16_bcast4(yq + 12));
+                    isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(_mm512_add_epi32(i0, i1), sc));
+                }
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g));
+        for (int c = 0; c < nc; c++) {
+            const block_q8_K *y = (const block_q8_K *)(vy + c * by) + b;
+            int32_t pairs[8];
+            memcpy(pairs, y->bsums, sizeof(pairs));
+            __m512i msum = _mm512_setzero_si512();
+            for (int i = 0; i < 8; i++) {
+                const __m512i p = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(g + Q6K_SC + 32 * i)));
+                msum = _mm512_dpwssd_epi32(msum, p, _mm512_set1_epi32(pairs[i]));
+            }
+            const __m512i total = _mm512_sub_epi32(isum[c], _mm512_slli_epi32(msum, 5));
+            acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(y->d)), _mm512_cvtepi32_ps(total), acc[c]);
         }
     }
+#undef Q6K_LOAD
+    x16_store(s, bs, acc, nr, nc);
 }
 
-static void x16_gemm_q4_K(int n, float *s, size_t bs, const void *vx, int nr, const void *vy, size_t by,
-                          const void *side, size_t side_row, int nc) {
-    (void)side, (void)side_row;
-    const uint8_t *y = vy;
-    for (; nc >= ED_X16_NC; nc -= ED_X16_NC, s += ED_X16_NC * bs, y += ED_X16_NC * by)
-        x16_q4_K_nc(n, s, bs, vx, nr, y, by, ED_X16_NC);
-    switch (nc) {
-    case 7: x16_q4_K_nc(n, s, bs, vx, nr, y, by, 7); break;
-    case 6: x16_q4_K_nc(n, s, bs, vx, nr, y, by, 6); break;
-    case 5: x16_q4_K_nc(n, s, bs, vx, nr, y, by, 5); break;
-    case 4: x16_q4_K_nc(n, s, bs, vx, nr, y, by, 4); break;
-    case 3: x16_q4_K_nc(n, s, bs, vx, nr, y, by, 3); break;
-    case 2: x16_q4_K_nc(n, s, bs, vx, nr, y, by, 2); break;
-    case 1: x16_q4_K_nc(n, s, bs, vx, nr, y, by, 1); break;
-    default: break;
-    }
-}
+ED_X16_ENTRY(x16_gemm_q4_K, x16_q4_K_nc)
+ED_X16_ENTRY(x16_gemm_q6_K, x16_q6_K_nc)
 
 static void set_x16(ed_kernel_table *t) {
+    t->types[ED_Q6_K].x16_gemm = x16_gemm_q6_K;
     t->types[ED_Q4_K].x16_gemm = x16_gemm_q4_K;
     t->types[ED_Q5_0].x16_gemm = x16_gemm_q5_0;
     t->types[ED_Q4_0].x16_gemm = x16_gemm_q4_0;

@@ -81,6 +81,19 @@ static void lane_q4_K(const uint8_t *blk, uint8_t *out, int r) {
         for (int j = 0; j < 8; j++) memcpy(out + Q4K_QS + 512 * p + 64 * j + 4 * r, blk + 16 + 32 * p + 4 * j, 4);
 }
 
+/* Q6_K (a super-block of 256): 16 f16 d, the 16 int8 scales as pairs [8][16][2] (sub-blocks 2i, 2i + 1:
+ * one vpdpwssd against the activation's bsums pair), then the file's ql and qh in 4-byte steps per row:
+ * ql chunk c (0..31) holds row r's ql[4c..4c+3] at 64c + 4r, qh chunk c (0..15) its qh[4c..4c+3] */
+#define Q6K_SC 32
+#define Q6K_QL 288
+#define Q6K_QH (Q6K_QL + 2048)
+static void lane_q6_K(const uint8_t *blk, uint8_t *out, int r) {
+    memcpy(out + 2 * r, blk + 208, 2);
+    for (int i = 0; i < 8; i++) memcpy(out + Q6K_SC + 32 * i + 2 * r, blk + 192 + 2 * i, 2);
+    for (int c = 0; c < 32; c++) memcpy(out + Q6K_QL + 64 * c + 4 * r, blk + 4 * c, 4);
+    for (int c = 0; c < 16; c++) memcpy(out + Q6K_QH + 64 * c + 4 * r, blk + 128 + 4 * c, 4);
+}
+
 static const struct {
     int type, elems, bytes; /* the file's block */
     size_t group;           /* bytes of a 16-row group block */
@@ -91,6 +104,7 @@ static const struct {
     {ED_Q5_0, QK, 22, 352, lane_q5_0},
     {ED_Q8_0, QK, 34, 544, lane_q8_0},
     {ED_Q4_K, QK_K, 144, Q4K_QS + 2048, lane_q4_K},
+    {ED_Q6_K, QK_K, 210, Q6K_QH + 1024, lane_q6_K},
 };
 
 static int layout(int t) {

@@ -52,6 +52,12 @@ static inline simde__m512i ed_emu_cvtepu8_epi16(simde__m256i b) {
     return ed_emu_join(simde_mm256_cvtepu8_epi16(simde_mm256_castsi256_si128(b)),
                        simde_mm256_cvtepu8_epi16(simde_mm256_extracti128_si256(b, 1)));
 }
+static inline simde__m512i ed_emu_srai_epi32(simde__m512i v, int n) {
+    return ed_emu_join(simde_mm256_srai_epi32(simde_mm512_castsi512_si256(v), n),
+                       simde_mm256_srai_epi32(simde_mm512_extracti64x4_epi64(v, 1), n));
+}
+#undef _mm512_srai_epi32
+#define _mm512_srai_epi32(v, n) ed_emu_srai_epi32(v, n)
 #undef _mm512_cvtepu8_epi32
 #undef _mm512_cvtepu8_epi16
 #define _mm512_cvtepu8_epi32(b) ed_emu_cvtepu8_epi32(b)

@@ -263,8 +263,38 @@ static float x16_ref_q4_K(int n, const uint8_t *w, const uint8_t *a) {
     return acc;
 }
 
+/* Q6_K: per super-block fma(d * d_y, Σ_s sc_s * Σ (q - 32) * y over sub-block s of 16, acc) */
+static float x16_ref_q6_K(int n, const uint8_t *w, const uint8_t *a) {
+    float acc = 0.0f;
+    for (int b = 0; b < n / 256; b++) {
+        const uint8_t *wb = w + (size_t)b * 210, *ab = a + (size_t)b * 292;
+        float dy;
+        memcpy(&dy, ab, 4);
+        int q[256];
+        for (int h = 0; h < 2; h++) /* ggml dequantize_row_q6_K's unpacking */
+            for (int l = 0; l < 32; l++) {
+                const uint8_t *ql = wb + 64 * h, *qh = wb + 128 + 32 * h;
+                q[128 * h + l] = (ql[l] & 0xF) | ((qh[l] >> 0) & 3) << 4;
+                q[128 * h + l + 32] = (ql[l + 32] & 0xF) | ((qh[l] >> 2) & 3) << 4;
+                q[128 * h + l + 64] = (ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4;
+                q[128 * h + l + 96] = (ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4;
+            }
+        int32_t isum = 0;
+        for (int sb = 0; sb < 16; sb++) {
+            int dot = 0;
+            for (int i = 0; i < 16; i++) dot += (q[16 * sb + i] - 32) * (int8_t)ab[4 + 16 * sb + i];
+            isum += (int8_t)wb[192 + sb] * dot;
+        }
+        uint16_t hd;
+        memcpy(&hd, wb + 208, 2);
+        acc = fmaf(ed_f16_table[hd] * dy, (float)isum, acc);
+    }
+    return acc;
+}
+
 static float x16_ref(uint32_t wtype, int n, const uint8_t *w, const uint8_t *a) {
     if (wtype == ED_Q4_K) return x16_ref_q4_K(n, w, a);
+    if (wtype == ED_Q6_K) return x16_ref_q6_K(n, w, a);
     float acc = 0.0f;
     const int bb = wtype == ED_Q8_0 ? 34 : wtype == ED_Q5_0 ? 22 : 18;
     for (int b = 0; b < n / 32; b++) {
