@@ -157,10 +157,10 @@ REPACKS = bool(native_mod.lib is not None and native_mod.lib.ed_repack_x16_suppo
 
 
 @pytest.mark.skipif(
-    not REPACKS, reason="this CPU's kernels keep the file's layout (x16: AVX-512 VNNI, no AMX)"
+    not REPACKS, reason="this CPU's kernels keep the file's layout (x16: AVX2 or AVX-512, no AMX)"
 )
 def test_matmul_weights_are_repacked_at_load_where_the_kernels_take_them(tmp_path):
-    """On an AVX-512 VNNI CPU (without AMX) load_model gives Q4_0/Q8_0 matrices a repacked (x16) copy,
+    """On an x86 CPU with AVX2 or AVX-512 (without AMX) load_model gives Q4_0/Q8_0 matrices a repacked copy,
     plans replay it bit for bit (test_every_architecture_... too), logits stay within the matmul
     tolerance of the reference backend, and EDGELLM_REPACK=0 keeps the file's layout."""
     model = tiny_model(tmp_path, "llama", native_mod.NativeBackend(threads=2))

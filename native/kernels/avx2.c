@@ -720,6 +720,8 @@ FLOAT_DOT(vec_dot_f32, float, LOAD_F32, IDENT)
 FLOAT_DOT(vec_dot_f16, uint16_t, LOAD_F16, f16)
 FLOAT_DOT(vec_dot_bf16, uint16_t, LOAD_BF16, ed_bf16_to_f32)
 
+#include "avx2_x16.h"
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #elif defined(__GNUC__)
@@ -755,6 +757,7 @@ int ed_fill_avx2(ed_kernel_table *t) {
     t->from_float[ED_F16] = convert_f16;
     t->from_float[ED_BF16] = convert_bf16;
     t->from_float[ED_F32] = convert_f32;
+    if (ed_repack_enabled()) set_x16_avx2(t);
     return 1;
 }
 

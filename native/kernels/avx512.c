@@ -14,7 +14,6 @@
 #include "ed_blocks.h"
 
 #include <math.h>
-#include <stdlib.h>
 
 #if defined(__x86_64__) || defined(_M_X64)
 
@@ -216,10 +215,13 @@ int ed_fill_avx512(ed_kernel_table *t) {
         set_legacy_vnni(t), set_kquants_vnni(t);
     else
         set_legacy_bw(t), set_kquants_bw(t);
-    /* the repacked layout where vpdpbusd is, unless AMX tiles take the prompts (they read the file's
-     * blocks); EDGELLM_REPACK=0 switches it off */
-    const char *repack = getenv("EDGELLM_REPACK");
-    if (ed_cpu_has_avx512vnni() && !ed_cpu_has_amx() && !(repack && repack[0] == '0')) set_x16(t);
+    /* the repacked layout: vpdpbusd's kernels where the CPU has it (without VNNI, AVX2's from
+     * ed_fill_avx2, the same bits), none where AMX tiles take the prompts (they read the file's blocks);
+     * EDGELLM_REPACK=0 switches it off (ed_fill_avx2 then installed none) */
+    if (ed_cpu_has_amx())
+        for (int i = 0; i < ED_TYPE_COUNT; i++) t->types[i].x16_gemm = NULL;
+    else if (ed_cpu_has_avx512vnni() && ed_repack_enabled())
+        set_x16(t);
 #if !defined(ED_EMULATE_AVX512)
     if (ed_cpu_has_amx()) set_amx(t);
 #endif

@@ -6,6 +6,13 @@
  */
 #include "ed_blocks.h"
 
+#include <stdlib.h>
+
+int ed_repack_enabled(void) {
+    const char *v = getenv("EDGELLM_REPACK");
+    return !(v && v[0] == '0');
+}
+
 size_t ed_x16_side_bytes(int64_t n) { return (size_t)(n / QK) * (sizeof(float) + sizeof(int32_t)); }
 
 void ed_x16_side(const void *y, int64_t n, void *side) {

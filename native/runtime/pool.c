@@ -74,9 +74,20 @@ struct ed_pool {
 static const ed_kernel_table *g_kt;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
+/* EDGELLM_NATIVE_LEVEL=scalar|avx2|avx512|neon: a lower level than the CPU's best, where it runs (for
+ * measuring one level against another on one machine); unknown or unavailable: the best */
+static const ed_kernel_table *asked_level(void) {
+    static const char *names[] = {"scalar", "avx2", "avx512", "neon"};
+    const char *v = getenv("EDGELLM_NATIVE_LEVEL");
+    for (int level = 0; v && level < 4; level++)
+        if (!strcmp(v, names[level])) return ed_kernels(level);
+    return NULL;
+}
+
 static void init_once(void) {
     ed_rt_f16_lut_init();
-    g_kt = ed_kernels(ed_cpu_level());
+    g_kt = asked_level();
+    if (!g_kt) g_kt = ed_kernels(ed_cpu_level());
     if (!g_kt) g_kt = ed_kernels(ED_LEVEL_SCALAR);
 }
 
