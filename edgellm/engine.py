@@ -241,6 +241,7 @@ class Engine:
             if draft_model is None:
                 raise ValueError(f"speculative decoding with {self.spec.model} needs that draft model loaded")
             self.draft = speculative.DraftModel(draft_model, n_ctx, max_seqs)
+        self.costs = speculative.StepCosts()  # decode steps' and draft guesses' seconds, as they run
         self.stats = EngineStats()
         self._rates: collections.deque[tuple[float, int, int]] = collections.deque()  # (t, prompt, gen)
         self._lock = threading.Lock()
@@ -476,8 +477,14 @@ class Engine:
                 self._update_from_output(plan, RunnerOutput())  # is free now, so plan again into it
                 plan = self.sched.schedule()
             self._keep_scheduled_drafts(plan, drafted)
+            decode = bool(plan.run) and all(
+                r.n_tokens == r.seq.pending == 1 + len(r.seq.draft) for r in plan.run
+            )
+            t_run = time.perf_counter()
             out = self.runner.execute(plan.run) if plan.run else RunnerOutput()
             self._update_from_output(plan, out)
+            if decode:  # what a decode step of this many tokens costs (speculation weighs guesses by it)
+                self.costs.step(plan.n_tokens, time.perf_counter() - t_run)
         except Exception as e:  # noqa: BLE001 - a bug must not kill the engine: fail what ran
             ended = [f.seq for f in plan.finished] if plan else []
             for s in [*self.sched.running, *ended]:
@@ -494,7 +501,8 @@ class Engine:
         if cfg is None:
             return []
         decoders = [s for s in self.sched.running if s.pending == 1 and s.spec is not None]
-        if not decoders or sum(1 for s in self.sched.running if s.pending == 1) > cfg.max_batch:
+        n_decoding = sum(1 for s in self.sched.running if s.pending == 1)
+        if not decoders or n_decoding > cfg.max_batch:
             return []
         drafted = []
         for s in decoders:
@@ -508,9 +516,31 @@ class Engine:
             d = []
             if cfg.kind == "ngram-simple":
                 d = speculative.ngram_draft(s.tokens, k, cfg.ngram_max, cfg.ngram_min)
+                if d and cfg.adaptive and n_decoding > 1:  # under load: as many as pay for the larger step
+                    # (alone, a lookup's guesses cost little, and its runs are kept or lost together, which
+                    # the per-guess chance undervalues: its own k and pauses hold it then)
+                    paying = self.costs.guesses(
+                        s.spec.acceptance(False), n_decoding, speculative.bucket(len(d)), False
+                    )
+                    d = d[:paying]
+                    if not d and self.draft is None:
+                        continue
             s.spec.by_model = not d and self.draft is not None  # lookup first (kind ngram-simple + -md)
             if s.spec.by_model:
-                d = self.draft.propose(s, speculative.bucket(k))
+                if not s.spec.model_ready():
+                    continue
+                k = speculative.bucket(k)
+                if s.spec.probe:  # after a pause: one guess, to learn whether guessing pays again
+                    k, s.spec.probe = 1, False
+                elif cfg.adaptive:  # only as many guesses as pay for their draft steps, if any
+                    k = self.costs.guesses(s.spec.acceptance(True), n_decoding, k)
+                    if k == 0:
+                        if self.costs.known(n_decoding):
+                            s.spec.pause()
+                        continue
+                    s.spec.paying()
+                d = self.draft.propose(s, k)
+                self.costs.guessed(self.draft.decode_n, self.draft.decode_s)
             d = d[: speculative.bucket(len(d))]  # a few step sizes: a few captured plans, not one per length
             if len(d) < cfg.draft_min:
                 continue
@@ -562,6 +592,9 @@ class Engine:
             self._finish(f.seq, f.reason, f.error)
         for s, error, status in out.failed:
             self._finish(s, "error", error, status=status)
+        for s in out.sampled:
+            if s.t_first is None and s.spec is not None and self.draft is not None:
+                self._prefill_draft(s)
         for s, tok in out.sampled.items():
             self._accept(s, tok, out.logprobs.get(s))
         for s, taken in out.speculated.items():
@@ -574,6 +607,15 @@ class Engine:
             self._rates.append((time.perf_counter(), n_prompt, out.n_rows))
             while len(self._rates) > 4096:
                 self._rates.popleft()
+
+    def _prefill_draft(self, s: _Seq) -> None:
+        """The draft model reads a prompt as the target finishes it (before its first token, so the time
+        counts as the prompt's); if the draft fails on it, this sequence goes on without its guesses."""
+        try:
+            self.draft.prefill(s)  # type: ignore[union-attr]
+        except Exception:  # noqa: BLE001 - the target's answer does not depend on the draft
+            s.spec.model_rest = 1 << 62  # type: ignore[union-attr]
+            self.draft.forget(s)  # type: ignore[union-attr]
 
     def _accept(self, s: _Seq, tok: int, lp: TokenLogprob | None = None) -> None:
         """Append a sampled token: stream its text, or end the sequence."""

@@ -11,11 +11,15 @@ al. 2023, Chen et al. 2023) for a deterministic draft, so each token's distribut
 
 Adapting to load: a forward over a sequence's guesses costs more than its one-token decode when the
 machine is busy, so the engine drafts only while few sequences decode (`max_batch`), and each sequence's
-guess length follows how many of its recent guesses were kept.
+guess length follows how many of its recent guesses were kept. A draft model's guesses also cost a step
+of the draft each: the engine times its own steps (`StepCosts`) and asks the model for guesses only where
+the expected tokens per second beat plain decoding's (`adaptive`), so a text the draft guesses badly
+decodes at plain speed instead of slower.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +27,7 @@ import numpy as np
 
 KINDS = ("none", "ngram-simple", "draft")
 PREFILL_CHUNK = 256  # a draft model catches up on a sequence's tokens in chunks of this many
+CATCH_UP = 2  # up to this many (the usual: a kept guess and the target's token) in one decode step
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,8 @@ class SpecConfig:
     ngram_max: int = 4
     ngram_min: int = 2
     max_batch: int = 2
+    # ask the draft model only where its guesses pay, by the engine's timings (StepCosts); False: always
+    adaptive: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -90,34 +97,62 @@ class DraftModel:
         self.model = model
         self.n_ctx = n_ctx
         self.cache = model.new_kv_cache(n_ctx, n_seqs, window_rings=False)
+        self.decode_s, self.decode_n = 0.0, 0  # the last propose's one-token steps (StepCosts.guessed)
         self._state: dict[int, tuple[int, int]] = {}  # seq id -> (slot, positions with sound K/V)
 
     def propose(self, seq: Any, k: int) -> list[int]:
+        """k greedy guesses for seq (fewer where its logits are not finite). Sets `decode_s` / `decode_n`:
+        the seconds and count of its decode steps (a catch-up of up to CATCH_UP tokens is one step, as
+        is each guess after the first; a longer catch-up, a prompt, is left out)."""
         slot, tokens = seq.slot, seq.tokens
         known_slot, done = self._state.get(seq.id, (slot, 0))
         done = done if known_slot == slot else 0
         done = min(done, len(tokens) - 1)
         m = self.model
-        x = None
-        if len(tokens) - done == 1:  # the usual catch-up: the target's last token, one decode step
-            t = np.array([tokens[-1]], np.int64)
-            x = np.asarray(m.decode_step(t, np.array([done]), np.array([slot]), self.cache))[0]
-            done = len(tokens)
-        for s in range(done, len(tokens), PREFILL_CHUNK):
-            part = np.asarray(tokens[s : s + PREFILL_CHUNK], np.int64)
-            pos = np.arange(s, s + len(part), dtype=np.int64)
-            x = m.forward(part, pos, np.full(len(part), slot, np.int64), self.cache,
-                          logits_rows=np.array([len(part) - 1], np.int64))[0]  # fmt: skip
-        out: list[int] = []
         n = len(tokens)
+        self.decode_s, self.decode_n = 0.0, 0
+        t0 = time.perf_counter()
+        if n - done <= CATCH_UP:  # the target's last token and the guesses it kept: one decode step
+            part = np.asarray(tokens[done:], np.int64)
+            t = int(
+                m.decode_greedy(part, np.arange(done, n), np.full(len(part), slot, np.int64), self.cache)[-1]
+            )
+            self.decode_s, self.decode_n = time.perf_counter() - t0, 1
+        else:
+            x = self._feed(slot, tokens, done)
+            t = int(np.argmax(x)) if np.isfinite(x).all() else -1
+        out: list[int] = []
         for i in range(k):
-            t = int(np.argmax(x))
+            if t < 0:  # logits that are not finite: no guess
+                break
             out.append(t)
             if i == k - 1 or n + i + 1 >= self.n_ctx:
                 break
-            x = np.asarray(m.decode_step(np.array([t]), np.array([n + i]), np.array([slot]), self.cache))[0]
-        self._state[seq.id] = (slot, n + len(out) - 1)
+            t0 = time.perf_counter()
+            t = int(m.decode_greedy(np.array([t]), np.array([n + i]), np.array([slot]), self.cache)[0])
+            self.decode_s += time.perf_counter() - t0
+            self.decode_n += 1
+        self._state[seq.id] = (slot, n + max(len(out) - 1, 0))
         return out
+
+    def _feed(self, slot: int, tokens: list[int], start: int) -> np.ndarray:
+        """Run tokens[start:] through the draft as a prompt, in chunks; the last one's logits."""
+        x = None
+        for s in range(start, len(tokens), PREFILL_CHUNK):
+            part = np.asarray(tokens[s : s + PREFILL_CHUNK], np.int64)
+            pos = np.arange(s, s + len(part), dtype=np.int64)
+            x = self.model.forward(part, pos, np.full(len(part), slot, np.int64), self.cache,
+                                   logits_rows=np.array([len(part) - 1], np.int64))[0]  # fmt: skip
+        return x
+
+    def prefill(self, seq: Any) -> None:
+        """Feed the draft a sequence's prompt (as the target's prompt ends: its time is the prompt's, and
+        the first guesses need only the usual one-token catch-up)."""
+        slot, done = self._state.get(seq.id, (seq.slot, 0))
+        done = done if slot == seq.slot else 0
+        if len(seq.tokens) - done > CATCH_UP:
+            self._feed(seq.slot, seq.tokens, done)
+            self._state[seq.id] = (seq.slot, len(seq.tokens))
 
     def kept(self, seq: Any, n_before: int, n_draft: int, n_kept: int) -> None:
         """After the check: the draft's K/V are sound for the sequence's tokens before this step and the
@@ -126,6 +161,78 @@ class DraftModel:
 
     def forget(self, seq: Any) -> None:
         self._state.pop(seq.id, None)
+
+
+MAX_PAUSE = 4  # the model's longest pause; after it the model is asked no more for a sequence
+ACCEPT_DECAY = 0.9  # per drafted step: the acceptance estimate follows the text's last ten or so steps
+STEP_WEIGHT = 0.3  # moving average of step times
+GAIN = 1.03  # guesses must promise 3% more tokens per second than plain decoding
+
+
+class StepCosts:
+    """What the engine's decode steps cost, learnt from its own steps: seconds per step by the tokens it
+    feeds (moving averages; the first step of each size is left out, as it may capture a backend plan)
+    and seconds per draft-model guess. `guesses` picks how many guesses pay for a sequence."""
+
+    def __init__(self) -> None:
+        self.step_s: dict[int, float] = {}
+        self._seen: set[int] = set()
+        self.guess_s: float | None = None
+
+    def step(self, n_tokens: int, seconds: float) -> None:
+        """A decode step fed n_tokens (one per sequence plus its guesses) in `seconds`."""
+        if n_tokens not in self._seen:
+            self._seen.add(n_tokens)
+            return
+        old = self.step_s.get(n_tokens)
+        self.step_s[n_tokens] = seconds if old is None else old + STEP_WEIGHT * (seconds - old)
+
+    def guessed(self, n: int, seconds: float) -> None:
+        """The draft model took `seconds` for n one-token steps."""
+        if n > 0:
+            per = seconds / n
+            self.guess_s = per if self.guess_s is None else self.guess_s + STEP_WEIGHT * (per - self.guess_s)
+
+    def known(self, n_tokens: int) -> bool:
+        return n_tokens in self.step_s
+
+    def estimate(self, n_tokens: int) -> float:
+        """A step's seconds: measured, else interpolated between the measured sizes around it, else the
+        largest smaller one plus 5% of it per token (hopeful: a size is tried, then known)."""
+        if n_tokens in self.step_s:
+            return self.step_s[n_tokens]
+        below = max((m for m in self.step_s if m < n_tokens), default=None)
+        above = min((m for m in self.step_s if m > n_tokens), default=None)
+        if below is None:
+            return self.step_s[above] if above is not None else 0.0
+        t0 = self.step_s[below]
+        if above is None:
+            return t0 * (1 + 0.05 * (n_tokens - below))
+        t1 = self.step_s[above]
+        return t0 + (t1 - t0) * (n_tokens - below) / (above - below)
+
+    def guesses(self, acceptance: float, n_decoding: int, k_max: int, by_model: bool = True) -> int:
+        """How many guesses (0 or a bucket up to k_max) maximize the tokens per second of a step with
+        n_decoding sequences, this one guessing: k guesses kept with chance a each (until the first
+        rejection) yield (1 - a^(k+1)) / (1 - a) tokens and cost a target step k tokens larger, plus k
+        draft steps for a draft model's (a lookup's are free). Before the plain step is timed: the
+        model's 0, the lookup's k_max."""
+        b = n_decoding
+        if b not in self.step_s:
+            return 0 if by_model else k_max
+        a = min(acceptance, 0.999)
+        g = 0.0
+        if by_model:  # before a draft step is timed: a draft a third as slow as the plain step
+            g = self.guess_s if self.guess_s is not None else 0.3 * self.step_s[b]
+        best, best_rate = 0, GAIN * b / self.step_s[b]
+        k = 1
+        while k <= k_max:
+            tokens = b - 1 + (1 - a ** (k + 1)) / (1 - a)
+            rate = tokens / (self.estimate(b + k) + k * g)
+            if rate > best_rate:
+                best, best_rate = k, rate
+            k = 2 * k + 1
+        return best
 
 
 def same_vocabulary(a: Any, b: Any) -> bool:
@@ -144,6 +251,15 @@ class SeqSpec:
         self.rest = 0  # steps to skip guessing (after guesses that were all rejected)
         self.by_model = False  # whether this step's guesses came from the draft model (else lookup)
         self._backoff = 0
+        # the draft model's guesses: decayed counts of kept ones and of first rejections (a step ends at
+        # its first rejection), so kept / (kept + rejected) estimates the chance that a guess is kept
+        self.model_kept = 0.0
+        self.model_missed = 0.0
+        self.lookup_kept = 0.0  # the same for the prompt lookup's guesses
+        self.lookup_missed = 0.0
+        self._model_backoff = 0
+        self.model_rest = 0  # steps the draft model is not asked (its guesses did not pay)
+        self.probe = False  # then one guess, to learn whether they pay again
 
     def ready(self) -> bool:
         """Whether to guess this step (a sequence whose guesses keep failing pauses, longer each time)."""
@@ -152,9 +268,41 @@ class SeqSpec:
             return False
         return True
 
+    def acceptance(self, by_model: bool) -> float:
+        """The chance that a guess of the draft model (or of the lookup) is kept, from its recent guesses
+        (a prior of 0.5 weighing one guess before any)."""
+        if by_model:
+            return (self.model_kept + 0.5) / (self.model_kept + self.model_missed + 1.0)
+        return (self.lookup_kept + 0.5) / (self.lookup_kept + self.lookup_missed + 1.0)
+
+    def pause(self) -> None:
+        """The model's guesses do not pay now: skip them for 1, 2, 4 steps, then try one; after that, for
+        good. (Each try first feeds the draft the tokens it skipped, a prompt's cost per token, so trying
+        on and on would cost a share of every token however rarely it tried.)"""
+        self._model_backoff = 2 * self._model_backoff if self._model_backoff else 1
+        self.model_rest = self._model_backoff if self._model_backoff <= MAX_PAUSE else 1 << 62
+        self.probe = True
+
+    def paying(self) -> None:
+        """The model's guesses pay again: the next pause starts short."""
+        self._model_backoff = 0
+
+    def model_ready(self) -> bool:
+        """Whether the draft model may guess this step (not while paused)."""
+        if self.model_rest > 0:
+            self.model_rest -= 1
+            return False
+        return True
+
     def record(self, n_draft: int, n_kept: int) -> None:
         self.drafted += n_draft
         self.accepted += n_kept
+        if self.by_model:
+            self.model_kept = ACCEPT_DECAY * self.model_kept + n_kept
+            self.model_missed = ACCEPT_DECAY * self.model_missed + (n_kept < n_draft)
+        else:
+            self.lookup_kept = ACCEPT_DECAY * self.lookup_kept + n_kept
+            self.lookup_missed = ACCEPT_DECAY * self.lookup_missed + (n_kept < n_draft)
         # all kept: guess further; some rejected: guess as far as was kept this time (at least 1)
         self.k = min(self.cfg.draft_max, self.k * 2) if n_kept == n_draft else max(1, n_kept)
         if n_kept == 0:  # a wasted step: pause 1, 2, 4 ... 32 steps before the next guess

@@ -55,24 +55,30 @@ def main() -> None:
     if names[0] != "plain" or any(n not in every for n in names):
         ap.error(f"--variants: plain first, then any of {', '.join(every)}")
     variants = {n: every[n] for n in names}
-    base: dict[str, tuple[float, str]] = {}
-    for name, spec in variants.items():
-        llm = edgellm.LLM(a.target, threads=a.threads, n_ctx=2048, spec=spec)
+    # every variant loaded once, then the runs interleaved (each repetition runs every variant on each
+    # prompt in turn), so the machine's slow spells fall on all of them alike
+    llms = {
+        name: edgellm.LLM(a.target, threads=a.threads, n_ctx=2048, spec=spec)
+        for name, spec in variants.items()
+    }
+    runs: dict[tuple[str, str], list] = {(n, k): [] for n in variants for k in PROMPTS}
+    for _ in range(a.repetitions):
         for kind, prompt in PROMPTS.items():
-            msgs = [{"role": "user", "content": prompt}]
-            rates, text, drafted, kept = [], "", 0, 0
-            for _ in range(a.repetitions):
-                llm.open_engine()  # a fresh prefix cache: every run computes its prompt
-                out = llm.chat(msgs, max_tokens=a.n_predict, temperature=0)
-                t = out.timings
-                rates.append(t.generated_tokens / t.generation_s)
-                text, drafted, kept = out.text, t.draft_tokens, t.draft_accepted
-            rate = statistics.median(rates)
-            if name == "plain":
-                base[kind] = (rate, text)
-            same = text == base[kind][1]
+            for name, llm in llms.items():
+                llm.open_engine()  # a fresh prefix cache and fresh timings: every run computes its prompt
+                out = llm.chat([{"role": "user", "content": prompt}], max_tokens=a.n_predict, temperature=0)
+                runs[name, kind].append(out)
+    for name in variants:
+        for kind in PROMPTS:
+            outs = runs[name, kind]
+            rate = statistics.median(o.timings.generated_tokens / o.timings.generation_s for o in outs)
+            plain = runs["plain", kind]
+            base = statistics.median(o.timings.generated_tokens / o.timings.generation_s for o in plain)
+            same = all(o.text == plain[0].text for o in outs)
+            drafted = sum(o.timings.draft_tokens for o in outs)
+            kept = sum(o.timings.draft_accepted for o in outs)
             acc = f", {kept}/{drafted} guesses kept ({kept / drafted:.0%})" if drafted else ""
-            print(f"{a.target} {kind:<5} {name:<13} {rate:6.1f} tok/s = {rate / base[kind][0]:.2f}x plain"
+            print(f"{a.target} {kind:<5} {name:<13} {rate:6.1f} tok/s = {rate / base:.2f}x plain"
                   f"{acc}; same text: {same}", flush=True)  # fmt: skip
 
 

@@ -46,7 +46,7 @@ def _tokens(llm, prompt: str, spec, n=48, **sampling) -> tuple[list[int], list[i
 @pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0, "repeat_penalty": 1.1}])
 def test_greedy_text_is_plain_decodings_and_guesses_are_kept(llm, sampling):
     """Plain greedy rows go through the backend's argmax; a repeat penalty makes them full rows."""
-    cfg = SpecConfig()
+    cfg = SpecConfig(adaptive=False)  # the lookup asked wherever it finds a guess
     for prompt in (COPY, "Write a haiku about the sea."):
         ids, plain, _ = _tokens(llm, prompt, None, **sampling)
         _, spec, stats = _tokens(llm, prompt, cfg, **sampling)
@@ -85,7 +85,7 @@ def test_speculative_sampling_keeps_the_targets_distribution():
 
 
 def test_requests_can_opt_out_and_a_busy_engine_does_not_guess(llm):
-    engine = llm.open_engine(spec=SpecConfig(max_batch=2))
+    engine = llm.open_engine(spec=SpecConfig(max_batch=2, adaptive=False))
     ids = llm.chat_prompt([{"role": "user", "content": COPY}])
     llm._collect([GenRequest(ids, llm.params(temperature=0), 32, speculative=False)])
     assert engine.stats.draft_tokens == 0
@@ -98,8 +98,9 @@ def test_requests_can_opt_out_and_a_busy_engine_does_not_guess(llm):
 
 def test_a_draft_model_with_the_same_vocabulary_guesses_and_another_is_refused(smollm2_path, gemma3_path):
     """SmolLM2 drafting for itself: every guess is kept and the text is plain decoding's; a draft with
-    another vocabulary (Gemma 3) is refused in one line."""
-    spec = SpecConfig(kind="draft", model=str(smollm2_path), draft_max=4)
+    another vocabulary (Gemma 3) is refused in one line. (Not adaptive: a draft as slow as its target
+    never pays, so the engine would rarely ask it.)"""
+    spec = SpecConfig(kind="draft", model=str(smollm2_path), draft_max=4, adaptive=False)
     llm = edgellm.LLM(smollm2_path, backend="native", threads=1, n_ctx=512, spec=spec)
     ids = llm.chat_prompt([{"role": "user", "content": "Write a haiku about the sea."}])
     drafted = llm._collect([GenRequest(ids, llm.params(temperature=0), 40)])[0]
@@ -117,7 +118,7 @@ def test_lookup_first_then_the_draft_model(smollm2_path):
     """kind ngram-simple with a draft model: the lookup guesses where the text repeats, the model where it
     does not. SmolLM2 drafting for itself keeps every model guess, so the draft's cache caught up on the
     tokens the lookup steps took; the text is plain decoding's."""
-    spec = SpecConfig(model=str(smollm2_path), draft_max=4)
+    spec = SpecConfig(model=str(smollm2_path), draft_max=4, adaptive=False)
     llm = edgellm.LLM(smollm2_path, backend="native", threads=1, n_ctx=512, spec=spec)
     steps: list[tuple[int, int]] = []
     kept = llm.engine.draft.kept
@@ -134,6 +135,51 @@ def test_lookup_first_then_the_draft_model(smollm2_path):
         SpecConfig(kind="draft")
     with pytest.raises(ValueError, match="not kind 'none'"):
         SpecConfig(kind="none", model="x.gguf")
+
+
+def test_step_costs_pick_the_guesses_that_pay():
+    """Tokens per second of k guesses kept with chance a: (b - 1 + (1 - a^(k+1)) / (1 - a)) / (T(b + k) +
+    k g) against plain decoding's b / T(b), with 3% to spare; sizes not timed yet are hoped cheap."""
+    c = speculative.StepCosts()
+    assert c.guesses(0.9, 1, 7) == 0  # the plain step is not timed yet: no guess
+    for n, t in ((1, 0.040), (2, 0.046), (4, 0.056), (8, 0.080)):
+        c.step(n, 1.0)  # the first step of a size is left out (a plan capture)
+        c.step(n, t)
+    assert c.step_s[1] == 0.040 and c.estimate(3) == pytest.approx(0.051)
+    assert c.estimate(16) == pytest.approx(0.080 * 1.4)
+    c.guessed(4, 0.048)  # 12 ms per draft step
+    assert c.guess_s == pytest.approx(0.012)
+    # a = 0.9: k = 3 gives 3.44 tokens in 92 ms (37/s), k = 7 5.7 in 164 ms (35/s), k = 1 1.9 in 58 ms
+    assert c.guesses(0.9, 1, 7) == 3
+    assert c.guesses(0.9, 1, 1) == 1
+    # a = 0.45: k = 1 gives 1.45 tokens in 58 ms (25.0/s), under 1.03 * 25/s: plain
+    assert c.guesses(0.45, 1, 7) == 0
+    c.guess_s = 0.0  # free guesses: a = 0.45 pays, k = 1 (1.45 tokens in 46 ms) more than k = 3 (1.74 in 56)
+    assert c.guesses(0.45, 1, 7) == 1
+    assert c.guesses(0.45, 8, 7) == 0  # 8 decoding: 8.45 tokens in 84 ms (hoped) < 1.03 * 8 in 80 ms
+
+
+def test_a_draft_whose_guesses_do_not_pay_is_paused(smollm2_path):
+    """With step costs where guessing never pays (fixed: the engine's own timings are not taken), the
+    draft model is asked only for one probe guess after each pause (1, 2, 4 steps), then no more; where
+    guesses are free it is asked for every step; the text is plain decoding's either way."""
+    spec = SpecConfig(kind="draft", model=str(smollm2_path), draft_max=4)
+    llm = edgellm.LLM(smollm2_path, backend="native", threads=1, n_ctx=512, spec=spec)
+    ids = llm.chat_prompt([{"role": "user", "content": "Write a haiku about the sea."}])
+    texts = []
+    for guess_s, steps in ((0.05, {1: 0.01, 2: 0.02, 4: 0.04}), (0.0, {1: 0.01, 2: 0.01, 4: 0.01})):
+        llm.open_engine(spec=spec)
+        costs = llm.engine.costs
+        costs.step_s, costs.guess_s = dict(steps), guess_s
+        costs.step = costs.guessed = lambda *a: None
+        texts.append(llm._collect([GenRequest(ids, llm.params(temperature=0), 40)])[0].tokens)
+        texts.append(llm.engine.stats.draft_tokens)
+    plain_paused, n_paused, plain_free, n_free = texts
+    assert plain_paused == plain_free
+    assert n_paused == 3  # probes after pauses of 1, 2 and 4 steps
+    assert n_free >= 20  # every step guessed, 3 at a time (SmolLM2 drafting for itself keeps them all)
+    llm.open_engine(spec=None)
+    assert llm._collect([GenRequest(ids, llm.params(temperature=0), 40)])[0].tokens == plain_paused
 
 
 def test_llama_cpps_spec_type_lists_and_names():
