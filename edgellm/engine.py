@@ -505,6 +505,7 @@ class Engine:
         if not decoders or n_decoding > cfg.max_batch:
             return []
         drafted = []
+        step = speculative.StepGuesses()  # each sequence's guesses must pay on top of those before it
         for s in decoders:
             if not s.spec.ready():
                 continue
@@ -520,7 +521,7 @@ class Engine:
                     # (alone, a lookup's guesses cost little, and its runs are kept or lost together, which
                     # the per-guess chance undervalues: its own k and pauses hold it then)
                     paying = self.costs.guesses(
-                        s.spec.acceptance(False), n_decoding, speculative.bucket(len(d)), False
+                        s.spec.acceptance(False), n_decoding, speculative.bucket(len(d)), False, step
                     )
                     d = d[:paying]
                     if not d and self.draft is None:
@@ -533,7 +534,7 @@ class Engine:
                 if s.spec.probe:  # after a pause: one guess, to learn whether guessing pays again
                     k, s.spec.probe = 1, False
                 elif cfg.adaptive:  # only as many guesses as pay for their draft steps, if any
-                    k = self.costs.guesses(s.spec.acceptance(True), n_decoding, k)
+                    k = self.costs.guesses(s.spec.acceptance(True), n_decoding, k, True, step)
                     if k == 0:
                         if self.costs.known(n_decoding):
                             s.spec.pause()
@@ -592,8 +593,12 @@ class Engine:
             self._finish(f.seq, f.reason, f.error)
         for s, error, status in out.failed:
             self._finish(s, "error", error, status=status)
+        # a prompt just read: the draft reads it too, in prompt time, if the sequence may guess soon (few
+        # decode); else the draft catches up on the sequence when it first guesses, if ever
+        n_decoding = sum(1 for s in self.sched.running if s.pending <= 1)
+        few = self.spec is not None and n_decoding <= self.spec.max_batch
         for s in out.sampled:
-            if s.t_first is None and s.spec is not None and self.draft is not None:
+            if few and s.t_first is None and s.spec is not None and self.draft is not None:
                 self._prefill_draft(s)
         for s, tok in out.sampled.items():
             self._accept(s, tok, out.logprobs.get(s))

@@ -211,28 +211,52 @@ class StepCosts:
         t1 = self.step_s[above]
         return t0 + (t1 - t0) * (n_tokens - below) / (above - below)
 
-    def guesses(self, acceptance: float, n_decoding: int, k_max: int, by_model: bool = True) -> int:
+    def guesses(
+        self,
+        acceptance: float,
+        n_decoding: int,
+        k_max: int,
+        by_model: bool = True,
+        step: StepGuesses | None = None,
+    ) -> int:
         """How many guesses (0 or a bucket up to k_max) maximize the tokens per second of a step with
         n_decoding sequences, this one guessing: k guesses kept with chance a each (until the first
         rejection) yield (1 - a^(k+1)) / (1 - a) tokens and cost a target step k tokens larger, plus k
-        draft steps for a draft model's (a lookup's are free). Before the plain step is timed: the
+        draft steps for a draft model's (a lookup's are free). `step` holds what the sequences asked
+        before this one in the same step add (tokens fed, tokens expected, draft seconds): each one's
+        guesses must pay on top of theirs, and are added to it. Before the plain step is timed: the
         model's 0, the lookup's k_max."""
         b = n_decoding
         if b not in self.step_s:
             return 0 if by_model else k_max
+        step = step if step is not None else StepGuesses()
         a = min(acceptance, 0.999)
         g = 0.0
         if by_model:  # before a draft step is timed: a draft a third as slow as the plain step
             g = self.guess_s if self.guess_s is not None else 0.3 * self.step_s[b]
-        best, best_rate = 0, GAIN * b / self.step_s[b]
+        fed, tokens0, spent = b + step.fed, b + step.expected, step.spent
+        best, best_rate, best_extra = 0, GAIN * tokens0 / (self.estimate(fed) + spent), 0.0
         k = 1
         while k <= k_max:
-            tokens = b - 1 + (1 - a ** (k + 1)) / (1 - a)
-            rate = tokens / (self.estimate(b + k) + k * g)
+            extra = (1 - a ** (k + 1)) / (1 - a) - 1
+            rate = (tokens0 + extra) / (self.estimate(fed + k) + spent + k * g)
             if rate > best_rate:
-                best, best_rate = k, rate
+                best, best_rate, best_extra = k, rate, extra
             k = 2 * k + 1
+        step.fed += best
+        step.expected += best_extra
+        step.spent += best * g
         return best
+
+
+@dataclass
+class StepGuesses:
+    """What the sequences that guessed so far in one engine step add to it: tokens fed beyond one per
+    sequence, tokens expected beyond one per sequence, seconds of draft-model steps."""
+
+    fed: int = 0
+    expected: float = 0.0
+    spent: float = 0.0
 
 
 def same_vocabulary(a: Any, b: Any) -> bool:

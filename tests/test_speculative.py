@@ -157,6 +157,20 @@ def test_step_costs_pick_the_guesses_that_pay():
     c.guess_s = 0.0  # free guesses: a = 0.45 pays, k = 1 (1.45 tokens in 46 ms) more than k = 3 (1.74 in 56)
     assert c.guesses(0.45, 1, 7) == 1
     assert c.guesses(0.45, 8, 7) == 0  # 8 decoding: 8.45 tokens in 84 ms (hoped) < 1.03 * 8 in 80 ms
+    # two sequences guessing in one step: the second's guesses must pay on top of the first's
+    c = speculative.StepCosts()
+    for n, t in ((1, 0.040), (2, 0.046), (4, 0.056), (8, 0.120)):  # compute-bound from 4 tokens
+        c.step(n, 1.0)
+        c.step(n, t)
+    c.guessed(1, 0.004)
+    step = speculative.StepGuesses()
+    # the first: 3 guesses, 2 + 2.44 tokens in T(5) = 72 ms + 12 ms (52.8/s) beat 1.03 * 2 in 46 ms (44.8/s)
+    assert c.guesses(0.9, 2, 3, True, step) == 3
+    assert (step.fed, step.spent) == (3, pytest.approx(0.012)) and step.expected == pytest.approx(2.439)
+    # the second, as likely kept: 1 more would give 5.44 tokens in 88 + 16 ms (51/s), 3 more 6.9 in
+    # 120 + 24 ms (48/s), under 1.03 * 52.8/s: none; alone it would guess 3
+    assert c.guesses(0.9, 2, 3, True, step) == 0 and step.fed == 3
+    assert c.guesses(0.9, 2, 3) == 3
 
 
 def test_a_draft_whose_guesses_do_not_pay_is_paused(smollm2_path):
