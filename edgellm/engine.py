@@ -477,13 +477,15 @@ class Engine:
                 self._update_from_output(plan, RunnerOutput())  # is free now, so plan again into it
                 plan = self.sched.schedule()
             self._keep_scheduled_drafts(plan, drafted)
-            decode = bool(plan.run) and all(
-                r.n_tokens == r.seq.pending == 1 + len(r.seq.draft) for r in plan.run
+            decode = (  # timed for speculation, which weighs guesses by what steps cost
+                self.spec is not None
+                and bool(plan.run)
+                and all(r.n_tokens == r.seq.pending == 1 + len(r.seq.draft) for r in plan.run)
             )
             t_run = time.perf_counter()
             out = self.runner.execute(plan.run) if plan.run else RunnerOutput()
             self._update_from_output(plan, out)
-            if decode:  # what a decode step of this many tokens costs (speculation weighs guesses by it)
+            if decode:  # what a decode step of this many tokens costs
                 self.costs.step(plan.n_tokens, time.perf_counter() - t_run)
         except Exception as e:  # noqa: BLE001 - a bug must not kill the engine: fail what ran
             ended = [f.seq for f in plan.finished] if plan else []
@@ -595,11 +597,11 @@ class Engine:
             self._finish(s, "error", error, status=status)
         # a prompt just read: the draft reads it too, in prompt time, if the sequence may guess soon (few
         # decode); else the draft catches up on the sequence when it first guesses, if ever
-        n_decoding = sum(1 for s in self.sched.running if s.pending <= 1)
-        few = self.spec is not None and n_decoding <= self.spec.max_batch
-        for s in out.sampled:
-            if few and s.t_first is None and s.spec is not None and self.draft is not None:
-                self._prefill_draft(s)
+        if self.draft is not None and self.spec is not None:
+            new = [s for s in out.sampled if s.t_first is None and s.spec is not None]
+            if new and sum(1 for s in self.sched.running if s.pending <= 1) <= self.spec.max_batch:
+                for s in new:
+                    self._prefill_draft(s)
         for s, tok in out.sampled.items():
             self._accept(s, tok, out.logprobs.get(s))
         for s, taken in out.speculated.items():
@@ -619,7 +621,7 @@ class Engine:
         try:
             self.draft.prefill(s)  # type: ignore[union-attr]
         except Exception:  # noqa: BLE001 - the target's answer does not depend on the draft
-            s.spec.model_rest = 1 << 62  # type: ignore[union-attr]
+            s.spec.stop_model()  # type: ignore[union-attr]
             self.draft.forget(s)  # type: ignore[union-attr]
 
     def _accept(self, s: _Seq, tok: int, lp: TokenLogprob | None = None) -> None:

@@ -259,6 +259,23 @@ class StepGuesses:
     spent: float = 0.0
 
 
+@dataclass
+class Acceptance:
+    """Decayed counts of kept guesses and of first rejections (a step ends at its first rejection), so
+    kept / (kept + rejected) estimates the chance that a guess is kept."""
+
+    kept: float = 0.0
+    missed: float = 0.0
+
+    def add(self, n_draft: int, n_kept: int) -> None:
+        self.kept = ACCEPT_DECAY * self.kept + n_kept
+        self.missed = ACCEPT_DECAY * self.missed + (n_kept < n_draft)
+
+    def chance(self) -> float:
+        """With a prior of 0.5 weighing one guess before any."""
+        return (self.kept + 0.5) / (self.kept + self.missed + 1.0)
+
+
 def same_vocabulary(a: Any, b: Any) -> bool:
     """Whether two tokenizers have the same tokens, in the same order (a draft must)."""
     return a.vocab_size == b.vocab_size and a.vocab.texts == b.vocab.texts
@@ -275,12 +292,7 @@ class SeqSpec:
         self.rest = 0  # steps to skip guessing (after guesses that were all rejected)
         self.by_model = False  # whether this step's guesses came from the draft model (else lookup)
         self._backoff = 0
-        # the draft model's guesses: decayed counts of kept ones and of first rejections (a step ends at
-        # its first rejection), so kept / (kept + rejected) estimates the chance that a guess is kept
-        self.model_kept = 0.0
-        self.model_missed = 0.0
-        self.lookup_kept = 0.0  # the same for the prompt lookup's guesses
-        self.lookup_missed = 0.0
+        self._kept = {True: Acceptance(), False: Acceptance()}  # the draft model's guesses, the lookup's
         self._model_backoff = 0
         self.model_rest = 0  # steps the draft model is not asked (its guesses did not pay)
         self.probe = False  # then one guess, to learn whether they pay again
@@ -295,17 +307,21 @@ class SeqSpec:
     def acceptance(self, by_model: bool) -> float:
         """The chance that a guess of the draft model (or of the lookup) is kept, from its recent guesses
         (a prior of 0.5 weighing one guess before any)."""
-        if by_model:
-            return (self.model_kept + 0.5) / (self.model_kept + self.model_missed + 1.0)
-        return (self.lookup_kept + 0.5) / (self.lookup_kept + self.lookup_missed + 1.0)
+        return self._kept[by_model].chance()
 
     def pause(self) -> None:
         """The model's guesses do not pay now: skip them for 1, 2, 4 steps, then try one; after that, for
         good. (Each try first feeds the draft the tokens it skipped, a prompt's cost per token, so trying
         on and on would cost a share of every token however rarely it tried.)"""
         self._model_backoff = 2 * self._model_backoff if self._model_backoff else 1
-        self.model_rest = self._model_backoff if self._model_backoff <= MAX_PAUSE else 1 << 62
+        self.model_rest = self._model_backoff
         self.probe = True
+        if self._model_backoff > MAX_PAUSE:
+            self.stop_model()
+
+    def stop_model(self) -> None:
+        """The draft model is asked no more for this sequence."""
+        self.model_rest = 1 << 62
 
     def paying(self) -> None:
         """The model's guesses pay again: the next pause starts short."""
@@ -321,12 +337,7 @@ class SeqSpec:
     def record(self, n_draft: int, n_kept: int) -> None:
         self.drafted += n_draft
         self.accepted += n_kept
-        if self.by_model:
-            self.model_kept = ACCEPT_DECAY * self.model_kept + n_kept
-            self.model_missed = ACCEPT_DECAY * self.model_missed + (n_kept < n_draft)
-        else:
-            self.lookup_kept = ACCEPT_DECAY * self.lookup_kept + n_kept
-            self.lookup_missed = ACCEPT_DECAY * self.lookup_missed + (n_kept < n_draft)
+        self._kept[self.by_model].add(n_draft, n_kept)
         # all kept: guess further; some rejected: guess as far as was kept this time (at least 1)
         self.k = min(self.cfg.draft_max, self.k * 2) if n_kept == n_draft else max(1, n_kept)
         if n_kept == 0:  # a wasted step: pause 1, 2, 4 ... 32 steps before the next guess
