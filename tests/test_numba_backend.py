@@ -98,10 +98,13 @@ def test_one_and_two_threads_give_identical_bits(nb, t):
 
 @pytest.mark.parametrize("t", QUANTIZABLE[:5] + RANDOM_BYTES, ids=lambda t: t.name)
 def test_decode_and_prompt_paths_give_identical_bits(nb, t):
-    """Few rows unpack blocks inside the dot, many rows unpack each weight row once: same numbers."""
-    qt = random_weight(t, 40, 512, rng)
+    """Few rows take simd.py's vector block dots (legacy types eight blocks at a time, then one by one),
+    many rows unpack each weight row once: same numbers. Legacy rows of 19 blocks: two groups of 8 and a
+    tail of 3."""
+    k = 512 if t in RANDOM_BYTES else 19 * 32
+    qt = random_weight(t, 40, k, rng)
     w = nb.bind(qt)
-    x = rng.standard_normal((K.legacy.UNPACK_MIN_ROWS + 2, 512)).astype(np.float32)
+    x = rng.standard_normal((K.legacy.UNPACK_MIN_ROWS + 2, k)).astype(np.float32)
     together = nb.matmul(w, x)
     alone = np.concatenate([nb.matmul(w, x[i : i + 1]) for i in range(len(x))])
     assert np.array_equal(together, alone)

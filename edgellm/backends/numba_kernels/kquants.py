@@ -9,8 +9,9 @@ Q2_K (`ggml_vec_dot_q2_K_q8_K_generic`) has no float lanes: per super-block one 
 isum = sum(scale * (q8 * q)) and summs = sum(bsums[j] * mins[j]), then sumf += dall * isum - dmin * summs
 (dall = y.d * f16(x.d), dmin = y.d * f16(x.dmin)). Integer sums are exact, so their order is free.
 A weight row is unpacked once (each quant times its 16-element group's scale, as int16; mins as int32),
-then dotted with every activation row; Q2_K, Q3_K and Q4_K with few activation rows (decode) unpack inside
-the dot instead. Both give bit-identical results.
+then dotted with every activation row. With few activation rows (decode) Q4_K and Q6_K take their integer
+lanes from simd.py (explicit vector IR), Q2_K and Q3_K unpack inside the dot. All give bit-identical
+results.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from edgellm.backends.numba_kernels import simd
 from edgellm.backends.numba_kernels.legacy import UNPACK_MIN_ROWS, _f16
 
 F32 = np.float32
@@ -225,38 +227,13 @@ def _scaled_add(s, d, acc):
     )
 
 
-@njit(cache=True, inline="always")
-def _q4k16(blk, t, h):
-    """Quants 32t + 16h .. +15 of a Q4_K super-block as int16 (a tuple: loads only, no stores): sub-block
-    t is the low (t even) or high nibbles of qs[32(t//2) ..]."""
-    qo = 16 + 32 * (t // 2) + 16 * h
-    ls = 4 * (t % 2)
-    return (
-        np.int16((blk[qo + 0] >> ls) & 15),
-        np.int16((blk[qo + 1] >> ls) & 15),
-        np.int16((blk[qo + 2] >> ls) & 15),
-        np.int16((blk[qo + 3] >> ls) & 15),
-        np.int16((blk[qo + 4] >> ls) & 15),
-        np.int16((blk[qo + 5] >> ls) & 15),
-        np.int16((blk[qo + 6] >> ls) & 15),
-        np.int16((blk[qo + 7] >> ls) & 15),
-        np.int16((blk[qo + 8] >> ls) & 15),
-        np.int16((blk[qo + 9] >> ls) & 15),
-        np.int16((blk[qo + 10] >> ls) & 15),
-        np.int16((blk[qo + 11] >> ls) & 15),
-        np.int16((blk[qo + 12] >> ls) & 15),
-        np.int16((blk[qo + 13] >> ls) & 15),
-        np.int16((blk[qo + 14] >> ls) & 15),
-        np.int16((blk[qo + 15] >> ls) & 15),
-    )
-
-
 @njit(cache=True, nogil=True)
 def _fused_q4_k(w, qa, da, bs, out, lo, hi):
-    """Few activation rows, Q4_K: super-blocks unpacked inside the dot (loads only, which LLVM vectorizes;
-    unpacking to memory first makes it wait on stores it cannot prove independent)."""
+    """Few activation rows, Q4_K: each super-block's integer lanes on explicit vectors (simd.py), then
+    ggml's float lanes and mins."""
     nsb = qa.shape[1] // 256
-    z = np.int32(0)
+    scs = np.empty(8, np.int32)
+    aux = np.empty(8, np.int32)
     for r in range(lo, hi):
         row = w[r]
         for n in range(qa.shape[0]):
@@ -265,17 +242,35 @@ def _fused_q4_k(w, qa, da, bs, out, lo, hi):
             s = (F32(0), F32(0), F32(0), F32(0), F32(0), F32(0), F32(0), F32(0))
             for i in range(nsb):
                 blk = row[i * 144 : i * 144 + 144]
-                d = _f16(blk, 0) * da[n, i]
-                acc = (z, z, z, z, z, z, z, z)
                 sumi = np.int32(0)
                 for t in range(8):  # 8 sub-blocks of 32
-                    sc, m = _scale_min_k4(blk[4:16], t)
-                    o = i * 256 + 32 * t
-                    acc = _lanes_q(acc, _q4k16(blk, t, 0), a[o : o + 16], sc)
-                    acc = _lanes_q(acc, _q4k16(blk, t, 1), a[o + 16 : o + 32], sc)
+                    scs[t], m = _scale_min_k4(blk[4:16], t)
                     sumi = np.int32(sumi + (bs[n, i * 16 + 2 * t] + bs[n, i * 16 + 2 * t + 1]) * m)
-                s = _scaled_add(s, d, acc)
+                simd.lanes_q4_k(row, i * 144, a, i * 256, scs, aux)
+                lanes = (aux[0], aux[1], aux[2], aux[3], aux[4], aux[5], aux[6], aux[7])
+                s = _scaled_add(s, _f16(blk, 0) * da[n, i], lanes)
                 sumf -= (_f16(blk, 2) * da[n, i]) * F32(sumi)
+            for l in range(8):
+                sumf += s[l]
+            out[n, r] = sumf
+
+
+@njit(cache=True, nogil=True)
+def _fused_q6_k(w, qa, da, bs, out, lo, hi):
+    """Few activation rows, Q6_K: each super-block's integer lanes on explicit vectors (simd.py), then
+    ggml's float lanes."""
+    nsb = qa.shape[1] // 256
+    aux = np.empty(8, np.int32)
+    for r in range(lo, hi):
+        row = w[r]
+        for n in range(qa.shape[0]):
+            a = qa[n]
+            sumf = F32(0)
+            s = (F32(0), F32(0), F32(0), F32(0), F32(0), F32(0), F32(0), F32(0))
+            for i in range(nsb):
+                simd.lanes_q6_k(row, i * 210, a, i * 256, aux)
+                d = _f16(row, i * 210 + 208) * da[n, i]
+                s = _scaled_add(s, d, (aux[0], aux[1], aux[2], aux[3], aux[4], aux[5], aux[6], aux[7]))
             for l in range(8):
                 sumf += s[l]
             out[n, r] = sumf
@@ -395,11 +390,13 @@ def rows(kind, w, qa, da, bs, out, lo, hi):
     da (N, K/256) float32, bs (N, K/16) int32 bsums)."""
     if kind == Q4_K and qa.shape[0] < UNPACK_MIN_ROWS:
         _fused_q4_k(w, qa, da, bs, out, lo, hi)
+    elif kind == Q6_K and qa.shape[0] < UNPACK_MIN_ROWS:
+        _fused_q6_k(w, qa, da, bs, out, lo, hi)
     elif kind == Q2_K and qa.shape[0] < UNPACK_MIN_ROWS:
         _fused_q2_k(w, qa, da, bs, out, lo, hi)
     elif kind == Q3_K and qa.shape[0] < Q3_K_UNPACK_MIN_ROWS:
         _fused_q3_k(w, qa, da, bs, out, lo, hi)
-    else:  # (a fused Q6_K was no faster here, and Q5_K is rare: they are not worth their compile time)
+    else:  # (Q5_K is rare: a fused loop for it is not worth its compile time)
         _rows_unpacked(kind, w, qa, da, bs, out, lo, hi)
 
 

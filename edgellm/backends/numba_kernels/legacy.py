@@ -4,15 +4,18 @@ Each output is what ggml-cpu's scalar dot product computes (ggml-org/llama.cpp
 ggml/src/ggml-cpu/quants.c `ggml_vec_dot_q4_0_q8_0_generic`, `_q4_1_q8_1_`, `_q5_0_q8_0_`, `_q5_1_q8_1_`,
 `_q8_0_q8_0_`, `_iq4_nl_q8_0_generic`): per block an exact integer sum of weight quants times activation
 quants, then the block's float32 term in ggml's operand order, summed in float32 in block order.
-Few activation rows (decode) of the common types: blocks are unpacked inside the dot, one compiled loop
-per type. Many rows (prefill), and Q5_1 / IQ4_NL always: each weight row is unpacked to int8 once, then
-dotted with every activation row, in one loop shared by all types. Both give bit-identical results.
+Few activation rows (decode), every type but IQ4_NL: the integer block dots of simd.py (explicit vector
+IR, eight blocks at a time), one compiled loop per type. Many rows (prefill), and IQ4_NL always: each
+weight row is unpacked to int8 once, then dotted with every activation row, in one loop shared by all
+types. Both give bit-identical results.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+from edgellm.backends.numba_kernels import simd
 
 F32 = np.float32
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = range(6)  # kernel kinds
@@ -52,49 +55,8 @@ def _block_bytes(kind):
 
 
 @njit(cache=True, inline="always")
-def _block_dot(kind, blk, a):
-    """Integer dot of one weight block with 32 int8 activation quants a, as the *_generic loops."""
-    s = np.int32(0)
-    if kind == Q4_0:
-        for j in range(16):
-            x = blk[2 + j]
-            s = np.int32(
-                s + (np.int16(x & 15) - 8) * np.int16(a[j]) + (np.int16(x >> 4) - 8) * np.int16(a[16 + j])
-            )
-    elif kind == Q4_1:
-        for j in range(16):
-            x = blk[4 + j]
-            s = np.int32(s + np.int16(x & 15) * np.int16(a[j]) + np.int16(x >> 4) * np.int16(a[16 + j]))
-    elif kind == Q5_0 or kind == Q5_1:
-        # element e's fifth bit is bit e of the uint32 qh (bytes p..p+3); qs byte j holds e = j, j + 16
-        p = 2 if kind == Q5_0 else 4
-        off = 16 if kind == Q5_0 else 0
-        h0, h1, h2, h3 = _HIGH16[blk[p]], _HIGH16[blk[p + 1]], _HIGH16[blk[p + 2]], _HIGH16[blk[p + 3]]
-        for j in range(8):
-            x = blk[p + 4 + j]  # elements j, j + 16
-            y = blk[p + 12 + j]  # elements j + 8, j + 24
-            s = np.int32(
-                s
-                + ((np.int16(x & 15) | h0[j]) - off) * np.int16(a[j])
-                + ((np.int16(x >> 4) | h2[j]) - off) * np.int16(a[16 + j])
-                + ((np.int16(y & 15) | h1[j]) - off) * np.int16(a[8 + j])
-                + ((np.int16(y >> 4) | h3[j]) - off) * np.int16(a[24 + j])
-            )
-    elif kind == Q8_0:
-        for j in range(32):
-            s = np.int32(s + np.int16(np.int8(blk[2 + j])) * np.int16(a[j]))
-    else:  # IQ4_NL
-        for j in range(16):
-            x = blk[2 + j]
-            s = np.int32(
-                s + np.int16(_IQ4NL[x & 15]) * np.int16(a[j]) + np.int16(_IQ4NL[x >> 4]) * np.int16(a[16 + j])
-            )
-    return s
-
-
-@njit(cache=True, inline="always")
 def _unpack_block(kind, blk, out):
-    """One weight block -> its 32 quants as int8 in element order (the values _block_dot uses)."""
+    """One weight block -> its 32 quants as int8 in element order."""
     if kind == Q4_0:
         for j in range(16):
             out[j] = np.int8(blk[2 + j] & 15) - np.int8(8)
@@ -136,23 +98,58 @@ def _term(kind, s, dx, mx, dy, sy):
 
 
 @njit(cache=True, inline="always")
+def _sums8(kind, row, o, a, ao, out):
+    """out[0:8] = the integer dots of the 8 blocks from byte o of row with a[ao : ao + 256]."""
+    if kind == Q4_0:
+        simd.sums8_q4_0(row, o, a, ao, out)
+    elif kind == Q4_1:
+        simd.sums8_q4_1(row, o, a, ao, out)
+    elif kind == Q5_0:
+        simd.sums8_q5_0(row, o, a, ao, out)
+    elif kind == Q5_1:
+        simd.sums8_q5_1(row, o, a, ao, out)
+    else:
+        simd.sums8_q8_0(row, o, a, ao, out)
+
+
+@njit(cache=True, inline="always")
+def _sum1(kind, row, o, a, ao):
+    """The integer dot of the block at byte o of row with a[ao : ao + 32]."""
+    if kind == Q4_0:
+        return simd.sum1_q4_0(row, o, a, ao)
+    if kind == Q4_1:
+        return simd.sum1_q4_1(row, o, a, ao)
+    if kind == Q5_0:
+        return simd.sum1_q5_0(row, o, a, ao)
+    if kind == Q5_1:
+        return simd.sum1_q5_1(row, o, a, ao)
+    return simd.sum1_q8_0(row, o, a, ao)
+
+
+@njit(cache=True, inline="always")
 def _rows_fused(kind, w, qa, da, sa, out, lo, hi):
+    """Few activation rows: the integer block dots on explicit vectors (simd.py), eight blocks at a time,
+    then each block's float term in block order."""
     bb = _block_bytes(kind)
     nb = qa.shape[1] // 32
+    sums = np.empty(simd.GROUP, np.int32)
     for r in range(lo, hi):
         row = w[r]
         for n in range(qa.shape[0]):
             a = qa[n]
+            dy, sy = da[n], sa[n]
             sumf = F32(0)
-            for b in range(nb):
-                blk = row[b * bb : b * bb + bb]
-                # scales first: converting them after the integer dot stops LLVM vectorizing it
-                dx = _f16(blk, 0)
-                mx = F32(0)
-                if kind == Q4_1 or kind == Q5_1:
-                    mx = _f16(blk, 2)
-                s = _block_dot(kind, blk, a[b * 32 : b * 32 + 32])
-                sumf += _term(kind, s, dx, mx, da[n, b], sa[n, b])
+            b0 = 0
+            while b0 + simd.GROUP <= nb:
+                _sums8(kind, row, b0 * bb, a, b0 * 32, sums)
+                for k in range(simd.GROUP):
+                    b = b0 + k
+                    mx = _f16(row, b * bb + 2) if kind == Q4_1 or kind == Q5_1 else F32(0)
+                    sumf += _term(kind, sums[k], _f16(row, b * bb), mx, dy[b], sy[b])
+                b0 += simd.GROUP
+            for b in range(b0, nb):
+                mx = _f16(row, b * bb + 2) if kind == Q4_1 or kind == Q5_1 else F32(0)
+                sumf += _term(kind, _sum1(kind, row, b * bb, a, b * 32), _f16(row, b * bb), mx, dy[b], sy[b])
             out[n, r] = sumf
 
 
@@ -220,7 +217,7 @@ def _rows_unpacked(kind, w, qa, da, sa, out, lo, hi):
             out[n, r] = sumf
 
 
-# Few activation rows: one compiled loop per common type, blocks unpacked inside the dot.
+# Few activation rows: one compiled loop per type, the block dots of simd.py.
 @njit(cache=True, nogil=True)
 def _fused_q4_0(w, qa, da, sa, out, lo, hi):
     _rows_fused(Q4_0, w, qa, da, sa, out, lo, hi)
@@ -234,6 +231,11 @@ def _fused_q4_1(w, qa, da, sa, out, lo, hi):
 @njit(cache=True, nogil=True)
 def _fused_q5_0(w, qa, da, sa, out, lo, hi):
     _rows_fused(Q5_0, w, qa, da, sa, out, lo, hi)
+
+
+@njit(cache=True, nogil=True)
+def _fused_q5_1(w, qa, da, sa, out, lo, hi):
+    _rows_fused(Q5_1, w, qa, da, sa, out, lo, hi)
 
 
 @njit(cache=True, nogil=True)
@@ -252,7 +254,9 @@ def rows(kind, w, qa, da, sa, out, lo, hi):
         _fused_q4_1(w, qa, da, sa, out, lo, hi)
     elif few and kind == Q5_0:
         _fused_q5_0(w, qa, da, sa, out, lo, hi)
+    elif few and kind == Q5_1:
+        _fused_q5_1(w, qa, da, sa, out, lo, hi)
     elif few and kind == Q8_0:
         _fused_q8_0(w, qa, da, sa, out, lo, hi)
-    else:  # many rows; or Q5_1, IQ4_NL, rare enough that a second compiled loop is not worth its JIT time
+    else:  # many rows; or IQ4_NL (its table lookup has no place in simd.py's portable vector IR)
         _rows_unpacked(kind, w, qa, da, sa, out, lo, hi)

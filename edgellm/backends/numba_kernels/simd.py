@@ -1,0 +1,264 @@
+"""Integer block dots for the decode kernels, written as LLVM vector IR (Numba intrinsics).
+
+LLVM's SLP vectorizer turns the scalar unrolled dots of legacy.py and kquants.py into vector code, but
+widens every product to 32 bits and ends each 32-element block with its own horizontal sum: ~40
+instructions a block. Here the same integers are computed on explicit vectors: quants unpacked as
+<32 x i8>, products in i16, pairs summed to i32, and the sums of eight blocks reduced together in one
+transpose tree. The IR is target-independent (no x86 or NEON intrinsics): LLVM lowers it to AVX2,
+AVX-512 or NEON as the machine has, so the numba backend stays portable.
+
+Only integer sums are computed here, and integer sums are exact in any order, so every result is
+bit-identical to the scalar loops (and to ggml-cpu's *_generic dot products they follow); the float
+terms stay in the callers, in ggml's order. Layouts: ggml-org/llama.cpp ggml/src/ggml-common.h
+(block_q4_0 .. block_q8_0, block_q4_K, block_q6_K).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = range(5)  # the same numbering as legacy.py's kinds
+BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q8_0: 34}
+GROUP = 8  # blocks per sums8_* call
+
+_i8, _i16, _i32, _i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+
+
+def _vec(t: ir.IntType, n: int) -> ir.VectorType:
+    return ir.VectorType(t, n)
+
+
+def _const(t: ir.IntType, vals: list[int]) -> ir.Constant:
+    return ir.Constant(_vec(t, len(vals)), [ir.Constant(t, v) for v in vals])
+
+
+def _splat(t: ir.IntType, v: int, n: int) -> ir.Constant:
+    return _const(t, [v] * n)
+
+
+def _at(builder, ptr, offset: int):
+    return builder.gep(ptr, [ir.Constant(_i64, offset)])
+
+
+def _load(builder, ptr, ty):
+    """An unaligned load of ty at a byte pointer."""
+    return builder.load(builder.bitcast(ptr, ty.as_pointer()), align=1)
+
+
+def _shuffle(builder, x, y, idx: list[int]):
+    return builder.shuffle_vector(x, y, _const(_i32, idx))
+
+
+def _c(x, value: int) -> ir.Constant:
+    """value splatted to the type of vector x."""
+    return _splat(x.type.element, value, x.type.count)
+
+
+def _adjacent_sums(builder, v):
+    """<2n x iK> -> <n x iK>: lanes 2i and 2i + 1 added."""
+    n = v.type.count
+    return builder.add(
+        _shuffle(builder, v, v, list(range(0, n, 2))), _shuffle(builder, v, v, list(range(1, n, 2)))
+    )
+
+
+def _half_sums(builder, v):
+    """<2n x iK> -> <n x iK>: lane i plus lane n + i."""
+    n = v.type.count // 2
+    return builder.add(
+        _shuffle(builder, v, v, list(range(n))), _shuffle(builder, v, v, list(range(n, 2 * n)))
+    )
+
+
+def _store8(context, builder, arrty, arr, v):
+    """<8 x i32> v into arr[0:8]."""
+    op = _data(context, builder, arrty, arr, ir.Constant(_i64, 0))
+    builder.store(v, builder.bitcast(op, _vec(_i32, 8).as_pointer()), align=4)
+
+
+def _data(context, builder, arrty, arr, offset):
+    """Pointer to element `offset` of a 1-d array."""
+    return builder.gep(context.make_array(arrty)(context, builder, arr).data, [offset])
+
+
+def _nibbles(builder, qs):
+    """<16 x i8> bytes -> <32 x i8>: the low nibbles (elements 0..15), then the high (16..31)."""
+    lo = builder.and_(qs, _splat(_i8, 15, 16))
+    hi = builder.lshr(qs, _splat(_i8, 4, 16))
+    return _shuffle(builder, lo, hi, list(range(32)))
+
+
+def _fifth_bits(builder, qh_ptr):
+    """The 32 bits of a Q5 block's qh (little-endian) as <32 x i8> of 16 (bit set) or 0."""
+    qh = _load(builder, qh_ptr, _vec(_i8, 4))
+    spread = _shuffle(builder, qh, qh, [k // 8 for k in range(32)])
+    bits = builder.and_(spread, _const(_i8, [1 << (k % 8) for k in range(32)]))
+    is_set = builder.icmp_unsigned("!=", bits, ir.Constant(_vec(_i8, 32), None))
+    return builder.select(is_set, _splat(_i8, 16, 32), ir.Constant(_vec(_i8, 32), None))
+
+
+def _legacy_quants(builder, kind: int, blk):
+    """One legacy block's 32 quants as <32 x i8>, in element order, offsets applied (Q4_0 -8, Q5_0 -16)."""
+    if kind == Q8_0:
+        return _load(builder, _at(builder, blk, 2), _vec(_i8, 32))
+    if kind in (Q4_0, Q4_1):
+        q = _nibbles(builder, _load(builder, _at(builder, blk, 2 if kind == Q4_0 else 4), _vec(_i8, 16)))
+        return builder.sub(q, _splat(_i8, 8, 32)) if kind == Q4_0 else q
+    p = 2 if kind == Q5_0 else 4  # qh; qs follows it
+    low4 = _nibbles(builder, _load(builder, _at(builder, blk, p + 4), _vec(_i8, 16)))
+    q = builder.or_(low4, _fifth_bits(builder, _at(builder, blk, p)))
+    return builder.sub(q, _splat(_i8, 16, 32)) if kind == Q5_0 else q
+
+
+def _products(builder, q, a):
+    """<32 x i8> q and a -> <32 x i16> q * a."""
+    return builder.mul(builder.sext(q, _vec(_i16, 32)), builder.sext(a, _vec(_i16, 32)))
+
+
+def _pair_sums(builder, q, a):
+    """<32 x i8> quants and activations -> <16 x i32>: products summed in adjacent pairs (|q a| < 2^15)."""
+    return _adjacent_sums(builder, builder.sext(_products(builder, q, a), _vec(_i32, 32)))
+
+
+def _halves_added(builder, x, y):
+    """<n x i32> x, y -> <n x i32>: x's adjacent pairs summed (first half), then y's."""
+    n = x.type.count
+    evens = _shuffle(builder, x, y, list(range(0, 2 * n, 2)))
+    odds = _shuffle(builder, x, y, list(range(1, 2 * n, 2)))
+    return builder.add(evens, odds)
+
+
+def _reduce_add(builder, v):
+    fnty = ir.FunctionType(v.type.element, [v.type])
+    name = f"llvm.vector.reduce.add.v{v.type.count}i{v.type.element.width}"
+    return builder.call(builder.module.declare_intrinsic(name, fnty=fnty), [v])
+
+
+def _legacy_sums8(kind: int):
+    bb = BLOCK_BYTES[kind]
+
+    @intrinsic
+    def sums8(typingctx, w, w_off, a, a_off, out):
+        """out[0:8] = the integer dots of the 8 blocks at byte w_off of w with a[a_off : a_off + 256]."""
+
+        def codegen(context, builder, sig, args):
+            wp = _data(context, builder, sig.args[0], args[0], args[1])
+            ap = _data(context, builder, sig.args[2], args[2], args[3])
+            sums = [
+                _pair_sums(
+                    builder,
+                    _legacy_quants(builder, kind, _at(builder, wp, bb * b)),
+                    _load(builder, _at(builder, ap, 32 * b), _vec(_i8, 32)),
+                )
+                for b in range(GROUP)
+            ]
+            while len(sums) > 1:  # 8 x <16 x i32> -> <16 x i32>, lanes 2b and 2b + 1 from block b
+                sums = [_halves_added(builder, sums[i], sums[i + 1]) for i in range(0, len(sums), 2)]
+            _store8(context, builder, sig.args[4], args[4], _adjacent_sums(builder, sums[0]))
+            return context.get_dummy_value()
+
+        return types.void(w, w_off, a, a_off, out), codegen
+
+    return sums8
+
+
+def _legacy_sum1(kind: int):
+    @intrinsic
+    def sum1(typingctx, w, w_off, a, a_off):
+        """The integer dot of the block at byte w_off of w with a[a_off : a_off + 32]."""
+
+        def codegen(context, builder, sig, args):
+            wp = _data(context, builder, sig.args[0], args[0], args[1])
+            ap = _data(context, builder, sig.args[2], args[2], args[3])
+            q = _legacy_quants(builder, kind, wp)
+            return _reduce_add(builder, _pair_sums(builder, q, _load(builder, ap, _vec(_i8, 32))))
+
+        return types.int32(w, w_off, a, a_off), codegen
+
+    return sum1
+
+
+sums8_q4_0, sum1_q4_0 = _legacy_sums8(Q4_0), _legacy_sum1(Q4_0)
+sums8_q4_1, sum1_q4_1 = _legacy_sums8(Q4_1), _legacy_sum1(Q4_1)
+sums8_q5_0, sum1_q5_0 = _legacy_sums8(Q5_0), _legacy_sum1(Q5_0)
+sums8_q5_1, sum1_q5_1 = _legacy_sums8(Q5_1), _legacy_sum1(Q5_1)
+sums8_q8_0, sum1_q8_0 = _legacy_sums8(Q8_0), _legacy_sum1(Q8_0)
+
+
+def _lanes8(builder, prod):
+    """<32 x i16> products -> <8 x i16>: lane l the sum of elements l, l + 8, l + 16, l + 24."""
+    return _half_sums(builder, _half_sums(builder, prod))
+
+
+@intrinsic
+def lanes_q6_k(typingctx, w, w_off, a, a_off, out):
+    """ggml's eight aux32 lanes of one Q6_K super-block (at byte w_off of w) with a[a_off : a_off + 256]:
+    out[l] = sum over the 16 groups g of scale_g * (q * a summed over the elements 16g + l, 16g + 8 + l),
+    as `ggml_vec_dot_q6_K_q8_K_generic` (ggml-org/llama.cpp ggml/src/ggml-cpu/quants.c)."""
+
+    def codegen(context, builder, sig, args):
+        wp = _data(context, builder, sig.args[0], args[0], args[1])
+        ap = _data(context, builder, sig.args[2], args[2], args[3])
+        scales = builder.sext(_load(builder, _at(builder, wp, 192), _vec(_i8, 16)), _vec(_i32, 16))
+        acc = ir.Constant(_vec(_i32, 16), None)
+        v32 = _vec(_i8, 32)
+        for c in range(2):  # ql[128] qh[64]: chunk c holds elements 128c + l, +32, +64, +96 (l < 32)
+            l0 = _load(builder, _at(builder, wp, 64 * c), v32)
+            l1 = _load(builder, _at(builder, wp, 64 * c + 32), v32)
+            h = _load(builder, _at(builder, wp, 128 + 32 * c), v32)
+            low = (builder.and_(l0, _c(l0, 15)), builder.and_(l1, _c(l1, 15)))
+            high = (builder.lshr(l0, _c(l0, 4)), builder.lshr(l1, _c(l1, 4)))
+            parts = (  # the fifth and sixth bits: bit pairs 0, 2, 4, 6 of qh, moved to bits 4 and 5
+                builder.or_(low[0], builder.shl(builder.and_(h, _c(h, 3)), _c(h, 4))),
+                builder.or_(low[1], builder.shl(builder.and_(h, _c(h, 12)), _c(h, 2))),
+                builder.or_(high[0], builder.and_(h, _c(h, 48))),
+                builder.or_(high[1], builder.lshr(builder.and_(h, _c(h, 192)), _c(h, 2))),
+            )
+            for k, q in enumerate(parts):
+                q = builder.sub(q, _c(q, 32))
+                prod = _products(builder, q, _load(builder, _at(builder, ap, 128 * c + 32 * k), v32))
+                # <16 x i16>: groups g, g + 1 (elements 0..15 and 16..31), their two halves added; |.| < 2^13
+                pairs = builder.add(
+                    _shuffle(builder, prod, prod, list(range(8)) + list(range(16, 24))),
+                    _shuffle(builder, prod, prod, list(range(8, 16)) + list(range(24, 32))),
+                )
+                g = 8 * c + 2 * k
+                sc = _shuffle(builder, scales, scales, [g] * 8 + [g + 1] * 8)
+                acc = builder.add(acc, builder.mul(builder.sext(pairs, _vec(_i32, 16)), sc))
+        _store8(context, builder, sig.args[4], args[4], _half_sums(builder, acc))
+        return context.get_dummy_value()
+
+    return types.void(w, w_off, a, a_off, out), codegen
+
+
+@intrinsic
+def lanes_q4_k(typingctx, w, w_off, a, a_off, scales, out):
+    """ggml's eight aux32 lanes of one Q4_K super-block (at byte w_off of w) with a[a_off : a_off + 256],
+    given its eight 6-bit sub-block scales (int32 scales[0:8]): out[l] = sum over sub-blocks t of
+    scale_t * (q * a summed over the elements 32t + l, +8, +16, +24), as `ggml_vec_dot_q4_K_q8_K_generic`.
+    The mins are the caller's."""
+
+    def codegen(context, builder, sig, args):
+        wp = _data(context, builder, sig.args[0], args[0], args[1])
+        ap = _data(context, builder, sig.args[2], args[2], args[3])
+        sp = _data(context, builder, sig.args[4], args[4], ir.Constant(_i64, 0))
+        scales = builder.load(builder.bitcast(sp, _vec(_i32, 8).as_pointer()), align=4)
+        acc = ir.Constant(_vec(_i32, 16), None)
+        v32 = _vec(_i8, 32)
+        for c in range(4):  # qs[128]: bytes 32c.. hold sub-block 2c (low nibbles) and 2c + 1 (high)
+            qs = _load(builder, _at(builder, wp, 16 + 32 * c), v32)
+            lo = builder.and_(qs, _splat(_i8, 15, 32))
+            hi = builder.lshr(qs, _splat(_i8, 4, 32))
+            a_lo = _load(builder, _at(builder, ap, 64 * c), v32)
+            a_hi = _load(builder, _at(builder, ap, 64 * c + 32), v32)
+            p_lo = _lanes8(builder, _products(builder, lo, a_lo))
+            p_hi = _lanes8(builder, _products(builder, hi, a_hi))
+            both = _shuffle(builder, p_lo, p_hi, list(range(16)))  # |.| < 4 * 15 * 128 < 2^13
+            sc = _shuffle(builder, scales, scales, [2 * c] * 8 + [2 * c + 1] * 8)
+            acc = builder.add(acc, builder.mul(builder.sext(both, _vec(_i32, 16)), sc))
+        _store8(context, builder, sig.args[5], args[5], _half_sums(builder, acc))
+        return context.get_dummy_value()
+
+    return types.void(w, w_off, a, a_off, scales, out), codegen
