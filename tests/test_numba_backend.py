@@ -372,3 +372,17 @@ def test_qwen2_greedy_and_teacher_forced_steps_match_llama_cpp(qwen_coder_path):
     check_greedy(llm, dict(case, ids=case["ids"][:16], margins=case["margins"][:16]))
     n, notes = check_forced_steps(llm, case)
     assert n <= len(case["ids"]) // 10, notes
+
+
+def test_kernel_cache_is_dropped_when_any_kernel_source_changes(tmp_path):
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "b.py").write_text("y = 1\n")
+    cache = tmp_path / "__pycache__"
+    K._drop_stale_cache(tmp_path)  # first run: stamps
+    (cache / "a.f-1.py311.nbi").write_bytes(b"")
+    (cache / "b.g-1.py311.nbc").write_bytes(b"")
+    K._drop_stale_cache(tmp_path)  # unchanged sources: kept
+    assert len(list(cache.glob("*.nb?"))) == 2
+    (tmp_path / "b.py").write_text("y = 2\n")  # a callee edited: every cached function may hold it
+    K._drop_stale_cache(tmp_path)
+    assert not list(cache.glob("*.nb?"))

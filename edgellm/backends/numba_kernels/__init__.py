@@ -11,6 +11,9 @@ kernels are written for and Numba leaves off by default.
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import numba
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -23,6 +26,28 @@ from edgellm.backends.numba_kernels.common import (
     round_rows_bf16,
     round_rows_f16,
 )
+
+
+def _drop_stale_cache(here: Path = Path(__file__).parent) -> None:
+    """Numba checks a cached function against its own source file only, yet a caller's cache holds its
+    callees' code: after an edit to legacy.py, a cached matmul_legacy would run the old kernels. So the
+    package's cache (in its __pycache__) is kept only while the hash of all kernel sources matches the one
+    it was written with."""
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(here.glob("*.py")))).hexdigest()
+    cache = here / "__pycache__"
+    stamp = cache / "kernels.sha256"
+    try:
+        if stamp.is_file() and stamp.read_text() == digest:
+            return
+        for f in [*cache.glob("*.nbi"), *cache.glob("*.nbc")]:
+            f.unlink(missing_ok=True)
+        cache.mkdir(exist_ok=True)
+        stamp.write_text(digest)
+    except OSError:  # a read-only install: numba caches elsewhere (or not at all)
+        pass
+
+
+_drop_stale_cache()  # before any kernel runs (Numba reads its cache at a function's first call)
 
 F32 = np.float32
 
