@@ -296,6 +296,48 @@ def test_attention_gives_the_same_bits_on_1_and_3_threads(nb, types):
     assert np.array_equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("window,softcap", [(None, None), (5, None), (40, 30.0)])
+@pytest.mark.parametrize("shape", ["one sequence", "two sequences"])
+def test_prompt_tiles_give_the_bits_of_one_token_at_a_time(nb, window, softcap, shape):
+    """A long prompt attends in tiles of up to 16 tokens (each key converted once per tile): the same bits
+    as feeding the tokens one by one, where tiles do not apply; a batch holding two sequences, and the
+    last partial tile, included."""
+    n = 70
+    seqs = [0] * n if shape == "one sequence" else [0] * 37 + [1] * (n - 37)
+    pos = list(range(n)) if shape == "one sequence" else list(range(37)) + list(range(n - 37))
+    r = np.random.default_rng(11)
+    q = r.standard_normal((n, 6, 64)).astype(np.float32)
+    k, v = r.standard_normal((2, n, 2, 64)).astype(np.float32)
+    args = (0.125, window, softcap)
+    whole_kv, one_kv = (nb.new_kv_cache(2, 2, 64, 96, 2, 8, 24) for _ in range(2))
+    for kv in (whole_kv, one_kv):
+        kv.block_table[:] = np.random.default_rng(3).permutation(24).astype(np.int32).reshape(2, 12)
+    whole = nb.attention(q, k, v, whole_kv, 1, np.array(seqs), np.array(pos), *args)
+    one = np.concatenate(
+        [
+            nb.attention(
+                q[i : i + 1],
+                k[i : i + 1],
+                v[i : i + 1],
+                one_kv,
+                1,
+                np.array(seqs[i : i + 1]),
+                np.array(pos[i : i + 1]),
+                *args,
+            )
+            for i in range(n)
+        ]
+    )
+    assert np.array_equal(whole, one)
+    ref = ReferenceBackend()
+    ref_kv = ref.new_kv_cache(2, 2, 64, 96, 2, 8, 24)
+    ref_kv.block_table[:] = whole_kv.block_table
+    expect = ref.attention(q, k, v, ref_kv, 1, np.array(seqs), np.array(pos), *args)
+    # a score differing in its last bit (summation order) can round its weight to the neighbouring f16:
+    # 2^-11 of a weight, times a value of a few units
+    np.testing.assert_allclose(whole, expect, rtol=1e-4, atol=2e-4)
+
+
 # -- captured plans ----------------------------------------------------------------------------------------
 TINY = {
     "llama": dict(arch="llama"),

@@ -439,9 +439,77 @@ static void attend_q8(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_t
     }
 }
 
-int64_t ed_attention_chunks(const ed_op *op, int phase, int nth) {
-    return phase == 0 ? ed_row_chunks(op->n, nth) : op->n * op->i0; /* stores; (token, kv head) pairs */
+/* the first position a token at p attends to */
+static int64_t first_key(const ed_op *op, int64_t p) {
+    const int64_t window = op->i4;
+    return window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
 }
+
+/* Prompt tiles: consecutive tokens of one sequence attend together, their query heads stacked as one
+ * group over the union of their key ranges, so each key and value row is converted once per tile instead
+ * of once per token (flash attention's reuse). Every token's own scores, softmax and weighted sum are the
+ * per-token path's operations in its order; the keys outside its range weigh exactly 0, which adds +0 to
+ * each sum: the same results. */
+#define ED_TILE_MAX 16
+#define ED_TILE_SCORES (1 << 20) /* floats of scores per tile at most (4 MiB of scratch) */
+
+static int64_t tile_rows(const ed_op *op) {
+    if (op->n < 2 * ED_TILE_MAX) return 1; /* decode and short steps: one token per chunk */
+    const int64_t *pos = (const int64_t *)op->src7;
+    int64_t longest = 1;
+    for (int64_t r = 0; r < op->n; r++) longest = pos[r] + 1 > longest ? pos[r] + 1 : longest;
+    const int64_t group = op->m / op->i0, rows = ED_TILE_SCORES / (group * longest);
+    return rows >= ED_TILE_MAX ? ED_TILE_MAX : rows < 2 ? 1 : rows;
+}
+
+/* tokens r0 .. r0+nt-1 with f16 K and V over kv head g; 0 where the tile does not qualify (the caller
+ * then attends token by token): one sequence, consecutive positions, every key mapped */
+static int attend_tile(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_t r0, int64_t nt, int64_t g) {
+    const int64_t n_head = op->m, hkv = op->i0, dh = op->k, group = n_head / hkv;
+    const int64_t *seq = (const int64_t *)op->src6, *pos = (const int64_t *)op->src7;
+    const float scale = op->f0, softcap = op->f1;
+    if (kind_of(op, 0) != ED_F16 || kind_of(op, 1) != ED_F16 || !L->scores || dh % 8) return 0;
+    for (int64_t i = 0; i < nt; i++)
+        if (seq[r0 + i] != seq[r0] || pos[r0 + i] != pos[r0] + i || slot_of(op, seq[r0], pos[r0 + i]) < 0) return 0;
+    const int64_t lo = first_key(op, pos[r0]), t = pos[r0] + nt - lo, rows = nt * group;
+    /* scratch: the keys' slots (t), q (rows, dh), scores (rows, t), 8 converted keys (8, dh), out (rows, dh) */
+    int64_t *slots = ed_thread_scratch(ctx, sizeof(int64_t) * t + sizeof(float) * (rows * dh * 2 + rows * t + 8 * dh));
+    if (!slots) return 0;
+    float *qh = (float *)(slots + t), *sc = qh + rows * dh, *kbuf = sc + rows * t, *acc = kbuf + 8 * dh;
+    if (!key_slots(op, (const int32_t *)op->src5 + seq[r0] * op->i2, lo, t, slots)) return 0;
+    for (int64_t i = 0; i < nt; i++)
+        memcpy(qh + i * group * dh, (const float *)op->src0 + ((r0 + i) * n_head + g * group) * dh,
+               sizeof(float) * group * dh);
+    L->round_f16(qh, rows * dh);
+    L->scores(qh, rows, dh, (const uint16_t *)op->src3 + g * dh, hkv * dh, slots, t, kbuf, sc);
+    for (int64_t i = 0; i < nt; i++) {
+        const int64_t a = first_key(op, pos[r0] + i) - lo, b = i + (t - nt) + 1; /* this token's keys: a .. b-1 */
+        for (int64_t h = 0; h < group; h++) {
+            float *e = sc + (i * group + h) * t;
+            for (int64_t j = a; j < b; j++) {
+                float x = e[j] * scale;
+                if (softcap > 0) x = ed_softcap(x, softcap);
+                e[j] = x;
+            }
+            softmax(e + a, 1, b - a, 1, L, ctx->kt);
+            memset(e, 0, sizeof(float) * (size_t)a);
+            memset(e + b, 0, sizeof(float) * (size_t)(t - b));
+        }
+    }
+    memset(acc, 0, sizeof(float) * rows * dh);
+    L->values(acc, sc, rows, dh, (const uint16_t *)op->src4 + g * dh, hkv * dh, slots, t);
+    for (int64_t i = 0; i < nt; i++)
+        memcpy((float *)op->dst + ((r0 + i) * n_head + g * group) * dh, acc + i * group * dh, sizeof(float) * group * dh);
+    return 1;
+}
+
+int64_t ed_attention_chunks(const ed_op *op, int phase, int nth) {
+    if (phase == 0) return ed_row_chunks(op->n, nth); /* stores */
+    const int64_t tr = tile_rows(op);
+    return (op->n + tr - 1) / tr * op->i0; /* (tile of tokens, kv head) pairs */
+}
+
+static void attend_token(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_t r, int64_t g);
 
 void ed_attention(const ed_op *op, int phase, ed_ctx *ctx) {
     if (phase == 0) {
@@ -449,16 +517,23 @@ void ed_attention(const ed_op *op, int phase, ed_ctx *ctx) {
         return;
     }
     const attn_loops *L = loops(ctx->kt);
-    const int64_t n_head = op->m, hkv = op->i0, dh = op->k, group = n_head / hkv, window = op->i4, bs = op->i1;
+    const int64_t hkv = op->i0, tr = tile_rows(op), r0 = ctx->chunk / hkv * tr, g = ctx->chunk % hkv;
+    const int64_t nt = op->n - r0 < tr ? op->n - r0 : tr;
+    if (nt > 1 && attend_tile(op, ctx, L, r0, nt, g)) return;
+    for (int64_t r = r0; r < r0 + nt; r++) attend_token(op, ctx, L, r, g);
+}
+
+/* one (token r, kv head g) pair */
+static void attend_token(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_t r, int64_t g) {
+    const int64_t n_head = op->m, hkv = op->i0, dh = op->k, group = n_head / hkv, bs = op->i1;
     const int64_t *seq = (const int64_t *)op->src6, *pos = (const int64_t *)op->src7;
     const int32_t *table = (const int32_t *)op->src5;
     const uint16_t *kc = (const uint16_t *)op->src3, *vc = (const uint16_t *)op->src4;
     const float scale = op->f0, softcap = op->f1;
     {
-        const int64_t item = ctx->chunk, r = item / hkv, g = item % hkv, s = seq[r], p = pos[r];
+        const int64_t s = seq[r], p = pos[r];
         float *out = (float *)op->dst + (r * n_head + g * group) * dh;
-        const int64_t lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-        const int64_t t = p + 1 - lo;
+        const int64_t lo = first_key(op, p), t = p + 1 - lo;
         memset(out, 0, sizeof(float) * group * dh);
         if (t <= 0 || slot_of(op, s, p) < 0) return; /* the caller checked: not expected */
         /* scratch: the keys' slots (t), q (group, dh), one key/value row (dh), scores (group, t), one

@@ -229,27 +229,21 @@ def _scaled_add(s, d, acc):
 
 @njit(cache=True, nogil=True)
 def _fused_q4_k(w, qa, da, bs, out, lo, hi):
-    """Few activation rows, Q4_K: each super-block's integer lanes on explicit vectors (simd.py), then
-    ggml's float lanes and mins."""
+    """Few activation rows, Q4_K: each super-block's integer lanes and mins on explicit vectors (simd.py),
+    then ggml's float lanes and mins."""
     nsb = qa.shape[1] // 256
-    scs = np.empty(8, np.int32)
-    aux = np.empty(8, np.int32)
+    aux = np.empty(9, np.int32)
     for r in range(lo, hi):
         row = w[r]
         for n in range(qa.shape[0]):
-            a = qa[n]
+            a, b = qa[n], bs[n]
             sumf = F32(0)
             s = (F32(0), F32(0), F32(0), F32(0), F32(0), F32(0), F32(0), F32(0))
             for i in range(nsb):
-                blk = row[i * 144 : i * 144 + 144]
-                sumi = np.int32(0)
-                for t in range(8):  # 8 sub-blocks of 32
-                    scs[t], m = _scale_min_k4(blk[4:16], t)
-                    sumi = np.int32(sumi + (bs[n, i * 16 + 2 * t] + bs[n, i * 16 + 2 * t + 1]) * m)
-                simd.lanes_q4_k(row, i * 144, a, i * 256, scs, aux)
+                simd.lanes_q4_k(row, i * 144, a, i * 256, b, i * 16, aux)
                 lanes = (aux[0], aux[1], aux[2], aux[3], aux[4], aux[5], aux[6], aux[7])
-                s = _scaled_add(s, _f16(blk, 0) * da[n, i], lanes)
-                sumf -= (_f16(blk, 2) * da[n, i]) * F32(sumi)
+                s = _scaled_add(s, _f16(row, i * 144) * da[n, i], lanes)
+                sumf -= (_f16(row, i * 144 + 2) * da[n, i]) * F32(aux[8])
             for l in range(8):
                 sumf += s[l]
             out[n, r] = sumf

@@ -233,24 +233,46 @@ def lanes_q6_k(typingctx, w, w_off, a, a_off, out):
     return types.void(w, w_off, a, a_off, out), codegen
 
 
+def _q4_k_scales_mins(builder, blk):
+    """A Q4_K super-block's eight 6-bit scales and eight mins (<8 x i32> each), unpacked from scales[12]
+    as ggml's utmp shuffle does (kmask1/2/3)."""
+    u = [_load(builder, _at(builder, blk, 4 + 4 * i), _i32) for i in range(3)]
+    k1, k2, k3 = (ir.Constant(_i32, k) for k in (0x3F3F3F3F, 0x0F0F0F0F, 0x03030303))
+
+    def top2(x):  # bits 6, 7 of each byte, moved to bits 4, 5
+        return builder.shl(builder.and_(builder.lshr(x, ir.Constant(_i32, 6)), k3), ir.Constant(_i32, 4))
+
+    scales = (builder.and_(u[0], k1), builder.or_(builder.and_(u[2], k2), top2(u[0])))
+    mins = (
+        builder.and_(u[1], k1),
+        builder.or_(builder.and_(builder.lshr(u[2], ir.Constant(_i32, 4)), k2), top2(u[1])),
+    )
+
+    def bytes8(pair):
+        v = builder.insert_element(ir.Constant(_vec(_i32, 2), None), pair[0], ir.Constant(_i32, 0))
+        v = builder.insert_element(v, pair[1], ir.Constant(_i32, 1))
+        return builder.zext(builder.bitcast(v, _vec(_i8, 8)), _vec(_i32, 8))
+
+    return bytes8(scales), bytes8(mins)
+
+
 @intrinsic
-def lanes_q4_k(typingctx, w, w_off, a, a_off, scales, out):
-    """ggml's eight aux32 lanes of one Q4_K super-block (at byte w_off of w) with a[a_off : a_off + 256],
-    given its eight 6-bit sub-block scales (int32 scales[0:8]): out[l] = sum over sub-blocks t of
-    scale_t * (q * a summed over the elements 32t + l, +8, +16, +24), as `ggml_vec_dot_q4_K_q8_K_generic`.
-    The mins are the caller's."""
+def lanes_q4_k(typingctx, w, w_off, a, a_off, bsums, bs_off, out):
+    """One Q4_K super-block (at byte w_off of w) against a[a_off : a_off + 256], as
+    `ggml_vec_dot_q4_K_q8_K_generic`: out[l] (l < 8) = ggml's aux32 lanes, the sum over sub-blocks t of
+    scale_t * (q * a summed over the elements 32t + l, +8, +16, +24); out[8] = sum over t of min_t * (the
+    activations' sums of sub-block t, bsums[bs_off + 2t] + bsums[bs_off + 2t + 1])."""
 
     def codegen(context, builder, sig, args):
         wp = _data(context, builder, sig.args[0], args[0], args[1])
         ap = _data(context, builder, sig.args[2], args[2], args[3])
-        sp = _data(context, builder, sig.args[4], args[4], ir.Constant(_i64, 0))
-        scales = builder.load(builder.bitcast(sp, _vec(_i32, 8).as_pointer()), align=4)
+        scales, mins = _q4_k_scales_mins(builder, wp)
         acc = ir.Constant(_vec(_i32, 16), None)
         v32 = _vec(_i8, 32)
         for c in range(4):  # qs[128]: bytes 32c.. hold sub-block 2c (low nibbles) and 2c + 1 (high)
             qs = _load(builder, _at(builder, wp, 16 + 32 * c), v32)
-            lo = builder.and_(qs, _splat(_i8, 15, 32))
-            hi = builder.lshr(qs, _splat(_i8, 4, 32))
+            lo = builder.and_(qs, _c(qs, 15))
+            hi = builder.lshr(qs, _c(qs, 4))
             a_lo = _load(builder, _at(builder, ap, 64 * c), v32)
             a_hi = _load(builder, _at(builder, ap, 64 * c + 32), v32)
             p_lo = _lanes8(builder, _products(builder, lo, a_lo))
@@ -258,7 +280,12 @@ def lanes_q4_k(typingctx, w, w_off, a, a_off, scales, out):
             both = _shuffle(builder, p_lo, p_hi, list(range(16)))  # |.| < 4 * 15 * 128 < 2^13
             sc = _shuffle(builder, scales, scales, [2 * c] * 8 + [2 * c + 1] * 8)
             acc = builder.add(acc, builder.mul(builder.sext(both, _vec(_i32, 16)), sc))
-        _store8(context, builder, sig.args[5], args[5], _half_sums(builder, acc))
+        _store8(context, builder, sig.args[6], args[6], _half_sums(builder, acc))
+        bp = _data(context, builder, sig.args[4], args[4], args[5])
+        bs = builder.load(builder.bitcast(bp, _vec(_i32, 16).as_pointer()), align=4)
+        summins = _reduce_add(builder, builder.mul(_adjacent_sums(builder, bs), mins))
+        op = _data(context, builder, sig.args[6], args[6], ir.Constant(_i64, 8))
+        builder.store(summins, op)
         return context.get_dummy_value()
 
-    return types.void(w, w_off, a, a_off, scales, out), codegen
+    return types.void(w, w_off, a, a_off, bsums, bs_off, out), codegen
