@@ -42,6 +42,15 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _fmt(v: float | None, digits: int) -> str:
+    """v to `digits` decimals, or '-' for a test not run (-p 0 or -n 0)."""
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def _ratio(ours: float | None, theirs: float | None) -> str:
+    return "-" if not ours or not theirs else f"{ours / theirs:.2f}"
+
+
 BUSY: list[float] = []  # the CPU seconds / wall seconds of the last _run_json's process
 
 
@@ -280,9 +289,9 @@ def main() -> int:
                 pp, tg = med(rows, "pp"), med(rows, "tg")
                 gbs = tg * rows[0]["bytes_per_token"] / 1e9 if tg else None
                 print(
-                    f"| {f.name} | {t} | {lpp:.1f} | {ltg:.1f} | {rows[0]['backend']} | {pp:.1f} | "
-                    f"{tg:.1f} | "
-                    f"{pp / lpp:.2f} | {tg / ltg:.2f} | {gbs:.1f} ({100 * gbs / bw[t]:.0f}%) | "
+                    f"| {f.name} | {t} | {_fmt(lpp, 1)} | {_fmt(ltg, 1)} | {rows[0]['backend']} | "
+                    f"{_fmt(pp, 1)} | {_fmt(tg, 1)} | {_ratio(pp, lpp)} | {_ratio(tg, ltg)} | "
+                    f"{f'{gbs:.1f} ({100 * gbs / bw[t]:.0f}%)' if gbs else '-'} | "
                     f"{med(rows, 'rss_beyond'):.0f} | {ref[0].get('threads')} ({med(ref, 'busy'):.2f}) / "
                     f"{rows[0]['threads']} ({med(rows, 'busy'):.2f}) |"
                 )
