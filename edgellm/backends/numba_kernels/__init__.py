@@ -188,7 +188,12 @@ def compile_family(family: str) -> None:
 
     if family == "ops":
         with global_compiler_lock:
-            _compile_ops()
+            saved = numba.config.SLP_VECTORIZE
+            numba.config.SLP_VECTORIZE = 1  # (_dot_lanes' eight sums; no op's float order changes)
+            try:
+                _compile_ops()
+            finally:
+                numba.config.SLP_VECTORIZE = saved
         _COMPILED.add(family)
         return
 
