@@ -98,18 +98,17 @@ def _term(kind, s, dx, mx, dy, sy):
 
 
 @njit(cache=True, inline="always")
-def _sums8(kind, row, o, a, ao, out):
-    """out[0:8] = the integer dots of the 8 blocks from byte o of row with a[ao : ao + 256]."""
+def _acc8(kind, row, o, a, ao, dy, sy, b0, sumf):
+    """sumf plus the terms of the 8 blocks from byte o of row (activation blocks b0 .., a[ao : ao + 256])."""
     if kind == Q4_0:
-        simd.sums8_q4_0(row, o, a, ao, out)
-    elif kind == Q4_1:
-        simd.sums8_q4_1(row, o, a, ao, out)
-    elif kind == Q5_0:
-        simd.sums8_q5_0(row, o, a, ao, out)
-    elif kind == Q5_1:
-        simd.sums8_q5_1(row, o, a, ao, out)
-    else:
-        simd.sums8_q8_0(row, o, a, ao, out)
+        return simd.acc8_q4_0(row, o, a, ao, dy, sy, b0, sumf)
+    if kind == Q4_1:
+        return simd.acc8_q4_1(row, o, a, ao, dy, sy, b0, sumf)
+    if kind == Q5_0:
+        return simd.acc8_q5_0(row, o, a, ao, dy, sy, b0, sumf)
+    if kind == Q5_1:
+        return simd.acc8_q5_1(row, o, a, ao, dy, sy, b0, sumf)
+    return simd.acc8_q8_0(row, o, a, ao, dy, sy, b0, sumf)
 
 
 @njit(cache=True, inline="always")
@@ -128,11 +127,10 @@ def _sum1(kind, row, o, a, ao):
 
 @njit(cache=True, inline="always")
 def _rows_fused(kind, w, qa, da, sa, out, lo, hi):
-    """Few activation rows: the integer block dots on explicit vectors (simd.py), eight blocks at a time,
-    then each block's float term in block order."""
+    """Few activation rows: eight blocks at a time on explicit vectors (simd.py: integer dots, float terms,
+    then the terms added in block order), the rest one by one."""
     bb = _block_bytes(kind)
     nb = qa.shape[1] // 32
-    sums = np.empty(simd.GROUP, np.int32)
     for r in range(lo, hi):
         row = w[r]
         for n in range(qa.shape[0]):
@@ -141,11 +139,7 @@ def _rows_fused(kind, w, qa, da, sa, out, lo, hi):
             sumf = F32(0)
             b0 = 0
             while b0 + simd.GROUP <= nb:
-                _sums8(kind, row, b0 * bb, a, b0 * 32, sums)
-                for k in range(simd.GROUP):
-                    b = b0 + k
-                    mx = _f16(row, b * bb + 2) if kind == Q4_1 or kind == Q5_1 else F32(0)
-                    sumf += _term(kind, sums[k], _f16(row, b * bb), mx, dy[b], sy[b])
+                sumf = _acc8(kind, row, b0 * bb, a, b0 * 32, dy, sy, b0, sumf)
                 b0 += simd.GROUP
             for b in range(b0, nb):
                 mx = _f16(row, b * bb + 2) if kind == Q4_1 or kind == Q5_1 else F32(0)

@@ -136,12 +136,41 @@ def _reduce_add(builder, v):
     return builder.call(builder.module.declare_intrinsic(name, fnty=fnty), [v])
 
 
-def _legacy_sums8(kind: int):
+def _f16_to_f32(builder, h):
+    """<n x i16> f16 bits -> <n x float>, exactly as common.f16_to_f32 (ggml_compute_fp16_to_fp32): integer
+    and float steps only, so no target needs a half type."""
+    n = h.type.count
+    u32, f32 = _vec(_i32, n), ir.VectorType(ir.FloatType(), n)
+    w = builder.shl(builder.zext(h, u32), _splat(_i32, 16, n))
+    sign = builder.and_(w, _splat(_i32, 0x80000000, n))
+    two_w = builder.add(w, w)
+    normal = builder.add(builder.lshr(two_w, _splat(_i32, 4, n)), _splat(_i32, 0xE0 << 23, n))
+    normal = builder.fmul(builder.bitcast(normal, f32), ir.Constant(f32, [2.0**-112] * n))
+    denormal = builder.or_(builder.lshr(two_w, _splat(_i32, 17, n)), _splat(_i32, 126 << 23, n))
+    denormal = builder.fsub(builder.bitcast(denormal, f32), ir.Constant(f32, [0.5] * n))
+    small = builder.icmp_unsigned("<", two_w, _splat(_i32, 1 << 27, n))
+    bits = builder.select(small, builder.bitcast(denormal, u32), builder.bitcast(normal, u32))
+    return builder.bitcast(builder.or_(sign, bits), f32)
+
+
+def _f16s(builder, wp, first: int, stride: int):
+    """The f16 at byte first of each of GROUP blocks stride bytes apart, as <GROUP x float>."""
+    v = ir.Constant(_vec(_i16, GROUP), None)
+    for k in range(GROUP):
+        v = builder.insert_element(
+            v, _load(builder, _at(builder, wp, first + stride * k), _i16), ir.Constant(_i32, k)
+        )
+    return _f16_to_f32(builder, v)
+
+
+def _legacy_acc8(kind: int):
     bb = BLOCK_BYTES[kind]
 
     @intrinsic
-    def sums8(typingctx, w, w_off, a, a_off, out):
-        """out[0:8] = the integer dots of the 8 blocks at byte w_off of w with a[a_off : a_off + 256]."""
+    def acc8(typingctx, w, w_off, a, a_off, dy, sy, b0, sumf):
+        """sumf plus the float terms of the 8 blocks at byte w_off of w against a[a_off : a_off + 256] (the
+        activation blocks b0 .. b0 + 7, scales dy[b0 ..] and Q8_1 sums sy[b0 ..]), added one by one in block
+        order: each term in legacy._term's operand order, on vectors (the same IEEE operations per lane)."""
 
         def codegen(context, builder, sig, args):
             wp = _data(context, builder, sig.args[0], args[0], args[1])
@@ -156,12 +185,30 @@ def _legacy_sums8(kind: int):
             ]
             while len(sums) > 1:  # 8 x <16 x i32> -> <16 x i32>, lanes 2b and 2b + 1 from block b
                 sums = [_halves_added(builder, sums[i], sums[i + 1]) for i in range(0, len(sums), 2)]
-            _store8(context, builder, sig.args[4], args[4], _adjacent_sums(builder, sums[0]))
-            return context.get_dummy_value()
+            f32 = ir.VectorType(ir.FloatType(), GROUP)
+            fs = builder.sitofp(_adjacent_sums(builder, sums[0]), f32)
+            dx = _f16s(builder, wp, 0, bb)
+            dyp = _data(context, builder, sig.args[4], args[4], args[6])
+            d_y = builder.load(builder.bitcast(dyp, f32.as_pointer()), align=4)
+            if kind == Q4_0:  # sumi * d_x * d_y
+                terms = builder.fmul(builder.fmul(fs, dx), d_y)
+            elif kind == Q8_0:  # sumi * (d_x * d_y)
+                terms = builder.fmul(fs, builder.fmul(dx, d_y))
+            elif kind == Q5_0:  # (d_x * d_y) * sumi
+                terms = builder.fmul(builder.fmul(dx, d_y), fs)
+            else:  # Q4_1, Q5_1: (d_x * d_y) * sumi + m_x * s_y
+                syp = _data(context, builder, sig.args[5], args[5], args[6])
+                s_y = builder.load(builder.bitcast(syp, f32.as_pointer()), align=4)
+                mins = builder.fmul(_f16s(builder, wp, 2, bb), s_y)
+                terms = builder.fadd(builder.fmul(builder.fmul(dx, d_y), fs), mins)
+            total = args[7]
+            for k in range(GROUP):
+                total = builder.fadd(total, builder.extract_element(terms, ir.Constant(_i32, k)))
+            return total
 
-        return types.void(w, w_off, a, a_off, out), codegen
+        return types.float32(w, w_off, a, a_off, dy, sy, b0, sumf), codegen
 
-    return sums8
+    return acc8
 
 
 def _legacy_sum1(kind: int):
@@ -180,11 +227,11 @@ def _legacy_sum1(kind: int):
     return sum1
 
 
-sums8_q4_0, sum1_q4_0 = _legacy_sums8(Q4_0), _legacy_sum1(Q4_0)
-sums8_q4_1, sum1_q4_1 = _legacy_sums8(Q4_1), _legacy_sum1(Q4_1)
-sums8_q5_0, sum1_q5_0 = _legacy_sums8(Q5_0), _legacy_sum1(Q5_0)
-sums8_q5_1, sum1_q5_1 = _legacy_sums8(Q5_1), _legacy_sum1(Q5_1)
-sums8_q8_0, sum1_q8_0 = _legacy_sums8(Q8_0), _legacy_sum1(Q8_0)
+acc8_q4_0, sum1_q4_0 = _legacy_acc8(Q4_0), _legacy_sum1(Q4_0)
+acc8_q4_1, sum1_q4_1 = _legacy_acc8(Q4_1), _legacy_sum1(Q4_1)
+acc8_q5_0, sum1_q5_0 = _legacy_acc8(Q5_0), _legacy_sum1(Q5_0)
+acc8_q5_1, sum1_q5_1 = _legacy_acc8(Q5_1), _legacy_sum1(Q5_1)
+acc8_q8_0, sum1_q8_0 = _legacy_acc8(Q8_0), _legacy_sum1(Q8_0)
 
 
 def _lanes8(builder, prod):
