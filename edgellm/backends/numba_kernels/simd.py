@@ -1,4 +1,4 @@
-"""Integer block dots for the decode kernels, written as LLVM vector IR (Numba intrinsics).
+"""The decode kernels' block dots, written as LLVM vector IR (Numba intrinsics).
 
 LLVM's SLP vectorizer turns the scalar unrolled dots of legacy.py and kquants.py into vector code, but
 widens every product to 32 bits and ends each 32-element block with its own horizontal sum: ~40
@@ -7,10 +7,12 @@ instructions a block. Here the same integers are computed on explicit vectors: q
 transpose tree. The IR is target-independent (no x86 or NEON intrinsics): LLVM lowers it to AVX2,
 AVX-512 or NEON as the machine has, so the numba backend stays portable.
 
-Only integer sums are computed here, and integer sums are exact in any order, so every result is
-bit-identical to the scalar loops (and to ggml-cpu's *_generic dot products they follow); the float
-terms stay in the callers, in ggml's order. Layouts: ggml-org/llama.cpp ggml/src/ggml-common.h
-(block_q4_0 .. block_q8_0, block_q4_K, block_q6_K).
+Integer sums are exact in any order, so they equal the scalar loops' (and ggml-cpu's *_generic dot
+products they follow). The legacy blocks' float terms are taken here too, eight at a time, each lane with
+the scalar operations in legacy._term's order (the f16 scales converted as common.f16_to_f32 does), and
+added to the running sum one by one in block order: the same bits. The K-quants' float lanes stay in
+kquants.py. Layouts: ggml-org/llama.cpp ggml/src/ggml-common.h (block_q4_0 .. block_q8_0, block_q4_K,
+block_q6_K).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from numba.extending import intrinsic
 
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = range(5)  # the same numbering as legacy.py's kinds
 BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q8_0: 34}
-GROUP = 8  # blocks per sums8_* call
+GROUP = 8  # blocks per acc8_* call
 
 _i8, _i16, _i32, _i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 
