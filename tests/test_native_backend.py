@@ -113,14 +113,17 @@ def test_matmul_gives_the_same_bits_on_1_2_and_3_threads(nb, t):
 
 @pytest.mark.parametrize(
     "t",
-    [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.F16],
+    [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.F16, T.BF16, T.F32],
     ids=lambda t: t.name,
 )
 def test_a_rows_matmul_bits_do_not_depend_on_the_rows_beside_it(nb, t):
     """Decode (one row), batched decode and prompts (multi-row kernels, the AMX tile GEMM where the CPU has
     it) give every row the same bits, so a batch's composition never changes a sequence's tokens."""
-    w = nb.bind(random_weight(t, 40, 1280, rng))  # 40 blocks of 32: two groups of 16 and a tail
-    x = rng.standard_normal((37, 1280)).astype(np.float32)
+    # 40 blocks of 32: two groups of 16 and a tail; the float types' rows end in a 16-element step and a
+    # scalar tail
+    k = 1301 if t in (T.F16, T.BF16, T.F32) else 1280
+    w = nb.bind(random_weight(t, 40, k, rng))
+    x = rng.standard_normal((37, k)).astype(np.float32)
     single = np.concatenate([nb.matmul(w, x[i : i + 1]) for i in range(len(x))])
     for n in (2, 4, 17, 37):
         assert np.array_equal(nb.matmul(w, x[:n]).view(np.uint32), single[:n].view(np.uint32)), n

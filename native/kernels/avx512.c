@@ -162,20 +162,47 @@ static inline __m512i idx16(short a, short b, short c, short d) {
 
 /* ---------------------------------------------------------- float types: 2 x 16 f32 lanes, FMA */
 
-#define FLOAT_DOT512(name, T, LOAD, CONV)                                                \
-    static void name(int n, float *s, const void *vx, const void *vy) {                  \
-        const T *x = vx, *y = vy;                                                          \
-        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();                         \
-        int i = 0;                                                                         \
-        for (; i + 32 <= n; i += 32) {                                                     \
-            a0 = _mm512_fmadd_ps(LOAD(x + i), LOAD(y + i), a0);                            \
-            a1 = _mm512_fmadd_ps(LOAD(x + i + 16), LOAD(y + i + 16), a1);                  \
-        }                                                                                  \
-        for (; i + 16 <= n; i += 16) a0 = _mm512_fmadd_ps(LOAD(x + i), LOAD(y + i), a0);   \
-        float sumf = hsum_f32x16(_mm512_add_ps(a0, a1));                                   \
-        for (; i < n; i++) sumf += CONV(x[i]) * CONV(y[i]);                                \
-        *s = sumf;                                                                         \
-    }
+/* nr (1 or 2) weight rows (vx + r * bx) against nc (<= 4) activation rows (vy + c * by): each weight
+ * vector converted once for every activation row, each activation vector once for both weight rows (a
+ * 2 x 4 register tile of 16 accumulators, what prompts need; the F16/BF16 conversions dominated one
+ * product at a time). Every output is computed by the operations of the nr = nc = 1 instance, which is
+ * vec_dot: two accumulators over 32-element steps (the second for elements 16..31 of each step), a last
+ * 16-element step into the first, their sum's hsum, then the scalar tail. */
+#define FLOAT_MN512(name, T, LOAD, CONV)                                                                   \
+    ED_ALWAYS_INLINE void name##_mn(int n, float *s, size_t bs, const uint8_t *vx, size_t bx,               \
+                                    const uint8_t *vy, size_t by, const int nr, const int nc) {            \
+        __m512 a0[2][4], a1[2][4];                                                                          \
+        for (int r = 0; r < nr; r++)                                                                        \
+            for (int c = 0; c < nc; c++) a0[r][c] = a1[r][c] = _mm512_setzero_ps();                         \
+        int i = 0;                                                                                          \
+        for (; i + 32 <= n; i += 32) {                                                                      \
+            __m512 w0[2], w1[2];                                                                            \
+            for (int r = 0; r < nr; r++) {                                                                  \
+                const T *x = (const T *)(vx + r * bx);                                                      \
+                w0[r] = LOAD(x + i), w1[r] = LOAD(x + i + 16);                                              \
+            }                                                                                               \
+            for (int c = 0; c < nc; c++) {                                                                  \
+                const T *y = (const T *)(vy + c * by);                                                      \
+                const __m512 y0 = LOAD(y + i), y1 = LOAD(y + i + 16);                                       \
+                for (int r = 0; r < nr; r++)                                                                \
+                    a0[r][c] = _mm512_fmadd_ps(w0[r], y0, a0[r][c]), a1[r][c] = _mm512_fmadd_ps(w1[r], y1, a1[r][c]); \
+            }                                                                                               \
+        }                                                                                                   \
+        for (; i + 16 <= n; i += 16)                                                                        \
+            for (int c = 0; c < nc; c++) {                                                                  \
+                const __m512 y0 = LOAD((const T *)(vy + c * by) + i);                                       \
+                for (int r = 0; r < nr; r++)                                                                \
+                    a0[r][c] = _mm512_fmadd_ps(LOAD((const T *)(vx + r * bx) + i), y0, a0[r][c]);           \
+            }                                                                                               \
+        for (int r = 0; r < nr; r++)                                                                        \
+            for (int c = 0; c < nc; c++) {                                                                  \
+                const T *x = (const T *)(vx + r * bx), *y = (const T *)(vy + c * by);                       \
+                float sumf = hsum_f32x16(_mm512_add_ps(a0[r][c], a1[r][c]));                                \
+                for (int j = i; j < n; j++) sumf += CONV(x[j]) * CONV(y[j]);                                \
+                s[c * bs + r] = sumf;                                                                       \
+            }                                                                                               \
+    }                                                                                                       \
+    ED_MN_ENTRIES(name##_mn, name##_1n, vec_dot_##name, vec_dot_nx_##name, vec_dot_2nx_##name)
 
 #define LOAD_F32(p) _mm512_loadu_ps(p)
 #define LOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
@@ -184,9 +211,9 @@ static inline __m512i idx16(short a, short b, short c, short d) {
 #define IDENT(v) (v)
 #define F16(h) ed_f16_table[h]
 
-FLOAT_DOT512(vec_dot_f32, float, LOAD_F32, IDENT)
-FLOAT_DOT512(vec_dot_f16, uint16_t, LOAD_F16, F16)
-FLOAT_DOT512(vec_dot_bf16, uint16_t, LOAD_BF16, ed_bf16_to_f32)
+FLOAT_MN512(f32, float, LOAD_F32, IDENT)
+FLOAT_MN512(f16, uint16_t, LOAD_F16, F16)
+FLOAT_MN512(bf16, uint16_t, LOAD_BF16, ed_bf16_to_f32)
 
 ED_TARGET_POP
 
@@ -225,9 +252,13 @@ int ed_fill_avx512(ed_kernel_table *t) {
 #if !defined(ED_EMULATE_AVX512)
     if (ed_cpu_has_amx()) set_amx(t);
 #endif
-    t->types[ED_F16].vec_dot = vec_dot_f16;
-    t->types[ED_BF16].vec_dot = vec_dot_bf16;
-    t->types[ED_F32].vec_dot = vec_dot_f32;
+    /* (no x16 layout for the floats: their 2 x 4 tile reads the file's rows) */
+    t->types[ED_F16].vec_dot = vec_dot_f16, t->types[ED_F16].vec_dot_nx = vec_dot_nx_f16;
+    t->types[ED_F16].vec_dot_2nx = vec_dot_2nx_f16;
+    t->types[ED_BF16].vec_dot = vec_dot_bf16, t->types[ED_BF16].vec_dot_nx = vec_dot_nx_bf16;
+    t->types[ED_BF16].vec_dot_2nx = vec_dot_2nx_bf16;
+    t->types[ED_F32].vec_dot = vec_dot_f32, t->types[ED_F32].vec_dot_nx = vec_dot_nx_f32;
+    t->types[ED_F32].vec_dot_2nx = vec_dot_2nx_f32;
     return 1;
 }
 
