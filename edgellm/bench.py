@@ -6,6 +6,9 @@ tg: -n single-token decode steps after a prompt, each a forward pass and a greed
     (llama-bench's tg starts from an empty cache; here the steps follow the -p prompt, or one token
     when -p is 0, which costs the same within noise at these lengths).
 ttft: time to the first generated token of a -p token prompt: prefill plus the first pick.
+-d (depth, llama-bench's -d): each repetition first fills the cache with that many tokens, untimed; the
+    pp prompt then follows them and the tg steps follow both (llama-bench's `-d 2048 -n 32` is
+    `-d 2048 -p 0 -n 32` here).
 Each repetition starts from a fresh cache. Warm-up (kernel compile or cache load, one untimed prompt and
 step) happens before any timed region. Token ids are fixed pseudo-random ids: no tokenizer time.
 Peak RSS is the process high-water mark (VmHWM); `rss_beyond_model_mb` subtracts the part of it that is
@@ -33,6 +36,7 @@ class BenchResult:
     n_gen: int
     reps: int
     load_s: float
+    n_depth: int = 0
     pp_tok_s: float | None = None
     tg_tok_s: float | None = None
     ttft_s: float | None = None
@@ -86,14 +90,15 @@ def _ids(n_vocab: int, n: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(10, n_vocab - 10, max(n, 1)).astype(np.int64)
 
 
-def _prefill(model, kv, ids: np.ndarray, seq: int = 0) -> np.ndarray:
-    """One forward over the prompt, or where a sliding-window cache takes fewer tokens of a sequence per
-    forward (gemma3: 512), consecutive forwards of that many, as llama-bench's 512-token ubatches do."""
+def _prefill(model, kv, ids: np.ndarray, seq: int = 0, start: int = 0) -> np.ndarray:
+    """One forward over the prompt (at positions start ..), or where a sliding-window cache takes fewer
+    tokens of a sequence per forward (gemma3: 512), consecutive forwards of that many, as llama-bench's
+    512-token ubatches do."""
     n = len(ids)
     step = kv.window_chunk if getattr(kv, "ring_layers", None) else n
     for s in range(0, n, step):
         e = min(n, s + step)
-        pos = np.arange(s, e)
+        pos = np.arange(start + s, start + e)
         logits = model.forward(
             ids[s:e], pos, np.full(e - s, seq, np.int64), kv, logits_rows=np.array([e - s - 1])
         )
@@ -109,6 +114,7 @@ def run_bench(
     n_gen: int = 64,
     reps: int = 5,
     n_ctx: int | None = None,
+    n_depth: int = 0,
     log=None,
     progress: Callable[[str], None] | None = None,
     cache_types: tuple[str, str] = ("f16", "f16"),
@@ -120,9 +126,10 @@ def run_bench(
         if progress is not None:
             progress(what)
 
-    ctx = n_ctx or (n_prompt + n_gen + 8)
-    if n_prompt + n_gen + 1 > ctx:
-        raise ValueError(f"-p {n_prompt} plus -n {n_gen} does not fit a context of {ctx}")
+    ctx = n_ctx or (n_depth + n_prompt + n_gen + 8)
+    if n_depth + n_prompt + n_gen + 1 > ctx:
+        what = f"-d {n_depth}, -p {n_prompt} and -n {n_gen}" if n_depth else f"-p {n_prompt} and -n {n_gen}"
+        raise ValueError(f"{what} do not fit a context of {ctx}")
     llm = LLM(
         model, backend=backend, threads=threads, n_ctx=ctx, log=log, cache_type_k=cache_types[0],
         cache_type_v=cache_types[1],
@@ -141,12 +148,16 @@ def run_bench(
     for i in range(3):
         m.decode_step(prompt[:1], np.array([8 + i]), one, kv)
 
+    depth = _ids(n_vocab, n_depth, seed=1)[:n_depth]
     pp, tg, ttft = [], [], []
     for rep in range(reps):
+        if n_depth > 0:
+            stage(f"depth {n_depth} {rep + 1}/{reps}")
+            _prefill(m, kv, depth)
         if n_prompt > 0:
             stage(f"pp{n_prompt} {rep + 1}/{reps}")
             t0 = time.perf_counter()
-            logits = _prefill(m, kv, prompt)
+            logits = _prefill(m, kv, prompt, start=n_depth)
             tok = int(np.argmax(logits[-1]))
             dt = time.perf_counter() - t0
             pp.append(n_prompt / dt)
@@ -155,7 +166,7 @@ def run_bench(
             tok = int(prompt[0])
         if n_gen > 0:
             stage(f"tg{n_gen} {rep + 1}/{reps}")
-            start = max(n_prompt, 1)
+            start = n_depth + max(n_prompt, 1)
             tok_arr = np.array([tok], np.int64)
             t0 = time.perf_counter()
             for i in range(n_gen):
@@ -178,6 +189,7 @@ def run_bench(
         n_gen=n_gen,
         reps=reps,
         load_s=llm.load_s,
+        n_depth=n_depth,
         pp_tok_s=statistics.median(pp) if pp else None,
         tg_tok_s=statistics.median(tg) if tg else None,
         ttft_s=statistics.median(ttft) if ttft else None,
@@ -200,10 +212,11 @@ def format_result(r: BenchResult) -> str:
         "| model | backend | threads | test | t/s |",
         "|---|---|---|---|---|",
     ]
+    at = f" @ d{r.n_depth}" if r.n_depth else ""  # (llama-bench writes a test at depth so)
     if r.pp_tok_s is not None:
-        lines.append(f"| {name} | {r.backend} | {r.threads} | pp{r.n_prompt} | {r.pp_tok_s:.2f} |")
+        lines.append(f"| {name} | {r.backend} | {r.threads} | pp{r.n_prompt}{at} | {r.pp_tok_s:.2f} |")
     if r.tg_tok_s is not None:
-        lines.append(f"| {name} | {r.backend} | {r.threads} | tg{r.n_gen} | {r.tg_tok_s:.2f} |")
+        lines.append(f"| {name} | {r.backend} | {r.threads} | tg{r.n_gen}{at} | {r.tg_tok_s:.2f} |")
     lines.append(
         f"load {r.load_s * 1e3:.0f} ms · time to first token (pp{r.n_prompt}) {f(r.ttft_s, '.3f')} s · "
         f"peak RSS {f(r.peak_rss_mb, '.0f')} MiB ({f(r.rss_beyond_model_mb, '.0f')} MiB beyond the model) · "

@@ -121,10 +121,13 @@ def bench(
     model_opt: str | None = model_option(),
     n_prompt: int = typer.Option(128, "-p", "--n-prompt", min=0, help="Prompt tokens (pp test)."),
     n_gen: int = typer.Option(64, "-n", "--n-gen", min=0, help="Generated tokens (tg test)."),
+    n_depth: int = typer.Option(
+        0, "-d", "--n-depth", min=0, help="Tokens already in the cache before each test (llama-bench's -d)."
+    ),
     reps: int = typer.Option(5, "-r", "--repetitions", min=1, help="Repetitions; medians are reported."),
     threads: int | None = typer.Option(None, "-t", "--threads"),
     backend: str = typer.Option("auto", "--backend", help=BACKEND_HELP),
-    ctx: int | None = typer.Option(None, "-c", "--ctx-size", help="KV cache size (default: -p + -n)."),
+    ctx: int | None = typer.Option(None, "-c", "--ctx-size", help="KV cache size (default: -d + -p + -n)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     cache_type_k: str = CACHE_OPTIONS["cache_type_k"](),
     cache_type_v: str = CACHE_OPTIONS["cache_type_v"](),
@@ -142,6 +145,7 @@ def bench(
             n_gen=n_gen,
             reps=reps,
             n_ctx=ctx,
+            n_depth=n_depth,
             log=lambda m: print(m, file=sys.stderr),
             progress=progress,
             cache_types=(cache_type_k, cache_type_v),

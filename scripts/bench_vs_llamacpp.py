@@ -2,7 +2,7 @@
 
     python scripts/bench_vs_llamacpp.py --llama-bench PATH [--llama-quantize PATH]
         [--models smollm2-135m gemma3-270m] [--variants Q4_0 Q8_0 F16] [--threads 1 2]
-        [--backends native numba] [-p 128] [-n 64] [--rounds 3] [--json OUT] [--device vulkan]
+        [--backends native numba] [-p 128] [-n 64] [-d 0] [--rounds 3] [--json OUT] [--device vulkan]
 
 llama-bench is built from the llama-cpp-python sdist (`pip download --no-binary :all: --no-deps
 llama-cpp-python`, then in vendor/llama.cpp: `cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF
@@ -16,6 +16,9 @@ falls on both sides alike; the table reports medians over the rounds and edgellm
 also measures this machine's memory read bandwidth (numpy sum over 1 GiB, 1 and N threads) and reports
 generation tok/s × weight bytes per token as a share of it, and the time from process start to the first
 token of `edgellm run MODEL -p hi -n 1` (second run, so caches are warm).
+
+`-d N` runs every test at depth N (N tokens already in the cache, untimed: llama-bench's -d); edgellm's
+tg steps follow its -p prompt, llama-bench's do not, so tg at depth is compared with `-p 0`.
 
 `--device vulkan` compares on a GPU (or lavapipe): llama-bench (a build with -DGGML_VULKAN=ON) with every
 layer offloaded (-ngl 99) against `edgellm bench --backend vulkan` (--backends then defaults to vulkan).
@@ -87,13 +90,16 @@ def cpu_description() -> dict:
 SIMD_FLAGS = {"sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "asimd", "asimddp", "i8mm", "sve", "bf16"}
 
 
-def llama_bench(exe: str, model: Path, threads: int, n_prompt: int, n_gen: int, device: str | None) -> dict:
+def llama_bench(
+    exe: str, model: Path, threads: int, n_prompt: int, n_gen: int, device: str | None, depth: int = 0
+) -> dict:
     """pp and tg tok/s of one llama-bench repetition (every layer on the GPU with a device)."""
     gpu = ["-ngl", "99"] if device else ["-ngl", "0"]
     out = _run_json(
         [
             exe,
             *gpu,
+            *(["-d", str(depth)] if depth else []),
             "-m",
             str(model),
             "-t",
@@ -117,7 +123,7 @@ def llama_bench(exe: str, model: Path, threads: int, n_prompt: int, n_gen: int, 
     return res
 
 
-def edgellm_bench(model: Path, backend: str, threads: int, n_prompt: int, n_gen: int) -> dict:
+def edgellm_bench(model: Path, backend: str, threads: int, n_prompt: int, n_gen: int, depth: int = 0) -> dict:
     out = _run_json(
         [
             sys.executable,
@@ -125,6 +131,7 @@ def edgellm_bench(model: Path, backend: str, threads: int, n_prompt: int, n_gen:
             "edgellm.cli",
             "bench",
             str(model),
+            *(["-d", str(depth)] if depth else []),
             "--backend",
             backend,
             "-t",
@@ -229,6 +236,7 @@ def main() -> int:
     ap.add_argument("--device", choices=["vulkan", "metal"], help="compare on this GPU backend (-ngl 99)")
     ap.add_argument("-p", type=int, default=128)
     ap.add_argument("-n", type=int, default=64)
+    ap.add_argument("-d", type=int, default=0, help="tokens in the cache before each test (tg: with -p 0)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", type=Path, help="write every sample here")
     a = ap.parse_args()
@@ -255,10 +263,10 @@ def main() -> int:
             for t in a.threads:
                 print(f"round {r + 1}/{a.rounds}: {f.name} -t {t}", file=sys.stderr, flush=True)
                 samples.setdefault((f.name, t, "llama.cpp"), []).append(
-                    llama_bench(a.llama_bench, f, t, a.p, a.n, a.device)
+                    llama_bench(a.llama_bench, f, t, a.p, a.n, a.device, a.d)
                 )
                 for b in a.backends:
-                    samples.setdefault((f.name, t, b), []).append(edgellm_bench(f, b, t, a.p, a.n))
+                    samples.setdefault((f.name, t, b), []).append(edgellm_bench(f, b, t, a.p, a.n, a.d))
 
     bw = {t: memory_bandwidth_gbs(t) for t in sorted(set(a.threads))}
     ttft = {b: first_token_s(a.models[0], b) for b in a.backends}
@@ -269,7 +277,8 @@ def main() -> int:
 
     cpu = cpu_description()
     print(
-        f"\nmedians of {a.rounds} interleaved rounds, pp{a.p} / tg{a.n}, tokens/s; "
+        f"\nmedians of {a.rounds} interleaved rounds, pp{a.p} / tg{a.n}{f' at depth {a.d}' if a.d else ''}, "
+        "tokens/s; "
         "ratio = edgellm / llama.cpp\n"
         f"CPU: {cpu['model']}, {cpu['logical_cpus']} logical CPUs, flags {' '.join(cpu['flags'])}\n"
         "threads: asked (llama-bench's n_threads / edgellm's) and cores kept busy on average "

@@ -174,7 +174,7 @@ def test_bench_reports_speed_memory_and_weight_bytes_as_json(capsys, smollm2_pat
 
 def test_bench_rejects_a_context_too_small(capsys):
     rc, out, err = run(capsys, "bench", "-p", "64", "-n", "64", "-c", "32", "--backend", "reference")
-    assert rc == 1 and "does not fit" in err
+    assert rc == 1 and "-p 64 and -n 64 do not fit a context of 32" in err
 
 
 # -- what a llama.cpp user expects --------------------------------------------------------------------------
@@ -320,6 +320,26 @@ def test_bench_reports_each_stage_to_a_progress_callback(smollm2_path):
     assert stages == ["warm-up", "pp4 1/2", "tg2 1/2", "pp4 2/2", "tg2 2/2"]
     with _progress_line() as progress:  # stderr is not a terminal here: no spinner, no callback
         assert progress is None
+
+
+def test_bench_depth_fills_the_cache_before_each_test(monkeypatch, smollm2_path):
+    """-d as llama-bench's: every repetition first fills the cache (untimed), the prompt follows it."""
+    import edgellm.bench as bench
+
+    calls: list[tuple[int, int]] = []
+    real = bench._prefill
+
+    def spy(model, kv, ids, seq=0, start=0):
+        calls.append((len(ids), start))
+        return real(model, kv, ids, seq, start)
+
+    monkeypatch.setattr(bench, "_prefill", spy)
+    stages: list[str] = []
+    r = bench.run_bench("smollm2-135m", n_prompt=4, n_gen=2, reps=2, n_depth=20, progress=stages.append)
+    assert stages == ["warm-up", "depth 20 1/2", "pp4 1/2", "tg2 1/2", "depth 20 2/2", "pp4 2/2", "tg2 2/2"]
+    assert calls[1:] == [(20, 0), (4, 20)] * 2  # (the first: the warm-up's)
+    assert r.n_depth == 20 and r.pp_tok_s > 0 and r.tg_tok_s > 0
+    assert "pp4 @ d20" in bench.format_result(r)
 
 
 def test_chat_line_editing_falls_back_silently_without_readline(monkeypatch, tmp_path):
