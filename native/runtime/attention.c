@@ -455,10 +455,10 @@ static int64_t first_key(const ed_op *op, int64_t p) {
 
 static int64_t tile_rows(const ed_op *op) {
     if (op->n < 2 * ED_TILE_MAX) return 1; /* decode and short steps: one token per chunk */
-    const int64_t *pos = (const int64_t *)op->src7;
-    int64_t longest = 1;
-    for (int64_t r = 0; r < op->n; r++) longest = pos[r] + 1 > longest ? pos[r] + 1 : longest;
-    const int64_t group = op->m / op->i0, rows = ED_TILE_SCORES / (group * longest);
+    /* the keys of the first and last token stand for the longest (a prompt's positions ascend; this only
+     * sizes the tiles, whose scratch is sized by their own keys) */
+    const int64_t *pos = (const int64_t *)op->src7, last = pos[0] > pos[op->n - 1] ? pos[0] : pos[op->n - 1];
+    const int64_t group = op->m / op->i0, rows = ED_TILE_SCORES / (group * (last + 1));
     return rows >= ED_TILE_MAX ? ED_TILE_MAX : rows < 2 ? 1 : rows;
 }
 
