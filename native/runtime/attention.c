@@ -2,8 +2,9 @@
  * position p of sequence s lives at slot block_table[s, p / block_size] * block_size + p % block_size.
  *
  * Phase 0 stores the k, v rows of all n tokens (f32 -> f16, nearest even). Phase 1's chunks are (token,
- * kv head) pairs; each attends causally over positions max(0, p - window + 1) .. p of its sequence, for
- * every query head of the group at once (a key row is converted from f16 once per group). The float
+ * kv head) pairs, or in prompts (tile of up to 16 consecutive tokens, kv head) pairs; each token attends
+ * causally over positions max(0, p - window + 1) .. p of its sequence, for every query head of the group
+ * (of the tile) at once: a key row is converted from f16 once per group (per tile). The float
  * operations are the reference backend's: q rounded to f16, q.k * scale, optional softcap
  * c * tanh(s / c), softmax in f32, weights rounded to f16 before their product with the values. The q.k
  * sums run over 8 lanes, combined in a fixed order: the result does not depend on the thread count.
