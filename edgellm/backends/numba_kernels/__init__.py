@@ -188,12 +188,7 @@ def compile_family(family: str) -> None:
 
     if family == "ops":
         with global_compiler_lock:
-            saved = numba.config.SLP_VECTORIZE
-            numba.config.SLP_VECTORIZE = 1  # (_dot_lanes' eight sums; no op's float order changes)
-            try:
-                _compile_ops()
-            finally:
-                numba.config.SLP_VECTORIZE = saved
+            _compile_ops()
         _COMPILED.add(family)
         return
 

@@ -60,34 +60,6 @@ def _slot(table, block_size, s, p):
     return table[s, p // block_size] * block_size + p % block_size
 
 
-@njit(cache=True, inline="always")
-def _dot_lanes(a, b, n):
-    """a . b over n elements as the native backend's AVX loops sum it (attention.c qk_avx): eight float32
-    lanes, lane l over the elements l, l + 8, ... in order, then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) +
-    (l6 + l7)); one lane in order where n is not a multiple of 8. Eight independent sums vectorize; one
-    sequential sum cannot."""
-    if n % 8:
-        s = F32(0)
-        for d in range(n):
-            s += a[d] * b[d]
-        return s
-    z = F32(0)
-    acc = (z, z, z, z, z, z, z, z)
-    for d0 in range(0, n, 8):
-        x, y = a[d0 : d0 + 8], b[d0 : d0 + 8]
-        acc = (
-            acc[0] + x[0] * y[0],
-            acc[1] + x[1] * y[1],
-            acc[2] + x[2] * y[2],
-            acc[3] + x[3] * y[3],
-            acc[4] + x[4] * y[4],
-            acc[5] + x[5] * y[5],
-            acc[6] + x[6] * y[6],
-            acc[7] + x[7] * y[7],
-        )
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
-
-
 @njit(cache=True, nogil=True)
 def attention(q, k, v, kc, vc, table, block_size, seq_ids, positions, scale, window, softcap, out):
     """Store k, v (N, Hkv, Dh) into this layer's caches kc, vc (slots, Hkv, Dh) uint16 (f16 bits) at
@@ -107,7 +79,7 @@ def attention(q, k, v, kc, vc, table, block_size, seq_ids, positions, scale, win
                 kc[slot, hh, d] = f32_to_f16_bits(k[r, hh, d])
                 vc[slot, hh, d] = f32_to_f16_bits(v[r, hh, d])
     # per key/value head: each cached row is decoded from f16 once and meets the `group` query heads that
-    # share it; a score sums over d in _dot_lanes' order, an output over positions in order
+    # share it; every score and output keeps the per-head summation order (over d, then over positions)
     qg = np.empty((group, dh), F32)
     kf = np.empty(dh, F32)
     acc = np.empty((group, dh), F32)
@@ -128,7 +100,10 @@ def attention(q, k, v, kc, vc, table, block_size, seq_ids, positions, scale, win
                 for d in range(dh):
                     kf[d] = _f16_bits_to_f32(krow[d])
                 for i in range(group):
-                    s = _dot_lanes(qg[i], kf, dh) * scale
+                    s = F32(0)
+                    for d in range(dh):
+                        s += qg[i, d] * kf[d]
+                    s = s * scale
                     if softcap > 0:
                         s = softcap * np.tanh(s / softcap)
                     scores[i, j] = s
