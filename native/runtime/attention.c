@@ -368,6 +368,15 @@ static int key_slots(const ed_op *op, const int32_t *blocks, int64_t lo, int64_t
     return 1;
 }
 
+/* raw scores x[0..n) -> x * scale, then softcap c * tanh(x / c) where the op has one */
+static void scale_scores(const ed_op *op, float *x, int64_t n) {
+    const float scale = op->f0, softcap = op->f1;
+    for (int64_t i = 0; i < n; i++) {
+        const float v = x[i] * scale;
+        x[i] = softcap > 0 ? ed_softcap(v, softcap) : v;
+    }
+}
+
 /* softmax over each of the group's rows of t scores, the weights rounded to f16 if `round` */
 static void softmax(float *sc, int64_t group, int64_t t, int round, const attn_loops *L, const ed_kernel_table *kt) {
     for (int64_t h = 0; h < group; h++) {
@@ -408,11 +417,7 @@ static void attend_q8(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_t
     const char *kc = (const char *)op->src3 + g * (krow / hkv), *vc = (const char *)op->src4 + g * (vrow / hkv);
     if (k8 && L->q8_scores_all) { /* every key at once: raw scores, then scale and softcap */
         L->q8_scores_all(qq, group, nb, kc, krow, slots, t, sc);
-        for (int64_t i = 0; i < group * t; i++) {
-            float x = sc[i] * scale;
-            if (softcap > 0) x = ed_softcap(x, softcap);
-            sc[i] = x;
-        }
+        scale_scores(op, sc, group * t);
     }
     for (int64_t j = 0; j < t && !(k8 && L->q8_scores_all); j++) {
         const char *key = kc + slots[j] * krow;
@@ -468,7 +473,6 @@ static int64_t tile_rows(const ed_op *op) {
 static int attend_tile(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_t r0, int64_t nt, int64_t g) {
     const int64_t n_head = op->m, hkv = op->i0, dh = op->k, group = n_head / hkv;
     const int64_t *seq = (const int64_t *)op->src6, *pos = (const int64_t *)op->src7;
-    const float scale = op->f0, softcap = op->f1;
     if (kind_of(op, 0) != ED_F16 || kind_of(op, 1) != ED_F16 || !L->scores || dh % 8) return 0;
     for (int64_t i = 0; i < nt; i++)
         if (seq[r0 + i] != seq[r0] || pos[r0 + i] != pos[r0] + i || slot_of(op, seq[r0], pos[r0 + i]) < 0) return 0;
@@ -487,11 +491,7 @@ static int attend_tile(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_
         const int64_t a = first_key(op, pos[r0] + i) - lo, b = i + (t - nt) + 1; /* this token's keys: a .. b-1 */
         for (int64_t h = 0; h < group; h++) {
             float *e = sc + (i * group + h) * t;
-            for (int64_t j = a; j < b; j++) {
-                float x = e[j] * scale;
-                if (softcap > 0) x = ed_softcap(x, softcap);
-                e[j] = x;
-            }
+            scale_scores(op, e + a, b - a);
             softmax(e + a, 1, b - a, 1, L, ctx->kt);
             memset(e, 0, sizeof(float) * (size_t)a);
             memset(e + b, 0, sizeof(float) * (size_t)(t - b));
@@ -551,11 +551,7 @@ static void attend_token(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int6
         const int32_t *blocks = table + s * op->i2;
         if (L->scores && dh % 8 == 0 && key_slots(op, blocks, lo, t, slots)) { /* all keys at once */
             L->scores(qh, group, dh, kc + g * dh, hkv * dh, slots, t, kbuf, sc);
-            for (int64_t i = 0; i < group * t; i++) {
-                float x = sc[i] * scale;
-                if (softcap > 0) x = ed_softcap(x, softcap);
-                sc[i] = x;
-            }
+            scale_scores(op, sc, group * t);
             softmax(sc, group, t, 1, L, ctx->kt);
             L->values(out, sc, group, dh, vc + g * dh, hkv * dh, slots, t);
             return;

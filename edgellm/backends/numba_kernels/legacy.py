@@ -16,9 +16,10 @@ import numpy as np
 from numba import njit
 
 from edgellm.backends.numba_kernels import simd
+from edgellm.backends.numba_kernels.simd import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 
 F32 = np.float32
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = range(6)  # kernel kinds
+IQ4_NL = 5  # kernel kinds: simd.py's, and this one
 # ggml-org/llama.cpp ggml/src/ggml-common.h kvalues_iq4nl
 _IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
 # _HIGH16[byte, k] = 16 if bit k of byte is set: the Q5 high bits of 8 elements from one byte of qh

@@ -21,7 +21,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = range(5)  # the same numbering as legacy.py's kinds
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = range(5)  # legacy.py's kinds (it takes them from here)
 BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q8_0: 34}
 GROUP = 8  # blocks per acc8_* call
 
@@ -124,14 +124,6 @@ def _pair_sums(builder, q, a):
     return _adjacent_sums(builder, builder.sext(_products(builder, q, a), _vec(_i32, 32)))
 
 
-def _halves_added(builder, x, y):
-    """<n x i32> x, y -> <n x i32>: x's adjacent pairs summed (first half), then y's."""
-    n = x.type.count
-    evens = _shuffle(builder, x, y, list(range(0, 2 * n, 2)))
-    odds = _shuffle(builder, x, y, list(range(1, 2 * n, 2)))
-    return builder.add(evens, odds)
-
-
 def _reduce_add(builder, v):
     fnty = ir.FunctionType(v.type.element, [v.type])
     name = f"llvm.vector.reduce.add.v{v.type.count}i{v.type.element.width}"
@@ -186,7 +178,10 @@ def _legacy_acc8(kind: int):
                 for b in range(GROUP)
             ]
             while len(sums) > 1:  # 8 x <16 x i32> -> <16 x i32>, lanes 2b and 2b + 1 from block b
-                sums = [_halves_added(builder, sums[i], sums[i + 1]) for i in range(0, len(sums), 2)]
+                pairs = [
+                    _shuffle(builder, sums[i], sums[i + 1], list(range(32))) for i in range(0, len(sums), 2)
+                ]
+                sums = [_adjacent_sums(builder, p) for p in pairs]
             f32 = ir.VectorType(ir.FloatType(), GROUP)
             fs = builder.sitofp(_adjacent_sums(builder, sums[0]), f32)
             dx = _f16s(builder, wp, 0, bb)
