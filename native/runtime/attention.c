@@ -48,13 +48,14 @@ typedef struct {
                float *row);
     void (*round_f16)(float *x, int64_t n); /* x = f16(x), nearest even */
     /* Optional, for dh a multiple of 8 and every key mapped: the same sums over all t keys of a (token,
-     * kv head) at once, keys at kv + slots[j] * stride. scores: sc[h * t + j] = q_h . f16(key j) (qk's
-     * bits; keys 8 at a time, their lane sums reduced together); values: out_h += w[h * t + j] * f16(value
-     * j) for j = 0..t-1 in order (pv's bits; the sums held in registers over all keys). */
+     * kv head) at once, keys at kv + slots[j] * stride. scores: sc[h * ldsc + j] = q_h . f16(key j) (qk's
+     * bits; keys 8 at a time, their lane sums reduced together); values: out_h[d] += w[h * ldw + j] *
+     * f16(value j)[d] for j = 0..t-1 in order and d in [d0, d1) (multiples of 8) (pv's bits; the sums held
+     * in registers over all keys). */
     void (*scores)(const float *q, int64_t group, int64_t dh, const uint16_t *kv, int64_t stride,
-                   const int64_t *slots, int64_t t, float *kbuf, float *sc);
-    void (*values)(float *out, const float *w, int64_t group, int64_t dh, const uint16_t *kv, int64_t stride,
-                   const int64_t *slots, int64_t t);
+                   const int64_t *slots, int64_t t, float *kbuf, float *sc, int64_t ldsc);
+    void (*values)(float *out, const float *w, int64_t ldw, int64_t group, int64_t dh, int64_t d0, int64_t d1,
+                   const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t);
     q8_isum_fn q8_isum;
     /* out_h += w[h * wstride] * row[d] for the group's heads: pv's float steps on a float32 row */
     void (*pv_f32)(float *out, const float *w, int64_t wstride, int64_t group, int64_t dh, const float *row);
@@ -189,43 +190,85 @@ ED_AVX static __m256 combine8(const __m256 *a) {
     return _mm256_add_ps(_mm256_permute2f128_ps(g1, g2, 0x20), _mm256_permute2f128_ps(g1, g2, 0x31));
 }
 
+/* Keys 8 at a time, each converted once into kbuf; per head the 8 keys' dot products run interleaved
+ * (d outer), 8 independent sums instead of one dependent chain per key: each key's lanes see the same
+ * operations in the same order as one key at a time. */
 ED_AVX static void scores_avx(const float *q, int64_t group, int64_t dh, const uint16_t *kv, int64_t stride,
-                              const int64_t *slots, int64_t t, float *kbuf, float *sc) {
+                              const int64_t *slots, int64_t t, float *kbuf, float *sc, int64_t ldsc) {
     for (int64_t j0 = 0; j0 < t; j0 += 8) {
         const int nk = t - j0 < 8 ? (int)(t - j0) : 8;
         for (int k = 0; k < nk; k++)
             for (int64_t d = 0; d < dh; d += 8)
                 _mm256_storeu_ps(kbuf + k * dh + d,
                                  _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kv + slots[j0 + k] * stride + d))));
+        if (nk < 8) memset(kbuf + nk * dh, 0, sizeof(float) * (size_t)((8 - nk) * dh)); /* finite, unused */
         for (int64_t h = 0; h < group; h++) {
             const float *a = q + h * dh;
             __m256 acc[8];
-            for (int k = 0; k < 8; k++) {
-                acc[k] = _mm256_setzero_ps();
-                if (k < nk)
-                    for (int64_t d = 0; d < dh; d += 8)
-                        acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(kbuf + k * dh + d)));
+            for (int k = 0; k < 8; k++) acc[k] = _mm256_setzero_ps();
+            for (int64_t d = 0; d < dh; d += 8) {
+                const __m256 x = _mm256_loadu_ps(a + d);
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(x, _mm256_loadu_ps(kbuf + k * dh + d)));
             }
             float r[8];
             _mm256_storeu_ps(r, combine8(acc));
-            memcpy(sc + h * t + j0, r, sizeof(float) * (size_t)nk);
+            memcpy(sc + h * ldsc + j0, r, sizeof(float) * (size_t)nk);
         }
     }
 }
 
-ED_AVX static void values_avx(float *out, const float *w, int64_t group, int64_t dh, const uint16_t *kv,
-                              int64_t stride, const int64_t *slots, int64_t t) {
-    for (int64_t h0 = 0; h0 < group; h0 += 8) {
-        const int64_t nh = group - h0 < 8 ? group - h0 : 8;
-        for (int64_t d = 0; d < dh; d += 8) {
-            __m256 acc[8];
-            for (int64_t h = 0; h < nh; h++) acc[h] = _mm256_loadu_ps(out + (h0 + h) * dh + d);
+/* out_h[d0..d0+16) += w[h * ldw + j] * value j for nh (<= 4, a constant where inlined) heads, j in order:
+ * 2 * nh independent sums */
+ED_AVX static inline __attribute__((always_inline)) void values16_avx(float *out, const float *w, int64_t ldw,
+                                                                    const int nh, int64_t dh, int64_t d0,
+                                                                    const uint16_t *kv, int64_t stride,
+                                                                    const int64_t *slots, int64_t t) {
+    __m256 lo[4], hi[4];
+    for (int h = 0; h < nh; h++) {
+        lo[h] = _mm256_loadu_ps(out + h * dh + d0);
+        hi[h] = _mm256_loadu_ps(out + h * dh + d0 + 8);
+    }
+    for (int64_t j = 0; j < t; j++) {
+        const uint16_t *src = kv + slots[j] * stride + d0;
+        const __m256 v0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)src));
+        const __m256 v1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + 8)));
+        for (int h = 0; h < nh; h++) {
+            const __m256 wj = _mm256_set1_ps(w[h * ldw + j]);
+            lo[h] = _mm256_add_ps(lo[h], _mm256_mul_ps(wj, v0));
+            hi[h] = _mm256_add_ps(hi[h], _mm256_mul_ps(wj, v1));
+        }
+    }
+    for (int h = 0; h < nh; h++) {
+        _mm256_storeu_ps(out + h * dh + d0, lo[h]);
+        _mm256_storeu_ps(out + h * dh + d0 + 8, hi[h]);
+    }
+}
+
+ED_AVX static void values_avx(float *out, const float *w, int64_t ldw, int64_t group, int64_t dh, int64_t d0,
+                              int64_t d1, const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t) {
+    for (int64_t h0 = 0; h0 < group; h0 += 4) {
+        const int64_t nh = group - h0 < 4 ? group - h0 : 4;
+        float *o = out + h0 * dh;
+        const float *wh = w + h0 * ldw;
+        int64_t d = d0;
+        for (; d + 16 <= d1; d += 16) {
+            switch (nh) {
+            case 4: values16_avx(o, wh, ldw, 4, dh, d, kv, stride, slots, t); break;
+            case 3: values16_avx(o, wh, ldw, 3, dh, d, kv, stride, slots, t); break;
+            case 2: values16_avx(o, wh, ldw, 2, dh, d, kv, stride, slots, t); break;
+            default: values16_avx(o, wh, ldw, 1, dh, d, kv, stride, slots, t); break;
+            }
+        }
+        for (; d < d1; d += 8) { /* an odd block of 8 */
+            __m256 acc[4];
+            for (int64_t h = 0; h < nh; h++) acc[h] = _mm256_loadu_ps(o + h * dh + d);
             for (int64_t j = 0; j < t; j++) {
                 const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kv + slots[j] * stride + d)));
                 for (int64_t h = 0; h < nh; h++)
-                    acc[h] = _mm256_add_ps(acc[h], _mm256_mul_ps(_mm256_set1_ps(w[(h0 + h) * t + j]), v));
+                    acc[h] = _mm256_add_ps(acc[h], _mm256_mul_ps(_mm256_set1_ps(wh[h * ldw + j]), v));
             }
-            for (int64_t h = 0; h < nh; h++) _mm256_storeu_ps(out + (h0 + h) * dh + d, acc[h]);
+            for (int64_t h = 0; h < nh; h++) _mm256_storeu_ps(o + h * dh + d, acc[h]);
         }
     }
 }
@@ -486,7 +529,7 @@ static int attend_tile(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_
         memcpy(qh + i * group * dh, (const float *)op->src0 + ((r0 + i) * n_head + g * group) * dh,
                sizeof(float) * group * dh);
     L->round_f16(qh, rows * dh);
-    L->scores(qh, rows, dh, (const uint16_t *)op->src3 + g * dh, hkv * dh, slots, t, kbuf, sc);
+    L->scores(qh, rows, dh, (const uint16_t *)op->src3 + g * dh, hkv * dh, slots, t, kbuf, sc, t);
     for (int64_t i = 0; i < nt; i++) {
         const int64_t a = first_key(op, pos[r0] + i) - lo, b = i + (t - nt) + 1; /* this token's keys: a .. b-1 */
         for (int64_t h = 0; h < group; h++) {
@@ -498,7 +541,7 @@ static int attend_tile(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_
         }
     }
     memset(acc, 0, sizeof(float) * rows * dh);
-    L->values(acc, sc, rows, dh, (const uint16_t *)op->src4 + g * dh, hkv * dh, slots, t);
+    L->values(acc, sc, t, rows, dh, 0, dh, (const uint16_t *)op->src4 + g * dh, hkv * dh, slots, t);
     for (int64_t i = 0; i < nt; i++)
         memcpy((float *)op->dst + ((r0 + i) * n_head + g * group) * dh, acc + i * group * dh, sizeof(float) * group * dh);
     return 1;
@@ -550,10 +593,10 @@ static void attend_token(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int6
         L->round_f16(qh, group * dh);
         const int32_t *blocks = table + s * op->i2;
         if (L->scores && dh % 8 == 0 && key_slots(op, blocks, lo, t, slots)) { /* all keys at once */
-            L->scores(qh, group, dh, kc + g * dh, hkv * dh, slots, t, kbuf, sc);
+            L->scores(qh, group, dh, kc + g * dh, hkv * dh, slots, t, kbuf, sc, t);
             scale_scores(op, sc, group * t);
             softmax(sc, group, t, 1, L, ctx->kt);
-            L->values(out, sc, group, dh, vc + g * dh, hkv * dh, slots, t);
+            L->values(out, sc, t, group, dh, 0, dh, vc + g * dh, hkv * dh, slots, t);
             return;
         }
         for (int pass = 0; pass < 2; pass++) { /* scores, softmax, then the weighted values */
