@@ -341,6 +341,55 @@ def test_prompt_tiles_give_the_bits_of_one_token_at_a_time(nb, window, softcap, 
     np.testing.assert_allclose(whole, expect, rtol=1e-4, atol=2e-4)
 
 
+@pytest.mark.parametrize("window,softcap", [(None, None), (280, None), (None, 30.0)])
+@pytest.mark.parametrize("heads", [(3, 3, 64), (1, 4, 256), (2, 7, 72)])
+def test_deep_decode_splits_its_keys_over_threads_with_the_bits_of_one_thread(nb, window, softcap, heads):
+    """A decode step hundreds of keys deep has fewer (token, kv head) pairs than threads: its keys are scored
+    in blocks, each row softmaxed, the values weighed per column block, on every thread; the bits are those
+    of one thread attending pair by pair. One token of one sequence, then a step of two sequences of
+    different depths (one too shallow to split alone)."""
+    hkv, group, dh = heads
+    deep, shallow = 300, 20
+    r = np.random.default_rng(17)
+    q = r.standard_normal((deep + shallow + 3, hkv * group, dh)).astype(np.float32)
+    k, v = r.standard_normal((2, deep + shallow + 3, hkv, dh)).astype(np.float32)
+    steps = [  # (sequence, positions) in order; the last two are the decode steps compared
+        ([0] * deep, range(deep)),
+        ([1] * shallow, range(shallow)),
+        ([0], [deep]),
+        ([0, 1], [deep + 1, shallow]),
+    ]
+    outs, split_chunks = {}, {}
+    for n_threads in (1, 2, 3):
+        with threads(nb, n_threads):
+            kv = nb.new_kv_cache(1, hkv, dh, 512, 2, 16, 64)
+            kv.block_table[:] = np.random.default_rng(3).permutation(64).astype(np.int32).reshape(2, 32)
+            seen = []
+
+            def spy(**fields):
+                # phase 2 (the rows' softmax) has chunks only where the keys are split
+                seen.append(native_mod.lib.ed_op_chunk_count(native_mod.ffi.new("ed_op *", fields), 2, n_threads))
+                native_mod.NativeBackend._exec(nb, **fields)
+
+            nb._exec = spy
+            try:
+                row = 0
+                for seqs, pos in steps:
+                    sl = slice(row, row + len(seqs))
+                    out = nb.attention(q[sl], k[sl], v[sl], kv, 0, np.array(seqs), np.array(list(pos)), 0.125,
+                                       window, softcap)  # fmt: skip
+                    outs.setdefault(n_threads, []).append(out)
+                    row += len(seqs)
+            finally:
+                del nb._exec
+            split_chunks[n_threads] = seen[2:]
+    assert split_chunks[1] == [0, 0]  # one thread attends pair by pair
+    assert all(c > 0 for c in split_chunks[2] + split_chunks[3]), split_chunks
+    for n_threads in (2, 3):
+        for a, b in zip(outs[1], outs[n_threads]):
+            assert np.array_equal(a, b)
+
+
 # -- captured plans ----------------------------------------------------------------------------------------
 TINY = {
     "llama": dict(arch="llama"),

@@ -2,7 +2,9 @@
  * position p of sequence s lives at slot block_table[s, p / block_size] * block_size + p % block_size.
  *
  * Phase 0 stores the k, v rows of all n tokens (f32 -> f16, nearest even). Phase 1's chunks are (token,
- * kv head) pairs, or in prompts (tile of up to 16 consecutive tokens, kv head) pairs; each token attends
+ * kv head) pairs, or in prompts (tile of up to 16 consecutive tokens, kv head) pairs, or in a deep decode
+ * step with fewer pairs than the threads want (token, kv head, key block), phases 2 and 3 then finishing
+ * the softmax and the values (split_plan_of, below: the same bits as pair by pair); each token attends
  * causally over positions max(0, p - window + 1) .. p of its sequence, for every query head of the group
  * (of the tile) at once: a key row is converted from f16 once per group (per tile). The float
  * operations are the reference backend's: q rounded to f16, q.k * scale, optional softcap
@@ -547,8 +549,121 @@ static int attend_tile(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_
     return 1;
 }
 
-int64_t ed_attention_chunks(const ed_op *op, int phase, int nth) {
+/* Deep decode: a step of a few tokens has few (token, kv head) pairs (gemma3 has one kv head), each over
+ * many keys, so most threads would idle while one attends. Such a step runs in three phases instead, as
+ * flash-decoding splits the keys, but without its rescaled partial sums: phase 1 scores (token, kv head,
+ * key block) chunks, phase 2 takes the softmax of each (token, head) row, phase 3 weighs the values in
+ * (token, kv head, column block) chunks. Every score, softmax row and output column is the per-token
+ * path's operations in its order, so the bits are those of attend_token on any thread count. Scores and
+ * the keys' slots live in the pool's shared scratch. */
+#define ED_SPLIT_MIN_KEYS 256 /* the most keys of a token in the step, at least */
+#define ED_SPLIT_MIN_BLOCK 128 /* keys per block, at least */
+
+typedef struct {
+    int64_t tmax;           /* the most keys of one token; row stride of the scores and slots */
+    int64_t kblock, kblocks; /* key blocks of a pair: keys [kb * kblock, (kb + 1) * kblock) */
+    int64_t dblock, dblocks; /* column blocks of a pair (multiples of 8) */
+} split_plan;
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* the most keys any token of the op attends over (positions clamped to the cache's) */
+static int64_t max_keys(const ed_op *op) {
+    const int64_t *pos = (const int64_t *)op->src7, cap = op->i1 * op->i2;
+    int64_t tmax = 0;
+    for (int64_t r = 0; r < op->n; r++) {
+        const int64_t p = pos[r] < 0 ? 0 : pos[r] >= cap ? cap - 1 : pos[r], t = p + 1 - first_key(op, p);
+        tmax = t > tmax ? t : tmax;
+    }
+    return tmax;
+}
+
+static int split_candidate(const ed_op *op, int nth) {
+    return nth > 1 && op->n > 0 && tile_rows(op) == 1 && op->n * op->i0 < 4 * (int64_t)nth;
+}
+
+/* whether the op's phase 1 splits over keys for nth threads, and how (0: it attends per pair) */
+static int split_plan_of(const ed_op *op, int nth, const ed_kernel_table *kt, split_plan *sp) {
+    const int64_t hkv = op->i0, dh = op->k, bs = op->i1, pairs = op->n * hkv;
+    if (!split_candidate(op, nth) || kind_of(op, 0) != ED_F16 || kind_of(op, 1) != ED_F16 || dh % 8 ||
+        !loops(kt)->scores)
+        return 0;
+    const int64_t tmax = max_keys(op);
+    if (tmax < ED_SPLIT_MIN_KEYS) return 0;
+    const int64_t *seq = (const int64_t *)op->src6, *pos = (const int64_t *)op->src7;
+    for (int64_t r = 0; r < op->n; r++) { /* every key mapped (the caller checked: else attend per pair) */
+        if (slot_of(op, seq[r], pos[r]) < 0) return 0;
+        const int32_t *blocks = (const int32_t *)op->src5 + seq[r] * op->i2;
+        for (int64_t b = first_key(op, pos[r]) / bs; b <= pos[r] / bs; b++)
+            if (blocks[b] < 0 || ((int64_t)blocks[b] + 1) * bs > op->i5) return 0;
+    }
+    const int64_t want = cdiv(4 * (int64_t)nth, pairs); /* chunks per pair for about 4 per thread */
+    int64_t kb = want < tmax / ED_SPLIT_MIN_BLOCK ? want : tmax / ED_SPLIT_MIN_BLOCK;
+    sp->tmax = tmax;
+    sp->kblock = cdiv(cdiv(tmax, kb), 8) * 8;
+    sp->kblocks = cdiv(tmax, sp->kblock);
+    const int64_t db = want < dh / 8 ? want : dh / 8;
+    sp->dblock = cdiv(cdiv(dh, db), 8) * 8;
+    sp->dblocks = cdiv(dh, sp->dblock);
+    return 1;
+}
+
+size_t ed_attention_shared_scratch(const ed_op *op, int nth) {
+    if (!split_candidate(op, nth)) return 0;
+    const int64_t tmax = max_keys(op); /* scores (n, n_head, tmax) and slots (n, tmax) */
+    return tmax < ED_SPLIT_MIN_KEYS ? 0 : (size_t)(op->n * tmax) * (sizeof(float) * (size_t)op->m + sizeof(int64_t));
+}
+
+static int64_t *split_slots(const ed_op *op, ed_ctx *ctx, const split_plan *sp) {
+    return (int64_t *)((float *)ed_shared_scratch(ctx) + op->n * op->m * sp->tmax);
+}
+
+/* phase 1: chunk = (token r, kv head g, key block kb): raw scores, scaled and softcapped */
+static void split_scores(const ed_op *op, ed_ctx *ctx, const attn_loops *L, const split_plan *sp) {
+    const int64_t n_head = op->m, hkv = op->i0, dh = op->k, group = n_head / hkv;
+    const int64_t pair = ctx->chunk / sp->kblocks, kb = ctx->chunk % sp->kblocks, r = pair / hkv, g = pair % hkv;
+    const int64_t *seq = (const int64_t *)op->src6, *pos = (const int64_t *)op->src7;
+    const int64_t lo = first_key(op, pos[r]), t = pos[r] + 1 - lo, j0 = kb * sp->kblock;
+    const int64_t nk = t - j0 < sp->kblock ? t - j0 : sp->kblock;
+    if (nk <= 0) return;
+    /* scratch: this block's slots (nk), q (group, dh), 8 converted keys (8, dh) */
+    int64_t *slots = ed_thread_scratch(ctx, sizeof(int64_t) * nk + sizeof(float) * (group * dh + 8 * dh));
+    if (!slots) return;
+    float *qh = (float *)(slots + nk), *kbuf = qh + group * dh;
+    if (!key_slots(op, (const int32_t *)op->src5 + seq[r] * op->i2, lo + j0, nk, slots)) return;
+    if (g == 0) memcpy(split_slots(op, ctx, sp) + r * sp->tmax + j0, slots, sizeof(int64_t) * nk);
+    memcpy(qh, (const float *)op->src0 + (r * n_head + g * group) * dh, sizeof(float) * group * dh);
+    L->round_f16(qh, group * dh);
+    float *sc = (float *)ed_shared_scratch(ctx) + (r * n_head + g * group) * sp->tmax;
+    L->scores(qh, group, dh, (const uint16_t *)op->src3 + g * dh, hkv * dh, slots, nk, kbuf, sc + j0, sp->tmax);
+    for (int64_t h = 0; h < group; h++) scale_scores(op, sc + h * sp->tmax + j0, nk);
+}
+
+/* phase 2: chunk = (token, head) row */
+static void split_softmax(const ed_op *op, ed_ctx *ctx, const attn_loops *L, const split_plan *sp) {
+    const int64_t p = ((const int64_t *)op->src7)[ctx->chunk / op->m];
+    softmax((float *)ed_shared_scratch(ctx) + ctx->chunk * sp->tmax, 1, p + 1 - first_key(op, p), 1, L, ctx->kt);
+}
+
+/* phase 3: chunk = (token r, kv head g, column block): out[d0, d1) of the group's heads */
+static void split_values(const ed_op *op, ed_ctx *ctx, const attn_loops *L, const split_plan *sp) {
+    const int64_t n_head = op->m, hkv = op->i0, dh = op->k, group = n_head / hkv;
+    const int64_t pair = ctx->chunk / sp->dblocks, r = pair / hkv, g = pair % hkv, p = ((const int64_t *)op->src7)[r];
+    const int64_t d0 = ctx->chunk % sp->dblocks * sp->dblock, d1 = d0 + sp->dblock < dh ? d0 + sp->dblock : dh;
+    float *out = (float *)op->dst + (r * n_head + g * group) * dh;
+    for (int64_t h = 0; h < group; h++) memset(out + h * dh + d0, 0, sizeof(float) * (size_t)(d1 - d0));
+    const float *w = (const float *)ed_shared_scratch(ctx) + (r * n_head + g * group) * sp->tmax;
+    L->values(out, w, sp->tmax, group, dh, d0, d1, (const uint16_t *)op->src4 + g * dh, hkv * dh,
+              split_slots(op, ctx, sp) + r * sp->tmax, p + 1 - first_key(op, p));
+}
+
+int64_t ed_attention_chunks(const ed_op *op, int phase, int nth, const ed_kernel_table *kt) {
     if (phase == 0) return ed_row_chunks(op->n, nth); /* stores */
+    split_plan sp;
+    const int split = split_plan_of(op, nth, kt, &sp);
+    if (phase == 2) return split ? op->n * op->m : 0;
+    if (phase == 3) return split ? op->n * op->i0 * sp.dblocks : 0;
+    if (split) return op->n * op->i0 * sp.kblocks;
     const int64_t tr = tile_rows(op);
     return (op->n + tr - 1) / tr * op->i0; /* (tile of tokens, kv head) pairs */
 }
@@ -561,6 +676,13 @@ void ed_attention(const ed_op *op, int phase, ed_ctx *ctx) {
         return;
     }
     const attn_loops *L = loops(ctx->kt);
+    split_plan sp;
+    if (split_plan_of(op, ctx->nth, ctx->kt, &sp)) {
+        if (phase == 1) split_scores(op, ctx, L, &sp);
+        else if (phase == 2) split_softmax(op, ctx, L, &sp);
+        else split_values(op, ctx, L, &sp);
+        return;
+    }
     const int64_t hkv = op->i0, tr = tile_rows(op), r0 = ctx->chunk / hkv * tr, g = ctx->chunk % hkv;
     const int64_t nt = op->n - r0 < tr ? op->n - r0 : tr;
     if (nt > 1 && attend_tile(op, ctx, L, r0, nt, g)) return;

@@ -68,6 +68,11 @@ int ed_pool_threads(const ed_pool *pool);
  * then nothing was run; -2 when out of memory. */
 int ed_plan_run(ed_pool *pool, const ed_op *ops, int n_ops);
 
+/* How many chunks phase `phase` of an op is cut into when n_threads share it (0: the phase has nothing to
+ * do), -1 for a malformed op or a phase it does not have: for tests and tools that check how work is
+ * spread (an ATTENTION op of a deep decode step splits its keys: phases 2 and 3 have chunks). */
+int64_t ed_op_chunk_count(const ed_op *op, int phase, int n_threads);
+
 /* Checks of a decode step's inputs before a plan runs: 1 if a token is outside 0..n_vocab-1 (n_vocab < 0:
  * not checked), 2 if a (seq_ids[i], positions[i]) has no cache slot -- position outside 0..n_ctx-1,
  * sequence outside the table, or an unmapped block at or before the position's (reference.KVCache.slots'

@@ -12,12 +12,13 @@
 #define SMALL_ELEMS 16384 /* below this an elementwise op is one chunk: spreading it costs more than it saves */
 
 int64_t ed_matmul_chunks(const ed_op *op, int phase, int nth, const ed_kernel_table *kt);
-int64_t ed_attention_chunks(const ed_op *op, int phase, int nth);
+int64_t ed_attention_chunks(const ed_op *op, int phase, int nth, const ed_kernel_table *kt);
+size_t ed_attention_shared_scratch(const ed_op *op, int nth);
 
 int ed_op_phases(const ed_op *op) {
     switch (op->code) {
     case ED_OP_MATMUL: return op->i1 ? 1 : 2; /* quantize x, then dot products */
-    case ED_OP_ATTENTION: return 2;           /* store k, v, then attend */
+    case ED_OP_ATTENTION: return 4;           /* store k, v, then attend (deep decode: scores, softmax, values) */
     default: return 1;
     }
 }
@@ -25,7 +26,7 @@ int ed_op_phases(const ed_op *op) {
 int64_t ed_op_chunks(const ed_op *op, int phase, int nth, const ed_kernel_table *kt) {
     switch (op->code) {
     case ED_OP_MATMUL: return op->n ? ed_matmul_chunks(op, phase, nth, kt) : 0;
-    case ED_OP_ATTENTION: return ed_attention_chunks(op, phase, nth);
+    case ED_OP_ATTENTION: return ed_attention_chunks(op, phase, nth, kt);
     case ED_OP_GET_ROWS: case ED_OP_RMS_NORM: case ED_OP_ROPE: case ED_OP_COPY: return ed_row_chunks(op->n, nth);
     case ED_OP_SILU_MUL: case ED_OP_GELU_MUL: case ED_OP_ADD: case ED_OP_SCALE: case ED_OP_SOFTCAP: {
         const int64_t total = op->n * op->k;
@@ -36,7 +37,8 @@ int64_t ed_op_chunks(const ed_op *op, int phase, int nth, const ed_kernel_table 
     }
 }
 
-size_t ed_op_shared_scratch(const ed_op *op, const ed_kernel_table *kt) {
+size_t ed_op_shared_scratch(const ed_op *op, int nth, const ed_kernel_table *kt) {
+    if (op->code == ED_OP_ATTENTION) return ed_attention_shared_scratch(op, nth);
     return op->code == ED_OP_MATMUL ? ed_matmul_shared_scratch(op, kt) : 0;
 }
 

@@ -302,19 +302,28 @@ static int small(const ed_op *op) {
     }
 }
 
+int64_t ed_op_chunk_count(const ed_op *op, int phase, int n_threads) {
+    const ed_kernel_table *kt = kernels();
+    if (!kt || !ed_op_valid(op, kt) || phase < 0 || phase >= ed_op_phases(op)) return -1;
+    return ed_op_chunks(op, phase, n_threads < 1 ? 1 : n_threads, kt);
+}
+
 int ed_plan_run(ed_pool *pool, const ed_op *ops, int n_ops) {
     const ed_kernel_table *kt = pool->kt;
-    size_t shared = 0;
-    for (int i = 0; i < n_ops; i++) {
+    for (int i = 0; i < n_ops; i++)
         if (!ed_op_valid(&ops[i], kt)) return -1;
-        size_t s = ed_op_shared_scratch(&ops[i], kt);
-        if (s > shared) shared = s;
-    }
     if (n_ops == 0) return 0;
     pthread_mutex_lock(&pool->run_mu);
     if (pool->pid != getpid()) { /* forked: the workers stayed in the parent; run alone from now on */
         pool->n_threads = 1;
         pool->pid = getpid();
+    }
+    /* one small op (eager mode) runs on the caller alone: waking the workers costs more than it saves */
+    const int nth = n_ops == 1 && small(ops) ? 1 : pool->n_threads;
+    size_t shared = 0;
+    for (int i = 0; i < n_ops; i++) {
+        const size_t s = ed_op_shared_scratch(&ops[i], nth, kt);
+        shared = s > shared ? s : shared;
     }
     int rc = 0;
     if (shared > pool->shared_bytes) {
@@ -324,8 +333,6 @@ int ed_plan_run(ed_pool *pool, const ed_op *ops, int n_ops) {
         pool->shared_bytes = pool->shared ? shared : 0;
         if (!pool->shared) rc = -2;
     }
-    /* one small op (eager mode) runs on the caller alone: waking the workers costs more than it saves */
-    const int nth = n_ops == 1 && small(ops) ? 1 : pool->n_threads;
     const int g = atomic_load(&pool->generation) + 1, b = g & 1;
     /* a worker that lost its core two runs ago may still be walking list b (finding nothing to do) */
     for (unsigned spins = 0; atomic_load(&pool->inside[b]) > 0; spins++) {

@@ -23,8 +23,9 @@ typedef struct {
 int ed_op_phases(const ed_op *op);
 /* Chunks of work in a phase of an op when nth threads share it (0: nothing to do). */
 int64_t ed_op_chunks(const ed_op *op, int phase, int nth, const ed_kernel_table *kt);
-/* Bytes of the shared scratch the op needs (quantized activations), 0 if none. */
-size_t ed_op_shared_scratch(const ed_op *op, const ed_kernel_table *kt);
+/* Bytes of the shared scratch the op needs with nth threads (quantized activations, deep decode's
+ * attention scores), 0 if none. */
+size_t ed_op_shared_scratch(const ed_op *op, int nth, const ed_kernel_table *kt);
 /* Whether the op's fields are usable with this kernel table (type has a kernel, sizes divide). */
 int ed_op_valid(const ed_op *op, const ed_kernel_table *kt);
 /* Run chunk ctx->chunk of ctx->n_chunks of a phase of an op. */
