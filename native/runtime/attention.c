@@ -68,6 +68,12 @@ typedef struct {
                           const int64_t *slots, int64_t t, float *sc);
     void (*q8_values_all)(float *out, const float *w, int64_t group, int64_t nb, const char *base, int64_t stride,
                           const int64_t *slots, int64_t t);
+    /* softmax's elementwise steps: the largest of x[0..n) (NaN never wins: -inf if all are), x -= m,
+     * x /= d, x *= s (exact per element, so any width gives the same bits) */
+    float (*max_of)(const float *x, int64_t n);
+    void (*sub)(float *x, int64_t n, float m);
+    void (*div)(float *x, int64_t n, float d);
+    void (*mul)(float *x, int64_t n, float s);
 } attn_loops;
 
 static float combine(const float *l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
@@ -136,7 +142,51 @@ static void round_f16_c(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = ed_f16_round(x[i]);
 }
 
-static const attn_loops loops_c = {qk_c, pv_c, round_f16_c, NULL, NULL, q8_isum_c, pv_f32_c, NULL, NULL};
+static float max_of_c(const float *x, int64_t n) {
+    float m = -INFINITY;
+    for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+static void sub_c(float *x, int64_t n, float m) {
+    for (int64_t i = 0; i < n; i++) x[i] -= m;
+}
+
+static void div_c(float *x, int64_t n, float d) {
+    for (int64_t i = 0; i < n; i++) x[i] /= d;
+}
+
+static void mul_c(float *x, int64_t n, float s) {
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
+/* all keys at once, one at a time: qk_c's and pv_c's operations (dh a multiple of 8) */
+static void scores_c(const float *q, int64_t group, int64_t dh, const uint16_t *kv, int64_t stride,
+                     const int64_t *slots, int64_t t, float *kbuf, float *sc, int64_t ldsc) {
+    float s[64];
+    for (int64_t h0 = 0; h0 < group; h0 += 64) {
+        const int64_t nh = group - h0 < 64 ? group - h0 : 64;
+        for (int64_t j = 0; j < t; j++) {
+            qk_c(q + h0 * dh, nh, dh, kv + slots[j] * stride, kbuf, s);
+            for (int64_t h = 0; h < nh; h++) sc[(h0 + h) * ldsc + j] = s[h];
+        }
+    }
+}
+
+static void values_c(float *out, const float *w, int64_t ldw, int64_t group, int64_t dh, int64_t d0, int64_t d1,
+                     const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t) {
+    for (int64_t j = 0; j < t; j++) {
+        const uint16_t *v = kv + slots[j] * stride;
+        for (int64_t h = 0; h < group; h++) {
+            const float wh = w[h * ldw + j];
+            float *y = out + h * dh;
+            for (int64_t d = d0; d < d1; d++) y[d] += wh * ed_rt_f16_lut[v[d]];
+        }
+    }
+}
+
+static const attn_loops loops_c = {qk_c, pv_c, round_f16_c, scores_c, values_c, q8_isum_c, pv_f32_c, NULL, NULL,
+                                   max_of_c, sub_c, div_c, mul_c};
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -199,6 +249,8 @@ ED_AVX static void scores_avx(const float *q, int64_t group, int64_t dh, const u
                               const int64_t *slots, int64_t t, float *kbuf, float *sc, int64_t ldsc) {
     for (int64_t j0 = 0; j0 < t; j0 += 8) {
         const int nk = t - j0 < 8 ? (int)(t - j0) : 8;
+        for (int64_t j = j0 + 16; j < j0 + 24 && j < t; j++) /* the rows two groups ahead */
+            for (int64_t d = 0; d < dh; d += 32) __builtin_prefetch(kv + slots[j] * stride + d);
         for (int k = 0; k < nk; k++)
             for (int64_t d = 0; d < dh; d += 8)
                 _mm256_storeu_ps(kbuf + k * dh + d,
@@ -221,17 +273,22 @@ ED_AVX static void scores_avx(const float *q, int64_t group, int64_t dh, const u
 }
 
 /* out_h[d0..d0+16) += w[h * ldw + j] * value j for nh (<= 4, a constant where inlined) heads, j in order:
- * 2 * nh independent sums */
+ * 2 * nh independent sums. With pf_end > pf_begin, also prefetches value row j + ED_VPF's columns
+ * [pf_begin, pf_end) while at key j (up to key t_pf). */
+#define ED_VPF 8
 ED_AVX static inline __attribute__((always_inline)) void values16_avx(float *out, const float *w, int64_t ldw,
                                                                     const int nh, int64_t dh, int64_t d0,
                                                                     const uint16_t *kv, int64_t stride,
-                                                                    const int64_t *slots, int64_t t) {
+                                                                    const int64_t *slots, int64_t t,
+                                                                    int64_t pf_begin, int64_t pf_end, int64_t t_pf) {
     __m256 lo[4], hi[4];
     for (int h = 0; h < nh; h++) {
         lo[h] = _mm256_loadu_ps(out + h * dh + d0);
         hi[h] = _mm256_loadu_ps(out + h * dh + d0 + 8);
     }
     for (int64_t j = 0; j < t; j++) {
+        if (pf_end > pf_begin && j + ED_VPF < t_pf)
+            for (int64_t e = pf_begin; e < pf_end; e += 32) __builtin_prefetch(kv + slots[j + ED_VPF] * stride + e);
         const uint16_t *src = kv + slots[j] * stride + d0;
         const __m256 v0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)src));
         const __m256 v1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + 8)));
@@ -247,30 +304,40 @@ ED_AVX static inline __attribute__((always_inline)) void values16_avx(float *out
     }
 }
 
+/* Keys in blocks of ED_VBLOCK: the block's value rows [d0, d1) come from memory in the first column pass
+ * (which prefetches the lines of the rows ED_VPF keys ahead) and from L1 in the others; each sum's terms
+ * are still added in key order (an accumulator goes to out and back between blocks, exactly). */
+#define ED_VBLOCK 32
 ED_AVX static void values_avx(float *out, const float *w, int64_t ldw, int64_t group, int64_t dh, int64_t d0,
                               int64_t d1, const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t) {
-    for (int64_t h0 = 0; h0 < group; h0 += 4) {
-        const int64_t nh = group - h0 < 4 ? group - h0 : 4;
-        float *o = out + h0 * dh;
-        const float *wh = w + h0 * ldw;
-        int64_t d = d0;
-        for (; d + 16 <= d1; d += 16) {
-            switch (nh) {
-            case 4: values16_avx(o, wh, ldw, 4, dh, d, kv, stride, slots, t); break;
-            case 3: values16_avx(o, wh, ldw, 3, dh, d, kv, stride, slots, t); break;
-            case 2: values16_avx(o, wh, ldw, 2, dh, d, kv, stride, slots, t); break;
-            default: values16_avx(o, wh, ldw, 1, dh, d, kv, stride, slots, t); break;
+    for (int64_t j0 = 0; j0 < t; j0 += ED_VBLOCK) {
+        const int64_t nj = t - j0 < ED_VBLOCK ? t - j0 : ED_VBLOCK;
+        for (int64_t h0 = 0; h0 < group; h0 += 4) {
+            const int64_t nh = group - h0 < 4 ? group - h0 : 4;
+            float *o = out + h0 * dh;
+            const float *wh = w + h0 * ldw + j0;
+            const int64_t *sl = slots + j0;
+            int64_t d = d0;
+            for (; d + 16 <= d1; d += 16) {
+                const int first = h0 == 0 && d == d0; /* prefetches the next rows' [d0, d1) */
+                const int64_t pb = first ? d0 : 0, pe = first ? d1 : 0, tp = t - j0;
+                switch (nh) {
+                case 4: values16_avx(o, wh, ldw, 4, dh, d, kv, stride, sl, nj, pb, pe, tp); break;
+                case 3: values16_avx(o, wh, ldw, 3, dh, d, kv, stride, sl, nj, pb, pe, tp); break;
+                case 2: values16_avx(o, wh, ldw, 2, dh, d, kv, stride, sl, nj, pb, pe, tp); break;
+                default: values16_avx(o, wh, ldw, 1, dh, d, kv, stride, sl, nj, pb, pe, tp); break;
+                }
             }
-        }
-        for (; d < d1; d += 8) { /* an odd block of 8 */
-            __m256 acc[4];
-            for (int64_t h = 0; h < nh; h++) acc[h] = _mm256_loadu_ps(o + h * dh + d);
-            for (int64_t j = 0; j < t; j++) {
-                const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kv + slots[j] * stride + d)));
-                for (int64_t h = 0; h < nh; h++)
-                    acc[h] = _mm256_add_ps(acc[h], _mm256_mul_ps(_mm256_set1_ps(wh[h * ldw + j]), v));
+            for (; d < d1; d += 8) { /* an odd block of 8 */
+                __m256 acc[4];
+                for (int64_t h = 0; h < nh; h++) acc[h] = _mm256_loadu_ps(o + h * dh + d);
+                for (int64_t j = 0; j < nj; j++) {
+                    const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kv + sl[j] * stride + d)));
+                    for (int64_t h = 0; h < nh; h++)
+                        acc[h] = _mm256_add_ps(acc[h], _mm256_mul_ps(_mm256_set1_ps(wh[h * ldw + j]), v));
+                }
+                for (int64_t h = 0; h < nh; h++) _mm256_storeu_ps(o + h * dh + d, acc[h]);
             }
-            for (int64_t h = 0; h < nh; h++) _mm256_storeu_ps(o + h * dh + d, acc[h]);
         }
     }
 }
@@ -355,8 +422,39 @@ ED_AVX2 static void q8_values_all_avx2(float *out, const float *w, int64_t group
     }
 }
 
-static const attn_loops loops_avx = {qk_avx,     pv_avx,          round_f16_avx,       scores_avx,        values_avx,
-                                     q8_isum_avx2, pv_f32_avx, q8_scores_all_avx2, q8_values_all_avx2};
+/* max(x, m) keeps m where x is NaN or equal (vmaxps returns its second operand then), as x > m ? x : m */
+ED_AVX static float max_of_avx(const float *x, int64_t n) {
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + i), m);
+    float l[8], r = -INFINITY;
+    _mm256_storeu_ps(l, m);
+    for (int k = 0; k < 8; k++) r = l[k] > r ? l[k] : r;
+    for (; i < n; i++) r = x[i] > r ? x[i] : r;
+    return r;
+}
+
+ED_AVX static void sub_avx(float *x, int64_t n, float m) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(m)));
+    for (; i < n; i++) x[i] -= m;
+}
+
+ED_AVX static void div_avx(float *x, int64_t n, float d) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_div_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(d)));
+    for (; i < n; i++) x[i] /= d;
+}
+
+ED_AVX static void mul_avx(float *x, int64_t n, float s) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(s)));
+    for (; i < n; i++) x[i] *= s;
+}
+
+static const attn_loops loops_avx = {qk_avx,       pv_avx,     round_f16_avx,      scores_avx,         values_avx,
+                                     q8_isum_avx2, pv_f32_avx, q8_scores_all_avx2, q8_values_all_avx2, max_of_avx,
+                                     sub_avx,      div_avx,    mul_avx};
 #endif
 
 static const attn_loops *loops(const ed_kernel_table *kt) {
@@ -414,24 +512,44 @@ static int key_slots(const ed_op *op, const int32_t *blocks, int64_t lo, int64_t
 }
 
 /* raw scores x[0..n) -> x * scale, then softcap c * tanh(x / c) where the op has one */
-static void scale_scores(const ed_op *op, float *x, int64_t n) {
+static void scale_scores(const ed_op *op, float *x, int64_t n, const attn_loops *L) {
     const float scale = op->f0, softcap = op->f1;
-    for (int64_t i = 0; i < n; i++) {
-        const float v = x[i] * scale;
-        x[i] = softcap > 0 ? ed_softcap(v, softcap) : v;
-    }
+    L->mul(x, n, scale);
+    if (softcap > 0)
+        for (int64_t i = 0; i < n; i++) x[i] = ed_softcap(x[i], softcap);
 }
 
-/* softmax over each of the group's rows of t scores, the weights rounded to f16 if `round` */
-static void softmax(float *sc, int64_t group, int64_t t, int round, const attn_loops *L, const ed_kernel_table *kt) {
-    for (int64_t h = 0; h < group; h++) {
-        float *e = sc + h * t, mx = -INFINITY, total = 0.0f;
-        for (int64_t j = 0; j < t; j++) mx = e[j] > mx ? e[j] : mx;
-        for (int64_t j = 0; j < t; j++) e[j] -= mx;
-        ed_exp_span(e, t, kt);
-        for (int64_t j = 0; j < t; j++) total += e[j];
-        for (int64_t j = 0; j < t; j++) e[j] /= total;
-        if (round) L->round_f16(e, t);
+/* the sums of nr (a constant where inlined, <= 4) rows e + h * ld, each over j = 0..t-1 in order: the rows'
+ * dependent chains interleave */
+static inline __attribute__((always_inline)) void row_sums(const float *e, int64_t ld, int64_t t, const int nr,
+                                                           float *total) {
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t j = 0; j < t; j++)
+        for (int h = 0; h < nr; h++) s[h] += e[h * ld + j];
+    for (int h = 0; h < nr; h++) total[h] = s[h];
+}
+
+/* softmax over each of `rows` rows of t scores (row h at sc + h * ld), the weights rounded to f16 if
+ * `round`: per row m = max, e = exp(x - m), e / Σe with the sum taken in order */
+static void softmax(float *sc, int64_t rows, int64_t ld, int64_t t, int round, const attn_loops *L,
+                    const ed_kernel_table *kt) {
+    for (int64_t h0 = 0; h0 < rows; h0 += 4) {
+        const int nr = rows - h0 < 4 ? (int)(rows - h0) : 4;
+        float *e = sc + h0 * ld, total[4];
+        for (int h = 0; h < nr; h++) {
+            L->sub(e + h * ld, t, L->max_of(e + h * ld, t));
+            ed_exp_span(e + h * ld, t, kt);
+        }
+        switch (nr) {
+        case 4: row_sums(e, ld, t, 4, total); break;
+        case 3: row_sums(e, ld, t, 3, total); break;
+        case 2: row_sums(e, ld, t, 2, total); break;
+        default: row_sums(e, ld, t, 1, total); break;
+        }
+        for (int h = 0; h < nr; h++) {
+            L->div(e + h * ld, t, total[h]);
+            if (round) L->round_f16(e + h * ld, t);
+        }
     }
 }
 
@@ -462,7 +580,7 @@ static void attend_q8(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_t
     const char *kc = (const char *)op->src3 + g * (krow / hkv), *vc = (const char *)op->src4 + g * (vrow / hkv);
     if (k8 && L->q8_scores_all) { /* every key at once: raw scores, then scale and softcap */
         L->q8_scores_all(qq, group, nb, kc, krow, slots, t, sc);
-        scale_scores(op, sc, group * t);
+        scale_scores(op, sc, group * t, L);
     }
     for (int64_t j = 0; j < t && !(k8 && L->q8_scores_all); j++) {
         const char *key = kc + slots[j] * krow;
@@ -474,7 +592,7 @@ static void attend_q8(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_t
             sc[h * t + j] = x;
         }
     }
-    softmax(sc, group, t, !v8, L, ctx->kt);
+    softmax(sc, group, t, t, !v8, L, ctx->kt);
     if (v8 && L->q8_values_all) {
         L->q8_values_all(out, sc, group, nb, vc, vrow, slots, t);
         return;
@@ -534,12 +652,12 @@ static int attend_tile(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_
     L->scores(qh, rows, dh, (const uint16_t *)op->src3 + g * dh, hkv * dh, slots, t, kbuf, sc, t);
     for (int64_t i = 0; i < nt; i++) {
         const int64_t a = first_key(op, pos[r0] + i) - lo, b = i + (t - nt) + 1; /* this token's keys: a .. b-1 */
+        float *e = sc + i * group * t;
+        for (int64_t h = 0; h < group; h++) scale_scores(op, e + h * t + a, b - a, L);
+        softmax(e + a, group, t, b - a, 1, L, ctx->kt);
         for (int64_t h = 0; h < group; h++) {
-            float *e = sc + (i * group + h) * t;
-            scale_scores(op, e + a, b - a);
-            softmax(e + a, 1, b - a, 1, L, ctx->kt);
-            memset(e, 0, sizeof(float) * (size_t)a);
-            memset(e + b, 0, sizeof(float) * (size_t)(t - b));
+            memset(e + h * t, 0, sizeof(float) * (size_t)a);
+            memset(e + h * t + b, 0, sizeof(float) * (size_t)(t - b));
         }
     }
     memset(acc, 0, sizeof(float) * rows * dh);
@@ -636,13 +754,20 @@ static void split_scores(const ed_op *op, ed_ctx *ctx, const attn_loops *L, cons
     L->round_f16(qh, group * dh);
     float *sc = (float *)ed_shared_scratch(ctx) + (r * n_head + g * group) * sp->tmax;
     L->scores(qh, group, dh, (const uint16_t *)op->src3 + g * dh, hkv * dh, slots, nk, kbuf, sc + j0, sp->tmax);
-    for (int64_t h = 0; h < group; h++) scale_scores(op, sc + h * sp->tmax + j0, nk);
+    for (int64_t h = 0; h < group; h++) scale_scores(op, sc + h * sp->tmax + j0, nk, L);
 }
 
-/* phase 2: chunk = (token, head) row */
+/* phase 2: chunk = a run of up to split_rows() (token, head) rows of one token */
+static int64_t split_rows(const ed_op *op, int nth) {
+    const int64_t r = op->m / (2 * (int64_t)nth); /* about 2 chunks per thread for each token */
+    return r < 1 ? 1 : r > 4 ? 4 : r;
+}
+
 static void split_softmax(const ed_op *op, ed_ctx *ctx, const attn_loops *L, const split_plan *sp) {
-    const int64_t p = ((const int64_t *)op->src7)[ctx->chunk / op->m];
-    softmax((float *)ed_shared_scratch(ctx) + ctx->chunk * sp->tmax, 1, p + 1 - first_key(op, p), 1, L, ctx->kt);
+    const int64_t rr = split_rows(op, ctx->nth), per = cdiv(op->m, rr), r = ctx->chunk / per, h0 = ctx->chunk % per * rr;
+    const int64_t p = ((const int64_t *)op->src7)[r], nr = op->m - h0 < rr ? op->m - h0 : rr;
+    float *sc = (float *)ed_shared_scratch(ctx) + (r * op->m + h0) * sp->tmax;
+    softmax(sc, nr, sp->tmax, p + 1 - first_key(op, p), 1, L, ctx->kt);
 }
 
 /* phase 3: chunk = (token r, kv head g, column block): out[d0, d1) of the group's heads */
@@ -661,7 +786,7 @@ int64_t ed_attention_chunks(const ed_op *op, int phase, int nth, const ed_kernel
     if (phase == 0) return ed_row_chunks(op->n, nth); /* stores */
     split_plan sp;
     const int split = split_plan_of(op, nth, kt, &sp);
-    if (phase == 2) return split ? op->n * op->m : 0;
+    if (phase == 2) return split ? op->n * cdiv(op->m, split_rows(op, nth)) : 0;
     if (phase == 3) return split ? op->n * op->i0 * sp.dblocks : 0;
     if (split) return op->n * op->i0 * sp.kblocks;
     const int64_t tr = tile_rows(op);
@@ -716,8 +841,8 @@ static void attend_token(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int6
         const int32_t *blocks = table + s * op->i2;
         if (L->scores && dh % 8 == 0 && key_slots(op, blocks, lo, t, slots)) { /* all keys at once */
             L->scores(qh, group, dh, kc + g * dh, hkv * dh, slots, t, kbuf, sc, t);
-            scale_scores(op, sc, group * t);
-            softmax(sc, group, t, 1, L, ctx->kt);
+            scale_scores(op, sc, group * t, L);
+            softmax(sc, group, t, t, 1, L, ctx->kt);
             L->values(out, sc, t, group, dh, 0, dh, vc + g * dh, hkv * dh, slots, t);
             return;
         }
@@ -744,7 +869,7 @@ static void attend_token(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int6
                     }
                 }
             }
-            if (pass == 0) softmax(sc, group, t, 1, L, ctx->kt);
+            if (pass == 0) softmax(sc, group, t, t, 1, L, ctx->kt);
         }
     }
 }
