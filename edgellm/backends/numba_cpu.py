@@ -37,7 +37,7 @@ except ImportError as e:  # pragma: no cover - numba is a dependency, but say wh
     _IMPORT_ERROR = str(e)
 
 # Below this many multiply-adds a matmul runs on one thread: waking the pool costs more than it saves.
-PARALLEL_MIN_MACS = 1 << 18
+PARALLEL_MIN_MACS = 1 << 16
 
 
 @dataclass
@@ -125,11 +125,13 @@ class NumbaBackend(HostBackend):
         return out.reshape(x.shape)
 
     def rope(self, x: np.ndarray, positions: np.ndarray, spec: RopeSpec) -> np.ndarray:
-        cos, sin = self._ropes.get(spec, int(positions.max(initial=0)) + 1)
-        pos = np.asarray(positions, np.int64)
+        pos = np.ascontiguousarray(positions, np.int64)
+        if pos.size and pos.min() < 0:
+            raise ValueError(f"rope: negative position {int(pos.min())}")
+        cos, sin = self._ropes.get(spec, int(pos.max(initial=0)) + 1)  # rows 0 .. max: the kernel indexes them
         x3 = np.ascontiguousarray(x, np.float32)
         out = np.empty_like(x3)
-        O.rope(x3, cos[pos], sin[pos], spec.n_dims, spec.neox, out)
+        O.rope(x3, cos, sin, pos, spec.n_dims, spec.neox, out)
         return out
 
     def attention(self, q, k, v, kv: KVCache, layer, seq_ids, positions, scale, window=None, softcap=None):
@@ -139,6 +141,11 @@ class NumbaBackend(HostBackend):
         out = np.empty((q.shape[0], q.shape[1], v.shape[-1]), np.float32)
         k8, v8 = kv.type_k == "q8_0", kv.type_v == "q8_0"
         quantized = (k8, v8) if k8 or v8 else ()  # attention_q8 takes the two flags
+        # the (token, kv head) pairs on Numba's threads where the work pays for waking them
+        keys = int(positions.sum()) + len(positions) if window is None else len(positions) * int(window)
+        parallel = () if quantized else (self.threads > 1 and keys * q.shape[1] * q.shape[2] >= PARALLEL_MIN_MACS,)
+        if parallel and parallel[0] and getattr(_THREADS, "n", 0) != self.threads:
+            _use_threads(self.threads)
         (O.attention_q8 if quantized else O.attention)(
             np.ascontiguousarray(q, np.float32),
             np.ascontiguousarray(k, np.float32),
@@ -154,6 +161,7 @@ class NumbaBackend(HostBackend):
             int(window or 0),
             float(softcap or 0.0),
             out,
+            *parallel,
         )
         return out
 

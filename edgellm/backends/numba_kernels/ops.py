@@ -10,7 +10,7 @@ astype(float16), and read back exactly.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from edgellm.backends.numba_kernels.common import f16_to_f32, f32_to_f16_bits
 from edgellm.backends.numba_kernels.floats import _f16_bits_to_f32
@@ -34,16 +34,18 @@ def rms_norm(x, weight, has_weight, eps, out):
 
 
 @njit(cache=True, nogil=True)
-def rope(x, cos, sin, n_dims, neox, out):
-    """x, out (N, H, Dh); cos, sin (N, n_dims/2): rotate pairs (i, i + n_dims/2) (neox) or (2i, 2i+1)."""
+def rope(x, cos, sin, positions, n_dims, neox, out):
+    """x, out (N, H, Dh); cos, sin (positions, n_dims/2) tables, row positions[r] for token r: rotate pairs
+    (i, i + n_dims/2) (neox) or (2i, 2i+1)."""
     n, h, dh = x.shape
     half = n_dims // 2
     for r in range(n):
+        p = positions[r]
         for hh in range(h):
             for j in range(dh):
                 out[r, hh, j] = x[r, hh, j]
             for i in range(half):
-                c, s = cos[r, i], sin[r, i]
+                c, s = cos[p, i], sin[p, i]
                 if neox:
                     a, b = x[r, hh, i], x[r, hh, i + half]
                     out[r, hh, i] = a * c - b * s
@@ -60,78 +62,116 @@ def _slot(table, block_size, s, p):
     return table[s, p // block_size] * block_size + p % block_size
 
 
+KEYS = 8  # keys scored together: 8 independent sums, each over d in order
+
+
+@njit(cache=True, inline="always")
+def _attend_pair(q, kc, vc, table, block_size, s_id, pos, r, g, group, scale, window, softcap, out):
+    """Query heads g * group .. of token r (sequence s_id, position pos) over the f16 cache rows of kv head
+    g: each cached key is decoded from f16 once, transposed into kt so that KEYS keys' dot products run
+    side by side (each still summed over d in order: the reference's per-score order), then the softmax
+    and the weighted values."""
+    dh = q.shape[2]
+    lo = max(0, pos - window + 1) if window > 0 else 0
+    t = pos + 1 - lo
+    qg = np.empty((group, dh), F32)
+    kt = np.zeros((dh, KEYS), F32)
+    kf = np.empty(dh, F32)
+    acc = np.zeros((group, dh), F32)
+    scores = np.empty((group, t), F32)
+    slots = np.empty(t, np.int64)
+    for j in range(t):
+        slots[j] = _slot(table, block_size, s_id, lo + j)
+    for i in range(group):
+        for d in range(dh):
+            qg[i, d] = f16_to_f32(f32_to_f16_bits(q[r, g * group + i, d]))
+    for j0 in range(0, t, KEYS):
+        nk = min(KEYS, t - j0)
+        for u in range(nk):
+            krow = kc[slots[j0 + u], g]
+            for d in range(dh):
+                kt[d, u] = _f16_bits_to_f32(krow[d])
+        for i in range(group):
+            s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = F32(0)
+            for d in range(dh):
+                x = qg[i, d]
+                s0 += x * kt[d, 0]
+                s1 += x * kt[d, 1]
+                s2 += x * kt[d, 2]
+                s3 += x * kt[d, 3]
+                s4 += x * kt[d, 4]
+                s5 += x * kt[d, 5]
+                s6 += x * kt[d, 6]
+                s7 += x * kt[d, 7]
+            sums = (s0, s1, s2, s3, s4, s5, s6, s7)
+            for u in range(nk):
+                sc = sums[u] * scale
+                if softcap > 0:
+                    sc = softcap * np.tanh(sc / softcap)
+                scores[i, j0 + u] = sc
+    for i in range(group):
+        mx = F32(-np.inf)
+        for j in range(t):
+            if scores[i, j] > mx:
+                mx = scores[i, j]
+        total = F32(0)
+        for j in range(t):
+            e = np.exp(scores[i, j] - mx)
+            scores[i, j] = e
+            total += e
+        for j in range(t):
+            scores[i, j] = f16_to_f32(f32_to_f16_bits(scores[i, j] / total))
+    for j in range(t):
+        vrow = vc[slots[j], g]
+        for d in range(dh):
+            kf[d] = _f16_bits_to_f32(vrow[d])
+        for i in range(group):
+            p = scores[i, j]
+            for d in range(dh):
+                acc[i, d] += p * kf[d]
+    for i in range(group):
+        for d in range(dh):
+            out[r, g * group + i, d] = acc[i, d]
+
+
 @njit(cache=True, nogil=True)
-def attention(q, k, v, kc, vc, table, block_size, seq_ids, positions, scale, window, softcap, out):
-    """Store k, v (N, Hkv, Dh) into this layer's caches kc, vc (slots, Hkv, Dh) uint16 (f16 bits) at
-    (seq, position) through the int32 block table (seqs, max blocks), then causal attention of q (N, H, Dh)
-    -> out (N, H, Dh), like ReferenceBackend: q rounded to f16, scores * scale, optional softcap, masked
-    beyond the position (and before the window), softmax in float32, weights rounded to f16 before their
-    product with the values. The caller has checked that every block read or written is mapped."""
-    n, n_head, dh = q.shape
-    n_kv = k.shape[1]
-    group = n_head // n_kv
-    scale = F32(scale)
-    softcap = F32(softcap)
+def _store_kv(k, v, kc, vc, table, block_size, seq_ids, positions):
+    n, n_kv, dh = k.shape
     for r in range(n):
         slot = _slot(table, block_size, seq_ids[r], positions[r])
         for hh in range(n_kv):
             for d in range(dh):
                 kc[slot, hh, d] = f32_to_f16_bits(k[r, hh, d])
                 vc[slot, hh, d] = f32_to_f16_bits(v[r, hh, d])
-    # per key/value head: each cached row is decoded from f16 once and meets the `group` query heads that
-    # share it; every score and output keeps the per-head summation order (over d, then over positions)
-    qg = np.empty((group, dh), F32)
-    kf = np.empty(dh, F32)
-    acc = np.empty((group, dh), F32)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _attend_parallel(q, kc, vc, table, block_size, seq_ids, positions, group, scale, window, softcap, out):
+    n_kv = kc.shape[1]
+    for pair in prange(q.shape[0] * n_kv):
+        r, g = pair // n_kv, pair % n_kv
+        _attend_pair(q, kc, vc, table, block_size, seq_ids[r], positions[r], r, g, group, scale, window, softcap, out)
+
+
+@njit(cache=True, nogil=True)
+def attention(q, k, v, kc, vc, table, block_size, seq_ids, positions, scale, window, softcap, out, parallel):
+    """Store k, v (N, Hkv, Dh) into this layer's caches kc, vc (slots, Hkv, Dh) uint16 (f16 bits) at
+    (seq, position) through the int32 block table (seqs, max blocks), then causal attention of q (N, H, Dh)
+    -> out (N, H, Dh), like ReferenceBackend: q rounded to f16, scores * scale, optional softcap, masked
+    beyond the position (and before the window), softmax in float32, weights rounded to f16 before their
+    product with the values. The caller has checked that every block read or written is mapped. With
+    `parallel`, the (token, kv head) pairs run on Numba's threads (each pair's operations are the same)."""
+    n, n_head, dh = q.shape
+    n_kv = k.shape[1]
+    group = n_head // n_kv
+    _store_kv(k, v, kc, vc, table, block_size, seq_ids, positions)
+    if parallel:
+        _attend_parallel(q, kc, vc, table, block_size, seq_ids, positions, group, F32(scale), window, F32(softcap), out)
+        return
     for r in range(n):
-        s_id, pos = seq_ids[r], positions[r]
-        lo = max(0, pos - window + 1) if window > 0 else 0
-        t = pos + 1 - lo
-        scores = np.empty((group, t), F32)
-        slots = np.empty(t, np.int64)
-        for j in range(t):
-            slots[j] = _slot(table, block_size, s_id, lo + j)
         for g in range(n_kv):
-            for i in range(group):
-                for d in range(dh):
-                    qg[i, d] = f16_to_f32(f32_to_f16_bits(q[r, g * group + i, d]))
-            for j in range(t):
-                krow = kc[slots[j], g]
-                for d in range(dh):
-                    kf[d] = _f16_bits_to_f32(krow[d])
-                for i in range(group):
-                    s = F32(0)
-                    for d in range(dh):
-                        s += qg[i, d] * kf[d]
-                    s = s * scale
-                    if softcap > 0:
-                        s = softcap * np.tanh(s / softcap)
-                    scores[i, j] = s
-            for i in range(group):
-                mx = F32(-np.inf)
-                for j in range(t):
-                    if scores[i, j] > mx:
-                        mx = scores[i, j]
-                total = F32(0)
-                for j in range(t):
-                    e = np.exp(scores[i, j] - mx)
-                    scores[i, j] = e
-                    total += e
-                for j in range(t):
-                    scores[i, j] = f16_to_f32(f32_to_f16_bits(scores[i, j] / total))
-                for d in range(dh):
-                    acc[i, d] = F32(0)
-            for j in range(t):
-                vrow = vc[slots[j], g]
-                for d in range(dh):
-                    kf[d] = _f16_bits_to_f32(vrow[d])
-                for i in range(group):
-                    p = scores[i, j]
-                    for d in range(dh):
-                        acc[i, d] += p * kf[d]
-            for i in range(group):
-                for d in range(dh):
-                    out[r, g * group + i, d] = acc[i, d]
+            _attend_pair(q, kc, vc, table, block_size, seq_ids[r], positions[r], r, g, group, F32(scale), window,
+                         F32(softcap), out)  # fmt: skip
 
 
 @njit(cache=True, inline="always")
