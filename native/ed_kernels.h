@@ -73,6 +73,11 @@ size_t ed_x16_side_bytes(int64_t n);
 size_t ed_x16_bytes(int t, int64_t rows, int64_t n);
 /* Repack `rows` rows (row_bytes apart) of type t into dst (ed_x16_bytes of it); 0 if t has no layout. */
 int ed_x16_repack(int t, const void *src, size_t row_bytes, int64_t rows, int64_t n, void *dst);
+/* F16 / BF16 weights in prompts: s[c * bs + r] = dot(vx + r * bx, activation row c) for r < nr (<= 2),
+ * c < nc, the activation rows given as float32 (y + c * ly) holding their F16 / BF16 values exactly (the
+ * vec_dot type's rows converted back), so that only the weights need converting; bit-identical to vec_dot. */
+typedef void (*ed_float_gemm_fn)(int n, float *s, size_t bs, const void *vx, size_t bx, int nr, const float *y,
+                                 size_t ly, int nc);
 /* y = x (n floats) converted to an activation type (Q8_0, Q8_1, Q8_K, F16, BF16; F32 is a copy). */
 typedef void (*ed_from_float_fn)(const float *x, void *y, int64_t n);
 
@@ -82,6 +87,7 @@ typedef struct {
     ed_vec_dot_2nx_fn vec_dot_2nx; /* NULL: callers take one weight row at a time */
     ed_amx_gemm_fn amx_gemm;    /* NULL: no AMX tile GEMM */
     ed_x16_gemm_fn x16_gemm;    /* NULL: no kernel for this type's repacked (x16) layout */
+    ed_float_gemm_fn float_gemm; /* NULL: prompts take vec_dot_2nx / vec_dot_nx */
     int vec_dot_type;           /* ED_Q8_0, ED_Q8_1, ED_Q8_K, ED_F16, ED_BF16 or ED_F32 */
     int block_elems;            /* elements per block of the weight type (32, 256, 1) */
     int block_bytes;            /* bytes per block of the weight type */

@@ -215,6 +215,72 @@ FLOAT_MN512(f32, float, LOAD_F32, IDENT)
 FLOAT_MN512(f16, uint16_t, LOAD_F16, F16)
 FLOAT_MN512(bf16, uint16_t, LOAD_BF16, ed_bf16_to_f32)
 
+/* Prompts over F16 / BF16 weights: the activations come as float32 rows holding their f16 / bf16 values
+ * (exact), so only the weights are converted: a 2 x 6 tile, 4 conversions per 24 FMAs (the 2 x 4 tile above
+ * converts both sides: 12 per 16). Every output takes vec_dot's operations on the same float values, so
+ * its bits are vec_dot's. */
+#define FLOAT_GEMM512(name, T, LOAD, CONV)                                                                 \
+    ED_ALWAYS_INLINE void name##_gemm_tile(int n, float *s, size_t bs, const uint8_t *vx, size_t bx,         \
+                                           const float *y, size_t ly, const int nr, const int nc) {         \
+        __m512 a0[2][6], a1[2][6];                                                                          \
+        for (int r = 0; r < nr; r++)                                                                        \
+            for (int c = 0; c < nc; c++) a0[r][c] = a1[r][c] = _mm512_setzero_ps();                         \
+        int i = 0;                                                                                          \
+        for (; i + 32 <= n; i += 32) {                                                                      \
+            __m512 w0[2], w1[2];                                                                            \
+            for (int r = 0; r < nr; r++) {                                                                  \
+                const T *x = (const T *)(vx + r * bx);                                                      \
+                w0[r] = LOAD(x + i), w1[r] = LOAD(x + i + 16);                                              \
+            }                                                                                               \
+            for (int c = 0; c < nc; c++) {                                                                  \
+                const __m512 y0 = _mm512_loadu_ps(y + c * ly + i), y1 = _mm512_loadu_ps(y + c * ly + i + 16); \
+                for (int r = 0; r < nr; r++)                                                                \
+                    a0[r][c] = _mm512_fmadd_ps(w0[r], y0, a0[r][c]), a1[r][c] = _mm512_fmadd_ps(w1[r], y1, a1[r][c]); \
+            }                                                                                               \
+        }                                                                                                   \
+        for (; i + 16 <= n; i += 16)                                                                        \
+            for (int c = 0; c < nc; c++) {                                                                  \
+                const __m512 y0 = _mm512_loadu_ps(y + c * ly + i);                                          \
+                for (int r = 0; r < nr; r++)                                                                \
+                    a0[r][c] = _mm512_fmadd_ps(LOAD((const T *)(vx + r * bx) + i), y0, a0[r][c]);           \
+            }                                                                                               \
+        for (int r = 0; r < nr; r++)                                                                        \
+            for (int c = 0; c < nc; c++) {                                                                  \
+                const T *x = (const T *)(vx + r * bx);                                                      \
+                float sumf = hsum_f32x16(_mm512_add_ps(a0[r][c], a1[r][c]));                                \
+                for (int j = i; j < n; j++) sumf += CONV(x[j]) * y[c * ly + j];                             \
+                s[c * bs + r] = sumf;                                                                       \
+            }                                                                                               \
+    }                                                                                                       \
+    static void name##_gemm(int n, float *s, size_t bs, const void *vx, size_t bx, int nr, const float *y,     \
+                            size_t ly, int nc) {                                                            \
+        for (; nc > 0; nc -= 6, s += 6 * bs, y += 6 * ly) {                                                 \
+            const int c = nc < 6 ? nc : 6;                                                                  \
+            if (nr == 2) {                                                                                  \
+                switch (c) {                                                                                \
+                case 6: name##_gemm_tile(n, s, bs, vx, bx, y, ly, 2, 6); break;                             \
+                case 5: name##_gemm_tile(n, s, bs, vx, bx, y, ly, 2, 5); break;                             \
+                case 4: name##_gemm_tile(n, s, bs, vx, bx, y, ly, 2, 4); break;                             \
+                case 3: name##_gemm_tile(n, s, bs, vx, bx, y, ly, 2, 3); break;                             \
+                case 2: name##_gemm_tile(n, s, bs, vx, bx, y, ly, 2, 2); break;                             \
+                default: name##_gemm_tile(n, s, bs, vx, bx, y, ly, 2, 1); break;                            \
+                }                                                                                           \
+            } else {                                                                                        \
+                switch (c) {                                                                                \
+                case 6: name##_gemm_tile(n, s, bs, vx, bx, y, ly, 1, 6); break;                             \
+                case 5: name##_gemm_tile(n, s, bs, vx, bx, y, ly, 1, 5); break;                             \
+                case 4: name##_gemm_tile(n, s, bs, vx, bx, y, ly, 1, 4); break;                             \
+                case 3: name##_gemm_tile(n, s, bs, vx, bx, y, ly, 1, 3); break;                             \
+                case 2: name##_gemm_tile(n, s, bs, vx, bx, y, ly, 1, 2); break;                             \
+                default: name##_gemm_tile(n, s, bs, vx, bx, y, ly, 1, 1); break;                            \
+                }                                                                                           \
+            }                                                                                               \
+        }                                                                                                   \
+    }
+
+FLOAT_GEMM512(f16, uint16_t, LOAD_F16, F16)
+FLOAT_GEMM512(bf16, uint16_t, LOAD_BF16, ed_bf16_to_f32)
+
 ED_TARGET_POP
 
 /* ----------------------------------------------------------- legacy blocks: AVX-512 VNNI variant */
@@ -254,9 +320,9 @@ int ed_fill_avx512(ed_kernel_table *t) {
 #endif
     /* (no x16 layout for the floats: their 2 x 4 tile reads the file's rows) */
     t->types[ED_F16].vec_dot = vec_dot_f16, t->types[ED_F16].vec_dot_nx = vec_dot_nx_f16;
-    t->types[ED_F16].vec_dot_2nx = vec_dot_2nx_f16;
+    t->types[ED_F16].vec_dot_2nx = vec_dot_2nx_f16, t->types[ED_F16].float_gemm = f16_gemm;
     t->types[ED_BF16].vec_dot = vec_dot_bf16, t->types[ED_BF16].vec_dot_nx = vec_dot_nx_bf16;
-    t->types[ED_BF16].vec_dot_2nx = vec_dot_2nx_bf16;
+    t->types[ED_BF16].vec_dot_2nx = vec_dot_2nx_bf16, t->types[ED_BF16].float_gemm = bf16_gemm;
     t->types[ED_F32].vec_dot = vec_dot_f32, t->types[ED_F32].vec_dot_nx = vec_dot_nx_f32;
     t->types[ED_F32].vec_dot_2nx = vec_dot_2nx_f32;
     return 1;

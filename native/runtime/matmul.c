@@ -19,6 +19,9 @@
  * written in phase 0 for every Q8_0 activation where the level has x16 kernels, so a matmul reusing the
  * activations of the one before finds it whatever that one's weight was.
  */
+#include <string.h>
+
+#include "f16.h"
 #include "runtime.h"
 
 #define TILE_W 16
@@ -47,6 +50,13 @@ static int sides(const ed_op *op, const ed_kernel_table *kt) {
 
 static int has_sides(const ed_op *op, const ed_kernel_table *kt, int vt) { return vt == ED_Q8_0 && sides(op, kt); }
 
+/* whether F16 / BF16 activations also go to phase 1 as float32 rows (their values, exact) for the level's
+ * float GEMM: by activation type, level and n alone (as packs), for a matmul reusing them */
+#define FLOAT_GEMM_MIN_ROWS 4
+static int float_rows(const ed_op *op, const ed_kernel_table *kt, int vt) {
+    return (vt == ED_F16 || vt == ED_BF16) && kt->types[vt].float_gemm && op->n >= FLOAT_GEMM_MIN_ROWS;
+}
+
 static size_t packed_tile_bytes(const ed_op *op, int vt) {
     return vt == ED_Q8_K ? (size_t)(op->k / 256) * ED_AMX_KBLOCK_BYTES : (size_t)(op->k / 32) * ED_AMX_BLOCK_BYTES;
 }
@@ -56,6 +66,7 @@ size_t ed_matmul_shared_scratch(const ed_op *op, const ed_kernel_table *kt) {
     if (vt == ED_F32) return 0;
     const size_t arow = ed_act_row_bytes(vt, op->k);
     if (has_sides(op, kt, vt)) return packed_offset(op, arow) + (size_t)op->n * ed_x16_side_bytes(op->k);
+    if (float_rows(op, kt, vt)) return packed_offset(op, arow) + (size_t)(op->n * op->k) * sizeof(float);
     if (!packs(op, kt)) return (size_t)op->n * arow;
     const size_t tiles = (size_t)(op->n + ED_AMX_ROWS - 1) / ED_AMX_ROWS;
     return packed_offset(op, arow) + tiles * packed_tile_bytes(op, vt);
@@ -90,11 +101,21 @@ void ed_matmul(const ed_op *op, int phase, ed_ctx *ctx) {
     /* (a level has either AMX or x16 kernels: their tables never share the scratch) */
     const size_t side_row = ed_x16_side_bytes(k);
     uint8_t *side = has_sides(op, kt, vt) ? (uint8_t *)act + packed_offset(op, arow) : NULL;
+    float *yf = float_rows(op, kt, vt) ? (float *)(act + packed_offset(op, arow)) : NULL;
     if (phase == 0) {
         int64_t r0, r1;
         ed_split(n, ctx->chunk, ctx->n_chunks, &r0, &r1);
         for (int64_t r = r0; r < r1; r++) {
             kt->from_float[vt]((const float *)op->src1 + r * k, (uint8_t *)act + r * arow, k);
+            if (yf) { /* the row's f16 / bf16 values as float32 */
+                const uint16_t *h = (const uint16_t *)(act + r * arow);
+                for (int64_t j = 0; j < k; j++) {
+                    const uint32_t bits = (uint32_t)h[j] << 16;
+                    float v;
+                    memcpy(&v, &bits, sizeof v);
+                    yf[r * k + j] = vt == ED_F16 ? ed_rt_f16_lut[h[j]] : v;
+                }
+            }
             if (side) ed_x16_side(act + r * arow, k, side + r * side_row);
             if (pack)
                 kt->amx_pack[vt](act + r * arow, (int)k, packed + r / ED_AMX_ROWS * packed_tile_bytes(op, vt),
@@ -118,6 +139,15 @@ void ed_matmul(const ed_op *op, int phase, ed_ctx *ctx) {
             const int nr = (int)(c1 - j0 < ED_X16_ROWS ? c1 - j0 : ED_X16_ROWS);
             tk->x16_gemm((int)k, &y[j0], (size_t)m, w + j0 / ED_X16_ROWS * group, nr, act, arow, side, side_row,
                          (int)n);
+        }
+        return;
+    }
+    if (yf) { /* blocks of 6 activation rows (in L1) against the chunk's weight rows, two at a time */
+        for (int64_t i = 0; i < n; i += 6) {
+            const int nc = (int)(n - i < 6 ? n - i : 6);
+            for (int64_t j = c0; j < c1; j += 2)
+                tk->float_gemm((int)k, &y[i * m + j], (size_t)m, w + j * wrow, wrow, c1 - j < 2 ? 1 : 2, yf + i * k,
+                               (size_t)k, nc);
         }
         return;
     }
