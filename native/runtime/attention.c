@@ -678,12 +678,16 @@ static int attend_tile(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_
 #define ED_SPLIT_MIN_BLOCK 128 /* keys per block, at least */
 
 typedef struct {
-    int64_t tmax;           /* the most keys of one token; row stride of the scores and slots */
+    int64_t tmax;           /* the most keys of one token */
+    int64_t ld;             /* row stride of the scores and slots: tmax padded off a power of two */
     int64_t kblock, kblocks; /* key blocks of a pair: keys [kb * kblock, (kb + 1) * kblock) */
     int64_t dblock, dblocks; /* column blocks of a pair (multiples of 8) */
 } split_plan;
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* rows a multiple of 16 elements plus 16: rows 2^k apart would share their L1 sets (and 4K-alias) */
+static int64_t padded_row(int64_t tmax) { return cdiv(tmax, 16) * 16 + 16; }
 
 /* the most keys any token of the op attends over (positions clamped to the cache's) */
 static int64_t max_keys(const ed_op *op) {
@@ -718,6 +722,7 @@ static int split_plan_of(const ed_op *op, int nth, const ed_kernel_table *kt, sp
     const int64_t want = cdiv(4 * (int64_t)nth, pairs); /* chunks per pair for about 4 per thread */
     int64_t kb = want < tmax / ED_SPLIT_MIN_BLOCK ? want : tmax / ED_SPLIT_MIN_BLOCK;
     sp->tmax = tmax;
+    sp->ld = padded_row(tmax);
     sp->kblock = cdiv(cdiv(tmax, kb), 8) * 8;
     sp->kblocks = cdiv(tmax, sp->kblock);
     const int64_t db = want < dh / 8 ? want : dh / 8;
@@ -728,12 +733,12 @@ static int split_plan_of(const ed_op *op, int nth, const ed_kernel_table *kt, sp
 
 size_t ed_attention_shared_scratch(const ed_op *op, int nth) {
     if (!split_candidate(op, nth)) return 0;
-    const int64_t tmax = max_keys(op); /* scores (n, n_head, tmax) and slots (n, tmax) */
-    return tmax < ED_SPLIT_MIN_KEYS ? 0 : (size_t)(op->n * tmax) * (sizeof(float) * (size_t)op->m + sizeof(int64_t));
+    const int64_t tmax = max_keys(op); /* scores (n, n_head, ld) and slots (n, ld) */
+    return tmax < ED_SPLIT_MIN_KEYS ? 0 : (size_t)(op->n * padded_row(tmax)) * (sizeof(float) * (size_t)op->m + sizeof(int64_t));
 }
 
 static int64_t *split_slots(const ed_op *op, ed_ctx *ctx, const split_plan *sp) {
-    return (int64_t *)((float *)ed_shared_scratch(ctx) + op->n * op->m * sp->tmax);
+    return (int64_t *)((float *)ed_shared_scratch(ctx) + op->n * op->m * sp->ld);
 }
 
 /* phase 1: chunk = (token r, kv head g, key block kb): raw scores, scaled and softcapped */
@@ -749,12 +754,12 @@ static void split_scores(const ed_op *op, ed_ctx *ctx, const attn_loops *L, cons
     if (!slots) return;
     float *qh = (float *)(slots + nk), *kbuf = qh + group * dh;
     if (!key_slots(op, (const int32_t *)op->src5 + seq[r] * op->i2, lo + j0, nk, slots)) return;
-    if (g == 0) memcpy(split_slots(op, ctx, sp) + r * sp->tmax + j0, slots, sizeof(int64_t) * nk);
+    if (g == 0) memcpy(split_slots(op, ctx, sp) + r * sp->ld + j0, slots, sizeof(int64_t) * nk);
     memcpy(qh, (const float *)op->src0 + (r * n_head + g * group) * dh, sizeof(float) * group * dh);
     L->round_f16(qh, group * dh);
-    float *sc = (float *)ed_shared_scratch(ctx) + (r * n_head + g * group) * sp->tmax;
-    L->scores(qh, group, dh, (const uint16_t *)op->src3 + g * dh, hkv * dh, slots, nk, kbuf, sc + j0, sp->tmax);
-    for (int64_t h = 0; h < group; h++) scale_scores(op, sc + h * sp->tmax + j0, nk, L);
+    float *sc = (float *)ed_shared_scratch(ctx) + (r * n_head + g * group) * sp->ld;
+    L->scores(qh, group, dh, (const uint16_t *)op->src3 + g * dh, hkv * dh, slots, nk, kbuf, sc + j0, sp->ld);
+    for (int64_t h = 0; h < group; h++) scale_scores(op, sc + h * sp->ld + j0, nk, L);
 }
 
 /* phase 2: chunk = a run of up to split_rows() (token, head) rows of one token */
@@ -766,8 +771,8 @@ static int64_t split_rows(const ed_op *op, int nth) {
 static void split_softmax(const ed_op *op, ed_ctx *ctx, const attn_loops *L, const split_plan *sp) {
     const int64_t rr = split_rows(op, ctx->nth), per = cdiv(op->m, rr), r = ctx->chunk / per, h0 = ctx->chunk % per * rr;
     const int64_t p = ((const int64_t *)op->src7)[r], nr = op->m - h0 < rr ? op->m - h0 : rr;
-    float *sc = (float *)ed_shared_scratch(ctx) + (r * op->m + h0) * sp->tmax;
-    softmax(sc, nr, sp->tmax, p + 1 - first_key(op, p), 1, L, ctx->kt);
+    float *sc = (float *)ed_shared_scratch(ctx) + (r * op->m + h0) * sp->ld;
+    softmax(sc, nr, sp->ld, p + 1 - first_key(op, p), 1, L, ctx->kt);
 }
 
 /* phase 3: chunk = (token r, kv head g, column block): out[d0, d1) of the group's heads */
@@ -777,9 +782,9 @@ static void split_values(const ed_op *op, ed_ctx *ctx, const attn_loops *L, cons
     const int64_t d0 = ctx->chunk % sp->dblocks * sp->dblock, d1 = d0 + sp->dblock < dh ? d0 + sp->dblock : dh;
     float *out = (float *)op->dst + (r * n_head + g * group) * dh;
     for (int64_t h = 0; h < group; h++) memset(out + h * dh + d0, 0, sizeof(float) * (size_t)(d1 - d0));
-    const float *w = (const float *)ed_shared_scratch(ctx) + (r * n_head + g * group) * sp->tmax;
-    L->values(out, w, sp->tmax, group, dh, d0, d1, (const uint16_t *)op->src4 + g * dh, hkv * dh,
-              split_slots(op, ctx, sp) + r * sp->tmax, p + 1 - first_key(op, p));
+    const float *w = (const float *)ed_shared_scratch(ctx) + (r * n_head + g * group) * sp->ld;
+    L->values(out, w, sp->ld, group, dh, d0, d1, (const uint16_t *)op->src4 + g * dh, hkv * dh,
+              split_slots(op, ctx, sp) + r * sp->ld, p + 1 - first_key(op, p));
 }
 
 int64_t ed_attention_chunks(const ed_op *op, int phase, int nth, const ed_kernel_table *kt) {
