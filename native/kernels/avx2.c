@@ -720,6 +720,49 @@ FLOAT_DOT(vec_dot_f32, float, LOAD_F32, IDENT)
 FLOAT_DOT(vec_dot_f16, uint16_t, LOAD_F16, f16)
 FLOAT_DOT(vec_dot_bf16, uint16_t, LOAD_BF16, ed_bf16_to_f32)
 
+/* Prompts over F16 / BF16 weights (ed_float_gemm_fn): float32 activation rows holding their f16 / bf16
+ * values, so a weight row's vectors are converted once for 3 activation rows (vec_dot converts both sides
+ * of every product); each output takes vec_dot's four accumulators and operations, so its bits. */
+#define FLOAT_GEMM(name, T, LOAD, CONV)                                                                     \
+    static inline __attribute__((always_inline)) void name##_tile(int n, float *s, size_t bs, const T *x,   \
+                                                                  const float *y, size_t ly, const int nc) { \
+        __m256 a[3][4];                                                                                     \
+        for (int c = 0; c < nc; c++) a[c][0] = a[c][1] = a[c][2] = a[c][3] = _mm256_setzero_ps();          \
+        int i = 0;                                                                                          \
+        for (; i + 32 <= n; i += 32) {                                                                      \
+            const __m256 w0 = LOAD(x + i), w1 = LOAD(x + i + 8), w2 = LOAD(x + i + 16), w3 = LOAD(x + i + 24); \
+            for (int c = 0; c < nc; c++) {                                                                  \
+                const float *yc = y + c * ly + i;                                                           \
+                a[c][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(yc), a[c][0]);                                \
+                a[c][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(yc + 8), a[c][1]);                            \
+                a[c][2] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(yc + 16), a[c][2]);                           \
+                a[c][3] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(yc + 24), a[c][3]);                           \
+            }                                                                                               \
+        }                                                                                                   \
+        for (; i + 8 <= n; i += 8) {                                                                        \
+            const __m256 w0 = LOAD(x + i);                                                                  \
+            for (int c = 0; c < nc; c++) a[c][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(y + c * ly + i), a[c][0]); \
+        }                                                                                                   \
+        for (int c = 0; c < nc; c++) {                                                                      \
+            float sumf = hsum_f32x8(_mm256_add_ps(_mm256_add_ps(a[c][0], a[c][1]), _mm256_add_ps(a[c][2], a[c][3]))); \
+            for (int j = i; j < n; j++) sumf += CONV(x[j]) * y[c * ly + j];                                 \
+            s[c * bs] = sumf;                                                                               \
+        }                                                                                                   \
+    }                                                                                                       \
+    static void name(int n, float *s, size_t bs, const void *vx, size_t bx, int nr, const float *y, size_t ly, \
+                     int nc) {                                                                              \
+        for (int r = 0; r < nr; r++) {                                                                      \
+            const T *x = (const T *)((const uint8_t *)vx + r * bx);                                         \
+            int c = 0;                                                                                      \
+            for (; c + 3 <= nc; c += 3) name##_tile(n, s + c * bs + r, bs, x, y + c * ly, ly, 3);          \
+            if (nc - c == 2) name##_tile(n, s + c * bs + r, bs, x, y + c * ly, ly, 2);                     \
+            else if (nc - c == 1) name##_tile(n, s + c * bs + r, bs, x, y + c * ly, ly, 1);                \
+        }                                                                                                   \
+    }
+
+FLOAT_GEMM(f16_gemm, uint16_t, LOAD_F16, f16)
+FLOAT_GEMM(bf16_gemm, uint16_t, LOAD_BF16, ed_bf16_to_f32)
+
 #include "avx2_x16.h"
 
 #if defined(__clang__)
@@ -739,7 +782,7 @@ int ed_fill_avx2(ed_kernel_table *t) {
     t->types[ED_Q4_K].vec_dot = vec_dot_q4_K;
     t->types[ED_Q5_K].vec_dot = vec_dot_q5_K;
     t->types[ED_Q6_K].vec_dot = vec_dot_q6_K;
-    t->types[ED_F16].vec_dot = vec_dot_f16;
+    t->types[ED_F16].vec_dot = vec_dot_f16, t->types[ED_F16].float_gemm = f16_gemm;
     t->types[ED_Q4_0].vec_dot_nx = vec_dot_nx_q4_0;
     t->types[ED_Q4_1].vec_dot_nx = vec_dot_nx_q4_1;
     t->types[ED_Q5_0].vec_dot_nx = vec_dot_nx_q5_0;
@@ -749,7 +792,7 @@ int ed_fill_avx2(ed_kernel_table *t) {
     t->types[ED_Q5_K].vec_dot_nx = vec_dot_nx_q5_K;
     t->types[ED_Q6_K].vec_dot_nx = vec_dot_nx_q6_K;
     ed_fill_avx2_q23k(t); /* Q2_K, Q3_K: avx2_q23k.c */
-    t->types[ED_BF16].vec_dot = vec_dot_bf16;
+    t->types[ED_BF16].vec_dot = vec_dot_bf16, t->types[ED_BF16].float_gemm = bf16_gemm;
     t->types[ED_F32].vec_dot = vec_dot_f32;
     t->from_float[ED_Q8_0] = quantize_q8_0;
     t->from_float[ED_Q8_1] = quantize_q8_1;
