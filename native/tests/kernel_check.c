@@ -7,7 +7,8 @@
  * summation order (ggml's tests/test-quantize-fns.cpp bounds the error against the *unquantized* dot,
  * a much looser check). vec_dot_nx (one weight row x nc activation rows, through ed_vec_dot_nx, so the
  * vec_dot fallback too) must give every row vec_dot's bits exactly, and so must vec_dot_2nx (two weight
- * rows: the case's and its blocks in reverse order) where a level has it, and amx_gemm (the AMX tile
+ * rows: the case's and its blocks in reverse order) where a level has it, float_gemm (F16/BF16 weights
+ * against float32 activation rows) where a level has it, and amx_gemm (the AMX tile
  * GEMM: up to 16 weight rows against packed activation rows) where the CPU has AMX. Where a level has
  * a repacked (x16) GEMM for the type, 18 weight rows (the case's, rotated by a block each) are repacked
  * into two groups (the second padded) and every output against 1..11 activation rows must be the bits of
@@ -184,6 +185,48 @@ static int check_2nx(const ed_kernel_table *k, const test_case *c, uint8_t *acts
                 }
     }
     free(w2);
+    return fails;
+}
+
+/* float_gemm (F16 / BF16 prompts), where the level has it: the 2nx rows (nr = 1 and 2) against nc =
+ * 1..NX_ROWS-1 activation rows given as float32 (their f16 / bf16 values), strides bs = 5; every output
+ * vec_dot's bits */
+static int check_float_gemm(const ed_kernel_table *k, const test_case *c, uint8_t *acts) {
+    const ed_type_kernels *t = &k->types[c->wtype];
+    if (!t->float_gemm) return 0;
+    const size_t ab = c->abytes, n = c->n;
+    uint8_t *w2 = malloc(2 * c->wbytes);
+    const size_t bb = (size_t)t->block_bytes, nb = c->wbytes / bb;
+    memcpy(w2, c->w, c->wbytes);
+    for (size_t b = 0; b < nb; b++) memcpy(w2 + c->wbytes + b * bb, c->w + (nb - 1 - b) * bb, bb);
+    float *yf = malloc(sizeof(float) * NX_ROWS * n), want[2][NX_ROWS], got[5 * NX_ROWS];
+    for (int i = 0; i < NX_ROWS; i++)
+        for (size_t j = 0; j < n; j++) {
+            uint16_t h;
+            memcpy(&h, acts + i * ab + 2 * j, 2);
+            const uint32_t bits = (uint32_t)h << 16;
+            float v;
+            memcpy(&v, &bits, 4);
+            yf[i * n + j] = c->wtype == ED_F16 ? ed_f16_table[h] : v;
+        }
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < NX_ROWS; i++) t->vec_dot((int)n, &want[r][i], w2 + r * c->wbytes, acts + i * ab);
+    int fails = 0;
+    for (int nr = 1; nr <= 2 && !fails; nr++)
+        for (int nc = 1; nc < NX_ROWS && !fails; nc++) {
+            for (int i = 0; i < 5 * NX_ROWS; i++) got[i] = NAN;
+            t->float_gemm((int)n, got, 5, w2, c->wbytes, nr, yf + n, n, nc);
+            for (int i = 0; i < nc && !fails; i++)
+                for (int r = 0; r < nr; r++)
+                    if (memcmp(&got[5 * i + r], &want[r][1 + i], sizeof(float))) {
+                        printf("FAIL %-7s %s: float_gemm (nr %d, nc %d) weight row %d, row %d gives %.9g, vec_dot %.9g\n",
+                               level_name(k->level), c->name, nr, nc, r, 1 + i, got[5 * i + r], want[r][1 + i]);
+                        fails = 1;
+                        break;
+                    }
+        }
+    free(w2);
+    free(yf);
     return fails;
 }
 
@@ -453,6 +496,7 @@ int main(int argc, char **argv) {
             fails += f                              ? f
                      : check_nx(k, &cs[i], acts, xr) ? 1
                      : check_2nx(k, &cs[i], acts)    ? 1
+                     : check_float_gemm(k, &cs[i], acts) ? 1
                      : check_amx(k, &cs[i], acts)    ? 1
                                                      : check_x16(k, &cs[i], acts, xr);
         }
