@@ -366,9 +366,11 @@ def test_deep_decode_splits_its_keys_over_threads_with_the_bits_of_one_thread(nb
             kv.block_table[:] = np.random.default_rng(3).permutation(64).astype(np.int32).reshape(2, 32)
             seen = []
 
-            def spy(**fields):
+            def spy(seen=seen, n_threads=n_threads, **fields):
                 # phase 2 (the rows' softmax) has chunks only where the keys are split
-                seen.append(native_mod.lib.ed_op_chunk_count(native_mod.ffi.new("ed_op *", fields), 2, n_threads))
+                seen.append(
+                    native_mod.lib.ed_op_chunk_count(native_mod.ffi.new("ed_op *", fields), 2, n_threads)
+                )
                 native_mod.NativeBackend._exec(nb, **fields)
 
             nb._exec = spy

@@ -128,7 +128,9 @@ class NumbaBackend(HostBackend):
         pos = np.ascontiguousarray(positions, np.int64)
         if pos.size and pos.min() < 0:
             raise ValueError(f"rope: negative position {int(pos.min())}")
-        cos, sin = self._ropes.get(spec, int(pos.max(initial=0)) + 1)  # rows 0 .. max: the kernel indexes them
+        cos, sin = self._ropes.get(
+            spec, int(pos.max(initial=0)) + 1
+        )  # rows 0 .. max: the kernel indexes them
         x3 = np.ascontiguousarray(x, np.float32)
         out = np.empty_like(x3)
         O.rope(x3, cos, sin, pos, spec.n_dims, spec.neox, out)
@@ -143,7 +145,9 @@ class NumbaBackend(HostBackend):
         quantized = (k8, v8) if k8 or v8 else ()  # attention_q8 takes the two flags
         # the (token, kv head) pairs on Numba's threads where the work pays for waking them
         keys = int(positions.sum()) + len(positions) if window is None else len(positions) * int(window)
-        parallel = () if quantized else (self.threads > 1 and keys * q.shape[1] * q.shape[2] >= PARALLEL_MIN_MACS,)
+        parallel = (
+            () if quantized else (self.threads > 1 and keys * q.shape[1] * q.shape[2] >= PARALLEL_MIN_MACS,)
+        )
         if parallel and parallel[0] and getattr(_THREADS, "n", 0) != self.threads:
             _use_threads(self.threads)
         (O.attention_q8 if quantized else O.attention)(

@@ -153,13 +153,23 @@ def _compile_ops() -> None:
     x, w, out = np.ones((2, 8), F32), np.ones(8, F32), np.empty((2, 8), F32)
     ops.rms_norm(x, w, True, 1e-6, out)
     x3 = np.ones((2, 2, 8), F32)
-    ops.rope(x3, np.ones((2, 4), F32), np.ones((2, 4), F32), np.arange(2, dtype=np.int64), 8, False, np.empty_like(x3))
+    ops.rope(
+        x3,
+        np.ones((2, 4), F32),
+        np.ones((2, 4), F32),
+        np.arange(2, dtype=np.int64),
+        8,
+        False,
+        np.empty_like(x3),
+    )
     cache = np.zeros((4, 1, 8), np.uint16)
     table = np.arange(2, dtype=np.int32).reshape(1, 2)
     pos, seq = np.arange(2, dtype=np.int64), np.zeros(2, np.int64)
     kv1 = x3[:, :1].copy()
     for parallel in (False, True):
-        ops.attention(x3, kv1, kv1.copy(), cache, cache.copy(), table, 2, seq, pos, 1.0, 0, 0.0, x3.copy(), parallel)
+        ops.attention(
+            x3, kv1, kv1.copy(), cache, cache.copy(), table, 2, seq, pos, 1.0, 0, 0.0, x3.copy(), parallel
+        )
     # over q8_0 rows (-ctk/-ctv q8_0): heads of 32, K and V each q8_0 (uint8 rows) or f16 (uint16)
     q32, kv32 = np.ones((2, 2, 32), F32), np.ones((2, 1, 32), F32)
     rows8, rows16 = np.zeros((4, 1, 34), np.uint8), np.zeros((4, 1, 32), np.uint16)

@@ -150,7 +150,9 @@ def _attend_parallel(q, kc, vc, table, block_size, seq_ids, positions, group, sc
     n_kv = kc.shape[1]
     for pair in prange(q.shape[0] * n_kv):
         r, g = pair // n_kv, pair % n_kv
-        _attend_pair(q, kc, vc, table, block_size, seq_ids[r], positions[r], r, g, group, scale, window, softcap, out)
+        _attend_pair(
+            q, kc, vc, table, block_size, seq_ids[r], positions[r], r, g, group, scale, window, softcap, out
+        )
 
 
 @njit(cache=True, nogil=True)
@@ -166,12 +168,16 @@ def attention(q, k, v, kc, vc, table, block_size, seq_ids, positions, scale, win
     group = n_head // n_kv
     _store_kv(k, v, kc, vc, table, block_size, seq_ids, positions)
     if parallel:
-        _attend_parallel(q, kc, vc, table, block_size, seq_ids, positions, group, F32(scale), window, F32(softcap), out)
+        _attend_parallel(
+            q, kc, vc, table, block_size, seq_ids, positions, group, F32(scale), window, F32(softcap), out
+        )
         return
+    sc, cap = F32(scale), F32(softcap)
     for r in range(n):
         for g in range(n_kv):
-            _attend_pair(q, kc, vc, table, block_size, seq_ids[r], positions[r], r, g, group, F32(scale), window,
-                         F32(softcap), out)  # fmt: skip
+            _attend_pair(
+                q, kc, vc, table, block_size, seq_ids[r], positions[r], r, g, group, sc, window, cap, out
+            )
 
 
 @njit(cache=True, inline="always")
