@@ -162,16 +162,15 @@ static inline __m512i idx16(short a, short b, short c, short d) {
 
 /* ---------------------------------------------------------- float types: 2 x 16 f32 lanes, FMA */
 
-/* nr (1 or 2) weight rows (vx + r * bx) against nc (<= 4) activation rows (vy + c * by): each weight
- * vector converted once for every activation row, each activation vector once for both weight rows (a
- * 2 x 4 register tile of 16 accumulators, what prompts need; the F16/BF16 conversions dominated one
- * product at a time). Every output is computed by the operations of the nr = nc = 1 instance, which is
- * vec_dot: two accumulators over 32-element steps (the second for elements 16..31 of each step), a last
- * 16-element step into the first, their sum's hsum, then the scalar tail. */
-#define FLOAT_MN512(name, T, LOAD, CONV)                                                                   \
-    ED_ALWAYS_INLINE void name##_mn(int n, float *s, size_t bs, const uint8_t *vx, size_t bx,               \
-                                    const uint8_t *vy, size_t by, const int nr, const int nc) {            \
-        __m512 a0[2][4], a1[2][4];                                                                          \
+/* nr (1 or 2) weight rows (vx + r * bx) against nc (<= NC) activation rows (vy + c * by bytes, of type YT):
+ * each weight vector converted once for every activation row, each activation vector once for both weight
+ * rows (a 2 x NC register tile). Every output is computed by the operations of the nr = nc = 1 instance,
+ * which is vec_dot: two accumulators over 32-element steps (the second for elements 16..31 of each step),
+ * a last 16-element step into the first, their sum's hsum, then the scalar tail. */
+#define FLOAT_TILE512(fn, T, LOAD, CONV, YT, YLOAD, YCONV, NC)                                              \
+    ED_ALWAYS_INLINE void fn(int n, float *s, size_t bs, const uint8_t *vx, size_t bx, const uint8_t *vy,     \
+                             size_t by, const int nr, const int nc) {                                       \
+        __m512 a0[2][NC], a1[2][NC];                                                                        \
         for (int r = 0; r < nr; r++)                                                                        \
             for (int c = 0; c < nc; c++) a0[r][c] = a1[r][c] = _mm512_setzero_ps();                         \
         int i = 0;                                                                                          \
@@ -182,26 +181,32 @@ static inline __m512i idx16(short a, short b, short c, short d) {
                 w0[r] = LOAD(x + i), w1[r] = LOAD(x + i + 16);                                              \
             }                                                                                               \
             for (int c = 0; c < nc; c++) {                                                                  \
-                const T *y = (const T *)(vy + c * by);                                                      \
-                const __m512 y0 = LOAD(y + i), y1 = LOAD(y + i + 16);                                       \
+                const YT *y = (const YT *)(vy + c * by);                                                    \
+                const __m512 y0 = YLOAD(y + i), y1 = YLOAD(y + i + 16);                                     \
                 for (int r = 0; r < nr; r++)                                                                \
                     a0[r][c] = _mm512_fmadd_ps(w0[r], y0, a0[r][c]), a1[r][c] = _mm512_fmadd_ps(w1[r], y1, a1[r][c]); \
             }                                                                                               \
         }                                                                                                   \
         for (; i + 16 <= n; i += 16)                                                                        \
             for (int c = 0; c < nc; c++) {                                                                  \
-                const __m512 y0 = LOAD((const T *)(vy + c * by) + i);                                       \
+                const __m512 y0 = YLOAD((const YT *)(vy + c * by) + i);                                     \
                 for (int r = 0; r < nr; r++)                                                                \
                     a0[r][c] = _mm512_fmadd_ps(LOAD((const T *)(vx + r * bx) + i), y0, a0[r][c]);           \
             }                                                                                               \
         for (int r = 0; r < nr; r++)                                                                        \
             for (int c = 0; c < nc; c++) {                                                                  \
-                const T *x = (const T *)(vx + r * bx), *y = (const T *)(vy + c * by);                       \
+                const T *x = (const T *)(vx + r * bx);                                                      \
+                const YT *y = (const YT *)(vy + c * by);                                                    \
                 float sumf = hsum_f32x16(_mm512_add_ps(a0[r][c], a1[r][c]));                                \
-                for (int j = i; j < n; j++) sumf += CONV(x[j]) * CONV(y[j]);                                \
+                for (int j = i; j < n; j++) sumf += CONV(x[j]) * YCONV(y[j]);                               \
                 s[c * bs + r] = sumf;                                                                       \
             }                                                                                               \
-    }                                                                                                       \
+    }
+
+/* vec_dot, vec_dot_nx and vec_dot_2nx: both sides converted, a 2 x 4 tile (the F16/BF16 conversions
+ * dominated one product at a time) */
+#define FLOAT_MN512(name, T, LOAD, CONV)                                                                   \
+    FLOAT_TILE512(name##_mn, T, LOAD, CONV, T, LOAD, CONV, 4)                                               \
     ED_MN_ENTRIES(name##_mn, name##_1n, vec_dot_##name, vec_dot_nx_##name, vec_dot_2nx_##name)
 
 #define LOAD_F32(p) _mm512_loadu_ps(p)
@@ -215,64 +220,35 @@ FLOAT_MN512(f32, float, LOAD_F32, IDENT)
 FLOAT_MN512(f16, uint16_t, LOAD_F16, F16)
 FLOAT_MN512(bf16, uint16_t, LOAD_BF16, ed_bf16_to_f32)
 
-/* Prompts over F16 / BF16 weights: the activations come as float32 rows holding their f16 / bf16 values
- * (exact), so only the weights are converted: a 2 x 6 tile, 4 conversions per 24 FMAs (the 2 x 4 tile above
- * converts both sides: 12 per 16). Every output takes vec_dot's operations on the same float values, so
- * its bits are vec_dot's. */
+/* Prompts over F16 / BF16 weights (ed_float_gemm_fn): the activations come as float32 rows holding their
+ * f16 / bf16 values (exact), so only the weights are converted: a 2 x 6 tile, 4 conversions per 24 FMAs
+ * (the 2 x 4 tile above converts both sides: 12 per 16). The same operations on the same float values as
+ * vec_dot, so its bits. */
 #define FLOAT_GEMM512(name, T, LOAD, CONV)                                                                 \
-    ED_ALWAYS_INLINE void name##_gemm_tile(int n, float *s, size_t bs, const uint8_t *vx, size_t bx,         \
-                                           const float *y, size_t ly, const int nr, const int nc) {         \
-        __m512 a0[2][6], a1[2][6];                                                                          \
-        for (int r = 0; r < nr; r++)                                                                        \
-            for (int c = 0; c < nc; c++) a0[r][c] = a1[r][c] = _mm512_setzero_ps();                         \
-        int i = 0;                                                                                          \
-        for (; i + 32 <= n; i += 32) {                                                                      \
-            __m512 w0[2], w1[2];                                                                            \
-            for (int r = 0; r < nr; r++) {                                                                  \
-                const T *x = (const T *)(vx + r * bx);                                                      \
-                w0[r] = LOAD(x + i), w1[r] = LOAD(x + i + 16);                                              \
-            }                                                                                               \
-            for (int c = 0; c < nc; c++) {                                                                  \
-                const __m512 y0 = _mm512_loadu_ps(y + c * ly + i), y1 = _mm512_loadu_ps(y + c * ly + i + 16); \
-                for (int r = 0; r < nr; r++)                                                                \
-                    a0[r][c] = _mm512_fmadd_ps(w0[r], y0, a0[r][c]), a1[r][c] = _mm512_fmadd_ps(w1[r], y1, a1[r][c]); \
-            }                                                                                               \
-        }                                                                                                   \
-        for (; i + 16 <= n; i += 16)                                                                        \
-            for (int c = 0; c < nc; c++) {                                                                  \
-                const __m512 y0 = _mm512_loadu_ps(y + c * ly + i);                                          \
-                for (int r = 0; r < nr; r++)                                                                \
-                    a0[r][c] = _mm512_fmadd_ps(LOAD((const T *)(vx + r * bx) + i), y0, a0[r][c]);           \
-            }                                                                                               \
-        for (int r = 0; r < nr; r++)                                                                        \
-            for (int c = 0; c < nc; c++) {                                                                  \
-                const T *x = (const T *)(vx + r * bx);                                                      \
-                float sumf = hsum_f32x16(_mm512_add_ps(a0[r][c], a1[r][c]));                                \
-                for (int j = i; j < n; j++) sumf += CONV(x[j]) * y[c * ly + j];                             \
-                s[c * bs + r] = sumf;                                                                       \
-            }                                                                                               \
-    }                                                                                                       \
+    FLOAT_TILE512(name##_gemm_tile, T, LOAD, CONV, float, LOAD_F32, IDENT, 6)                               \
     static void name##_gemm(int n, float *s, size_t bs, const void *vx, size_t bx, int nr, const float *y,     \
                             size_t ly, int nc) {                                                            \
-        for (; nc > 0; nc -= 6, s += 6 * bs, y += 6 * ly) {                                                 \
+        const uint8_t *vy = (const uint8_t *)y;                                                             \
+        const size_t by = ly * sizeof(float);                                                               \
+        for (; nc > 0; nc -= 6, s += 6 * bs, vy += 6 * by) {                                                \
             const int c = nc < 6 ? nc : 6;                                                                  \
             if (nr == 2) {                                                                                  \
                 switch (c) {                                                                                \
-                case 6: name##_gemm_tile(n, s, bs, vx, bx, y, ly, 2, 6); break;                             \
-                case 5: name##_gemm_tile(n, s, bs, vx, bx, y, ly, 2, 5); break;                             \
-                case 4: name##_gemm_tile(n, s, bs, vx, bx, y, ly, 2, 4); break;                             \
-                case 3: name##_gemm_tile(n, s, bs, vx, bx, y, ly, 2, 3); break;                             \
-                case 2: name##_gemm_tile(n, s, bs, vx, bx, y, ly, 2, 2); break;                             \
-                default: name##_gemm_tile(n, s, bs, vx, bx, y, ly, 2, 1); break;                            \
+                case 6: name##_gemm_tile(n, s, bs, vx, bx, vy, by, 2, 6); break;                            \
+                case 5: name##_gemm_tile(n, s, bs, vx, bx, vy, by, 2, 5); break;                            \
+                case 4: name##_gemm_tile(n, s, bs, vx, bx, vy, by, 2, 4); break;                            \
+                case 3: name##_gemm_tile(n, s, bs, vx, bx, vy, by, 2, 3); break;                            \
+                case 2: name##_gemm_tile(n, s, bs, vx, bx, vy, by, 2, 2); break;                            \
+                default: name##_gemm_tile(n, s, bs, vx, bx, vy, by, 2, 1); break;                           \
                 }                                                                                           \
             } else {                                                                                        \
                 switch (c) {                                                                                \
-                case 6: name##_gemm_tile(n, s, bs, vx, bx, y, ly, 1, 6); break;                             \
-                case 5: name##_gemm_tile(n, s, bs, vx, bx, y, ly, 1, 5); break;                             \
-                case 4: name##_gemm_tile(n, s, bs, vx, bx, y, ly, 1, 4); break;                             \
-                case 3: name##_gemm_tile(n, s, bs, vx, bx, y, ly, 1, 3); break;                             \
-                case 2: name##_gemm_tile(n, s, bs, vx, bx, y, ly, 1, 2); break;                             \
-                default: name##_gemm_tile(n, s, bs, vx, bx, y, ly, 1, 1); break;                            \
+                case 6: name##_gemm_tile(n, s, bs, vx, bx, vy, by, 1, 6); break;                            \
+                case 5: name##_gemm_tile(n, s, bs, vx, bx, vy, by, 1, 5); break;                            \
+                case 4: name##_gemm_tile(n, s, bs, vx, bx, vy, by, 1, 4); break;                            \
+                case 3: name##_gemm_tile(n, s, bs, vx, bx, vy, by, 1, 3); break;                            \
+                case 2: name##_gemm_tile(n, s, bs, vx, bx, vy, by, 1, 2); break;                            \
+                default: name##_gemm_tile(n, s, bs, vx, bx, vy, by, 1, 1); break;                           \
                 }                                                                                           \
             }                                                                                               \
         }                                                                                                   \

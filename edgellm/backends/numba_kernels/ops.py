@@ -62,6 +62,43 @@ def _slot(table, block_size, s, p):
     return table[s, p // block_size] * block_size + p % block_size
 
 
+@njit(cache=True, inline="always")
+def _softmax_rows(scores, rows, t, round_f16):
+    """Each of rows rows of t scores -> exp(s - max) / their sum (taken in order), then rounded to f16
+    where the values are f16 (the weights meet f16 values rounded, q8_0 values unrounded)."""
+    for i in range(rows):
+        mx = F32(-np.inf)
+        for j in range(t):
+            if scores[i, j] > mx:
+                mx = scores[i, j]
+        total = F32(0)
+        for j in range(t):
+            e = np.exp(scores[i, j] - mx)
+            scores[i, j] = e
+            total += e
+        for j in range(t):
+            w = scores[i, j] / total
+            scores[i, j] = f16_to_f32(f32_to_f16_bits(w)) if round_f16 else w
+
+
+@njit(cache=True, inline="always")
+def _add_weighted(acc, scores, j, row):
+    """acc[i] += scores[i, j] * row for each query head i of the group (one key's value row)."""
+    for i in range(acc.shape[0]):
+        p = scores[i, j]
+        for d in range(acc.shape[1]):
+            acc[i, d] += p * row[d]
+
+
+@njit(cache=True, inline="always")
+def _write_heads(out, acc, r, g):
+    """The group's heads of token r (kv head g) into out."""
+    group = acc.shape[0]
+    for i in range(group):
+        for d in range(acc.shape[1]):
+            out[r, g * group + i, d] = acc[i, d]
+
+
 KEYS = 8  # keys scored together: 8 independent sums, each over d in order
 
 
@@ -109,29 +146,13 @@ def _attend_pair(q, kc, vc, table, block_size, s_id, pos, r, g, group, scale, wi
                 if softcap > 0:
                     sc = softcap * np.tanh(sc / softcap)
                 scores[i, j0 + u] = sc
-    for i in range(group):
-        mx = F32(-np.inf)
-        for j in range(t):
-            if scores[i, j] > mx:
-                mx = scores[i, j]
-        total = F32(0)
-        for j in range(t):
-            e = np.exp(scores[i, j] - mx)
-            scores[i, j] = e
-            total += e
-        for j in range(t):
-            scores[i, j] = f16_to_f32(f32_to_f16_bits(scores[i, j] / total))
+    _softmax_rows(scores, group, t, True)
     for j in range(t):
         vrow = vc[slots[j], g]
         for d in range(dh):
             kf[d] = _f16_bits_to_f32(vrow[d])
-        for i in range(group):
-            p = scores[i, j]
-            for d in range(dh):
-                acc[i, d] += p * kf[d]
-    for i in range(group):
-        for d in range(dh):
-            out[r, g * group + i, d] = acc[i, d]
+        _add_weighted(acc, scores, j, kf)
+    _write_heads(out, acc, r, g)
 
 
 @njit(cache=True, nogil=True)
@@ -285,19 +306,8 @@ def attention_q8(q, k, v, kc, vc, k8, v8, table, block_size, seq_ids, positions,
                     if softcap > 0:
                         s = softcap * np.tanh(s / softcap)
                     scores[i, j] = s
+            _softmax_rows(scores, group, t, not v8)
             for i in range(group):
-                mx = F32(-np.inf)
-                for j in range(t):
-                    if scores[i, j] > mx:
-                        mx = scores[i, j]
-                total = F32(0)
-                for j in range(t):
-                    e = np.exp(scores[i, j] - mx)
-                    scores[i, j] = e
-                    total += e
-                for j in range(t):
-                    w = scores[i, j] / total
-                    scores[i, j] = w if v8 else f16_to_f32(f32_to_f16_bits(w))
                 for d in range(dh):
                     acc[i, d] = F32(0)
             for j in range(t):
@@ -310,13 +320,8 @@ def attention_q8(q, k, v, kc, vc, k8, v8, table, block_size, seq_ids, positions,
                 else:
                     for d in range(dh):
                         kf[d] = _f16_bits_to_f32(vrow[d])
-                for i in range(group):
-                    p = scores[i, j]
-                    for d in range(dh):
-                        acc[i, d] += p * kf[d]
-            for i in range(group):
-                for d in range(dh):
-                    out[r, g * group + i, d] = acc[i, d]
+                _add_weighted(acc, scores, j, kf)
+            _write_heads(out, acc, r, g)
 
 
 @njit(cache=True, nogil=True)
