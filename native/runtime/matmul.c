@@ -19,9 +19,6 @@
  * written in phase 0 for every Q8_0 activation where the level has x16 kernels, so a matmul reusing the
  * activations of the one before finds it whatever that one's weight was.
  */
-#include <string.h>
-
-#include "f16.h"
 #include "runtime.h"
 
 #define TILE_W 16
@@ -107,15 +104,7 @@ void ed_matmul(const ed_op *op, int phase, ed_ctx *ctx) {
         ed_split(n, ctx->chunk, ctx->n_chunks, &r0, &r1);
         for (int64_t r = r0; r < r1; r++) {
             kt->from_float[vt]((const float *)op->src1 + r * k, (uint8_t *)act + r * arow, k);
-            if (yf) { /* the row's f16 / bf16 values as float32 */
-                const uint16_t *h = (const uint16_t *)(act + r * arow);
-                for (int64_t j = 0; j < k; j++) {
-                    const uint32_t bits = (uint32_t)h[j] << 16;
-                    float v;
-                    memcpy(&v, &bits, sizeof v);
-                    yf[r * k + j] = vt == ED_F16 ? ed_rt_f16_lut[h[j]] : v;
-                }
-            }
+            if (yf) ed_dequantize_row(vt, act + r * arow, yf + r * k, k); /* the row's f16 / bf16 values, exact */
             if (side) ed_x16_side(act + r * arow, k, side + r * side_row);
             if (pack)
                 kt->amx_pack[vt](act + r * arow, (int)k, packed + r / ED_AMX_ROWS * packed_tile_bytes(op, vt),

@@ -82,6 +82,16 @@ def _softmax_rows(scores, rows, t, round_f16):
 
 
 @njit(cache=True, inline="always")
+def _key_slots(table, block_size, s_id, pos, window):
+    """Cache slots of the positions a token at pos attends to: max(0, pos - window + 1) .. pos."""
+    lo = max(0, pos - window + 1) if window > 0 else 0
+    slots = np.empty(pos + 1 - lo, np.int64)
+    for j in range(len(slots)):
+        slots[j] = _slot(table, block_size, s_id, lo + j)
+    return slots
+
+
+@njit(cache=True, inline="always")
 def _add_weighted(acc, scores, j, row):
     """acc[i] += scores[i, j] * row for each query head i of the group (one key's value row)."""
     for i in range(acc.shape[0]):
@@ -109,16 +119,13 @@ def _attend_pair(q, kc, vc, table, block_size, s_id, pos, r, g, group, scale, wi
     side by side (each still summed over d in order: the reference's per-score order), then the softmax
     and the weighted values."""
     dh = q.shape[2]
-    lo = max(0, pos - window + 1) if window > 0 else 0
-    t = pos + 1 - lo
+    slots = _key_slots(table, block_size, s_id, pos, window)
+    t = len(slots)
     qg = np.empty((group, dh), F32)
     kt = np.zeros((dh, KEYS), F32)
     kf = np.empty(dh, F32)
     acc = np.zeros((group, dh), F32)
     scores = np.empty((group, t), F32)
-    slots = np.empty(t, np.int64)
-    for j in range(t):
-        slots[j] = _slot(table, block_size, s_id, lo + j)
     for i in range(group):
         for d in range(dh):
             qg[i, d] = f16_to_f32(f32_to_f16_bits(q[r, g * group + i, d]))
@@ -263,13 +270,9 @@ def attention_q8(q, k, v, kc, vc, k8, v8, table, block_size, seq_ids, positions,
     kf = np.empty(dh, F32)
     acc = np.empty((group, dh), F32)
     for r in range(n):
-        s_id, pos = seq_ids[r], positions[r]
-        lo = max(0, pos - window + 1) if window > 0 else 0
-        t = pos + 1 - lo
+        slots = _key_slots(table, block_size, seq_ids[r], positions[r], window)
+        t = len(slots)
         scores = np.empty((group, t), F32)
-        slots = np.empty(t, np.int64)
-        for j in range(t):
-            slots[j] = _slot(table, block_size, s_id, lo + j)
         for g in range(n_kv):
             for i in range(group):
                 if k8:
