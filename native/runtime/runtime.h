@@ -54,6 +54,7 @@ void ed_exp_span(float *x, int64_t n, const ed_kernel_table *kt);
 
 /* dequantize one row of n elements of a ggml type to float32; 0 if the type is unsupported */
 int ed_dequantize_row(int type, const void *src, float *dst, int64_t n);
+void ed_act_row_to_f32(int type, const void *src, float *dst, int64_t n); /* F16 / BF16 activations */
 int ed_dequantize_supported(int type);
 
 /* part `part` of `parts` of rows 0..rows-1, contiguous and nearly equal: [*r0, *r1) */
