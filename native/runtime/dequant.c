@@ -209,8 +209,8 @@ int ed_dequantize_row(int type, const void *src, float *y, int64_t n) {
 }
 
 /* An activation row of F16 / BF16 values (a matmul's, written by the level's from_float) as float32 for
- * the float GEMM: F16C's conversion where the CPU has it, which equals the table's for every value but a
- * signaling NaN (quieted), and from_float writes none; bf16 is a shift. */
+ * the float GEMM: at the x86 levels with AVX2 (which imply F16C) F16C's conversion, which equals the
+ * table's for every value but a signaling NaN (quieted), and from_float writes none; bf16 is a shift. */
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 __attribute__((target("avx2,f16c"))) static void f16_row_avx2(const uint16_t *h, float *y, int64_t n) {
@@ -229,19 +229,14 @@ __attribute__((target("avx2"))) static void bf16_row_avx2(const uint16_t *h, flo
 }
 #endif
 
-void ed_act_row_to_f32(int type, const void *src, float *y, int64_t n) {
+void ed_act_row_to_f32(const ed_kernel_table *kt, int type, const void *src, float *y, int64_t n) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    static int fast = -1;
-    if (fast < 0) fast = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-    if (fast && type == ED_F16) {
-        f16_row_avx2(src, y, n);
-        return;
-    }
-    if (fast && type == ED_BF16) {
-        bf16_row_avx2(src, y, n);
+    if ((kt->level == ED_LEVEL_AVX2 || kt->level == ED_LEVEL_AVX512) && (type == ED_F16 || type == ED_BF16)) {
+        (type == ED_F16 ? f16_row_avx2 : bf16_row_avx2)(src, y, n);
         return;
     }
 #endif
+    (void)kt;
     ed_dequantize_row(type, src, y, n);
 }
 

@@ -104,7 +104,7 @@ void ed_matmul(const ed_op *op, int phase, ed_ctx *ctx) {
         ed_split(n, ctx->chunk, ctx->n_chunks, &r0, &r1);
         for (int64_t r = r0; r < r1; r++) {
             kt->from_float[vt]((const float *)op->src1 + r * k, (uint8_t *)act + r * arow, k);
-            if (yf) ed_act_row_to_f32(vt, act + r * arow, yf + r * k, k); /* the row's f16 / bf16 values, exact */
+            if (yf) ed_act_row_to_f32(kt, vt, act + r * arow, yf + r * k, k); /* the row's f16 / bf16 values, exact */
             if (side) ed_x16_side(act + r * arow, k, side + r * side_row);
             if (pack)
                 kt->amx_pack[vt](act + r * arow, (int)k, packed + r / ED_AMX_ROWS * packed_tile_bytes(op, vt),

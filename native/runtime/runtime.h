@@ -54,7 +54,8 @@ void ed_exp_span(float *x, int64_t n, const ed_kernel_table *kt);
 
 /* dequantize one row of n elements of a ggml type to float32; 0 if the type is unsupported */
 int ed_dequantize_row(int type, const void *src, float *dst, int64_t n);
-void ed_act_row_to_f32(int type, const void *src, float *dst, int64_t n); /* F16 / BF16 activations */
+/* a matmul's F16 / BF16 activation row as float32, at the table's level (the values ed_dequantize_row gives) */
+void ed_act_row_to_f32(const ed_kernel_table *kt, int type, const void *src, float *dst, int64_t n);
 int ed_dequantize_supported(int type);
 
 /* part `part` of `parts` of rows 0..rows-1, contiguous and nearly equal: [*r0, *r1) */
