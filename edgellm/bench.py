@@ -1,7 +1,8 @@
 """`edgellm bench`: prompt and generation speed of one model on one backend, measured like llama-bench.
 
-pp: one forward pass over a -p token prompt (logits for its last token only), tokens/s; a
-    sliding-window cache takes it in forwards of the most tokens it holds per forward (512 for gemma3).
+pp: a -p token prompt in forwards of at most -ub tokens (llama-bench's ubatch, 512 by default; logits for
+    its last token only), tokens/s; a sliding-window cache takes at most the tokens it holds per forward
+    (512 for gemma3).
 tg: -n single-token decode steps after a prompt, each a forward pass and a greedy pick, tokens/s
     (llama-bench's tg starts from an empty cache; here the steps follow the -p prompt, or one token
     when -p is 0, which costs the same within noise at these lengths).
@@ -26,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+UBATCH = 512  # llama-bench's default -ub
+
 
 @dataclass
 class BenchResult:
@@ -37,6 +40,7 @@ class BenchResult:
     reps: int
     load_s: float
     n_depth: int = 0
+    n_ubatch: int = 0  # the most tokens a prompt forward took (llama-bench's -ub)
     pp_tok_s: float | None = None
     tg_tok_s: float | None = None
     ttft_s: float | None = None
@@ -90,12 +94,12 @@ def _ids(n_vocab: int, n: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(10, n_vocab - 10, max(n, 1)).astype(np.int64)
 
 
-def _prefill(model, kv, ids: np.ndarray, seq: int = 0, start: int = 0) -> np.ndarray:
-    """One forward over the prompt (at positions start ..), or where a sliding-window cache takes fewer
-    tokens of a sequence per forward (gemma3: 512), consecutive forwards of that many, as llama-bench's
-    512-token ubatches do."""
+def _prefill(model, kv, ids: np.ndarray, seq: int = 0, start: int = 0, ubatch: int = UBATCH) -> np.ndarray:
+    """The prompt (at positions start ..) in consecutive forwards of at most `ubatch` tokens, as
+    llama-bench's ubatches, or fewer where a sliding-window cache takes fewer tokens of a sequence per
+    forward (gemma3: 512). A forward's scratch grows with its tokens: the ubatch bounds the peak memory."""
     n = len(ids)
-    step = kv.window_chunk if getattr(kv, "ring_layers", None) else n
+    step = max(1, min(ubatch, kv.window_chunk if getattr(kv, "ring_layers", None) else n))
     for s in range(0, n, step):
         e = min(n, s + step)
         pos = np.arange(start + s, start + e)
@@ -118,6 +122,7 @@ def run_bench(
     log=None,
     progress: Callable[[str], None] | None = None,
     cache_types: tuple[str, str] = ("f16", "f16"),
+    ubatch: int = UBATCH,
 ) -> BenchResult:
     """Measure one model; `progress`, if given, is told each stage as it starts ("warm-up", "pp128 2/5")."""
     from edgellm.llm import LLM
@@ -126,6 +131,8 @@ def run_bench(
         if progress is not None:
             progress(what)
 
+    if ubatch <= 0:
+        raise ValueError(f"the ubatch must be positive, got {ubatch}")
     ctx = n_ctx or (n_depth + n_prompt + n_gen + 8)
     if n_depth + n_prompt + n_gen + 1 > ctx:
         what = f"-d {n_depth}, -p {n_prompt} and -n {n_gen}" if n_depth else f"-p {n_prompt} and -n {n_gen}"
@@ -153,11 +160,11 @@ def run_bench(
     for rep in range(reps):
         if n_depth > 0:
             stage(f"depth {n_depth} {rep + 1}/{reps}")
-            _prefill(m, kv, depth)
+            _prefill(m, kv, depth, ubatch=ubatch)
         if n_prompt > 0:
             stage(f"pp{n_prompt} {rep + 1}/{reps}")
             t0 = time.perf_counter()
-            logits = _prefill(m, kv, prompt, start=n_depth)
+            logits = _prefill(m, kv, prompt, start=n_depth, ubatch=ubatch)
             tok = int(np.argmax(logits[-1]))
             dt = time.perf_counter() - t0
             pp.append(n_prompt / dt)
@@ -190,6 +197,7 @@ def run_bench(
         reps=reps,
         load_s=llm.load_s,
         n_depth=n_depth,
+        n_ubatch=ubatch,
         pp_tok_s=statistics.median(pp) if pp else None,
         tg_tok_s=statistics.median(tg) if tg else None,
         ttft_s=statistics.median(ttft) if ttft else None,

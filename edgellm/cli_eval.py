@@ -124,6 +124,9 @@ def bench(
     n_depth: int = typer.Option(
         0, "-d", "--n-depth", min=0, help="Tokens already in the cache before each test (llama-bench's -d)."
     ),
+    ubatch: int = typer.Option(
+        512, "-ub", "--ubatch-size", min=1, help="Most prompt tokens per forward (llama-bench's -ub)."
+    ),
     reps: int = typer.Option(5, "-r", "--repetitions", min=1, help="Repetitions; medians are reported."),
     threads: int | None = typer.Option(None, "-t", "--threads"),
     backend: str = typer.Option("auto", "--backend", help=BACKEND_HELP),
@@ -149,6 +152,7 @@ def bench(
             log=lambda m: print(m, file=sys.stderr),
             progress=progress,
             cache_types=(cache_type_k, cache_type_v),
+            ubatch=ubatch,
         )
     print(json.dumps(r.as_dict()) if as_json else format_result(r))
 

@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from edgellm.cli import main
@@ -329,9 +330,9 @@ def test_bench_depth_fills_the_cache_before_each_test(monkeypatch, smollm2_path)
     calls: list[tuple[int, int]] = []
     real = bench._prefill
 
-    def spy(model, kv, ids, seq=0, start=0):
+    def spy(model, kv, ids, seq=0, start=0, ubatch=bench.UBATCH):
         calls.append((len(ids), start))
-        return real(model, kv, ids, seq, start)
+        return real(model, kv, ids, seq, start, ubatch)
 
     monkeypatch.setattr(bench, "_prefill", spy)
     stages: list[str] = []
@@ -340,6 +341,31 @@ def test_bench_depth_fills_the_cache_before_each_test(monkeypatch, smollm2_path)
     assert calls[1:] == [(20, 0), (4, 20)] * 2  # (the first: the warm-up's)
     assert r.n_depth == 20 and r.pp_tok_s > 0 and r.tg_tok_s > 0
     assert "pp4 @ d20" in bench.format_result(r)
+
+
+def test_bench_prompts_go_in_ubatches_with_the_last_logits_of_one_forward(monkeypatch, smollm2_path):
+    """-ub as llama-bench's: a prompt longer than the ubatch takes several forwards (which bounds the
+    scratch a depth of 2048 needs), and its last token's logits are those of the whole prompt at once."""
+    import edgellm.bench as bench
+    from edgellm.llm import LLM
+
+    m = LLM(smollm2_path, backend="native").model
+    ids = bench._ids(m.config.n_vocab, 45)
+    forwards: list[int] = []
+    real = m.forward
+
+    def spy(tokens, *args, **kwargs):
+        forwards.append(len(tokens))
+        return real(tokens, *args, **kwargs)
+
+    whole = bench._prefill(m, m.new_kv_cache(64, 1), ids)
+    monkeypatch.setattr(m, "forward", spy)
+    chunked = bench._prefill(m, m.new_kv_cache(64, 1), ids, ubatch=16)
+    assert forwards == [16, 16, 13]
+    np.testing.assert_allclose(chunked[-1], whole[-1], rtol=0, atol=2e-3 * float(np.abs(whole[-1]).max()))
+    assert int(np.argmax(chunked[-1])) == int(np.argmax(whole[-1]))
+    with pytest.raises(ValueError, match="ubatch must be positive"):
+        bench.run_bench(smollm2_path, n_prompt=4, n_gen=0, reps=1, ubatch=0)
 
 
 def test_chat_line_editing_falls_back_silently_without_readline(monkeypatch, tmp_path):
