@@ -10,6 +10,8 @@
 #if defined(__aarch64__)
 #include <arm_neon.h>
 
+#define ED_INLINE static inline __attribute__((always_inline))
+
 /* f16 at p -> f32 with one fcvt */
 static inline float f16n(const void *p) {
     __fp16 h;
@@ -41,6 +43,55 @@ static inline int32_t mins_dot_bsums(const uint8_t *mins, const int16_t *bsums) 
     const int16x8_t q8sums = vpaddq_s16(vld1q_s16(bsums), vld1q_s16(bsums + 8)); /* 8 sums of 32 */
     const int16x8_t m = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(mins)));
     return vaddvq_s32(vaddq_s32(vmull_s16(vget_low_s16(q8sums), vget_low_s16(m)), vmull_high_s16(q8sums, m)));
+}
+
+/* ------------------------------------------------------------------- legacy weight blocks unpacked */
+
+/* A Q4_0 .. Q8_0 / IQ4_NL block as signed quants (l: 0..15, h: 16..31) and its f16 scale (and min) as
+ * floats, unpacked once per block for every activation row it meets (neon_body.h's vec_dot and nx). */
+typedef struct {
+    int8x16_t l, h;
+    float d, m;
+} nwblock;
+
+static inline nwblock prep_q4_0(const block_q4_0 *x) {
+    const uint8x16_t v = vld1q_u8(x->qs);
+    const int8x16_t s8 = vdupq_n_s8(8);
+    return (nwblock){vsubq_s8(lo4(v), s8), vsubq_s8(hi4(v), s8), f16n(&x->d), 0.0f};
+}
+
+static inline nwblock prep_q4_1(const block_q4_1 *x) {
+    const uint8x16_t v = vld1q_u8(x->qs);
+    return (nwblock){lo4(v), hi4(v), f16n(&x->d), f16n(&x->m)};
+}
+
+static inline nwblock prep_q5_0(const block_q5_0 *x) {
+    uint8x16_t hl, hh;
+    fifth_bits(x->qh, &hl, &hh);
+    const uint8x16_t v = vld1q_u8(x->qs);
+    /* q | 0xF0 where the fifth bit is clear is q - 16 as int8 */
+    const uint8x16_t f0 = vdupq_n_u8(0xF0);
+    return (nwblock){vreinterpretq_s8_u8(vorrq_u8(vandq_u8(v, vdupq_n_u8(0x0F)), vbicq_u8(f0, hl))),
+                     vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(v, 4), vbicq_u8(f0, hh))), f16n(&x->d), 0.0f};
+}
+
+static inline nwblock prep_q5_1(const block_q5_1 *x) {
+    uint8x16_t hl, hh;
+    fifth_bits(x->qh, &hl, &hh);
+    const uint8x16_t v = vld1q_u8(x->qs), b4 = vdupq_n_u8(0x10);
+    return (nwblock){vreinterpretq_s8_u8(vorrq_u8(vandq_u8(v, vdupq_n_u8(0x0F)), vandq_u8(hl, b4))),
+                     vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(v, 4), vandq_u8(hh, b4))), f16n(&x->d), f16n(&x->m)};
+}
+
+static inline nwblock prep_q8_0(const block_q8_0 *x) {
+    return (nwblock){vld1q_s8(x->qs), vld1q_s8(x->qs + 16), f16n(&x->d), 0.0f};
+}
+
+static inline nwblock prep_iq4_nl(const block_iq4_nl *x) {
+    const int8x16_t values = vld1q_s8(ed_kvalues_iq4nl);
+    const uint8x16_t v = vld1q_u8(x->qs);
+    return (nwblock){vqtbl1q_s8(values, vandq_u8(v, vdupq_n_u8(0x0F))), vqtbl1q_s8(values, vshrq_n_u8(v, 4)),
+                     f16n(&x->d), 0.0f};
 }
 
 /* ------------------------------------------------------------------------- activation quantizers */
