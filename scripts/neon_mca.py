@@ -75,10 +75,16 @@ def cycles_per_dot(lines: list[str], cpu: str, iterations: int = 200) -> tuple[i
     return (dots, int(m.group(1)) / iterations / dots) if m else None
 
 
+def loops(funcs: dict, name: str, cpu: str) -> list[tuple[int, float]]:
+    """(dots per iteration, cycles per dot) of the function's innermost loops, most dots first."""
+    found = [r for loop in innermost_loops(funcs.get(name, [])) if (r := cycles_per_dot(loop, cpu))]
+    return sorted(found, reverse=True)
+
+
 def best(funcs: dict, name: str, cpu: str) -> float | None:
     """Cycles per dot of the function's loop with the most dots per iteration."""
-    found = [r for loop in innermost_loops(funcs.get(name, [])) if (r := cycles_per_dot(loop, cpu))]
-    return max(found)[1] if found else None
+    found = loops(funcs, name, cpu)
+    return found[0][1] if found else None
 
 
 def main() -> int:
@@ -100,13 +106,12 @@ def main() -> int:
         )  # fmt: skip
         funcs = functions(obj)
     print(f"llvm-mca -mcpu={args.cpu}, -march={args.march}: cycles per 16-byte dot (lower is faster)")
-    print("| type | vec_dot | vec_dot_nx, 4 rows | ratio |\n|---|---|---|---|")
+    print("| type | vec_dot | vec_dot_nx, 4 rows | x16_gemm, 1 row | x16_gemm, 2 rows |\n|---|---|---|---|---|")
     for t in TYPES:
         one, nx = best(funcs, f"vec_dot_{t}_{sfx}", args.cpu), best(funcs, f"vec_dot_{t}_nx_{sfx}", args.cpu)
-        if one and nx:
-            print(f"| {t} | {one:.2f} | {nx:.2f} | {one / nx:.2f} |")
-        else:
-            print(f"| {t} | {one} | {nx} | - |")
+        x16 = {dots: c for dots, c in loops(funcs, f"x16n_gemm_{t}", args.cpu)}  # nc = 2 does twice nc = 1's
+        cells = [one, nx, x16[min(x16)] if x16 else None, x16[max(x16)] if len(x16) > 1 else None]
+        print(f"| {t} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in cells) + " |")
     return 0
 
 

@@ -160,12 +160,12 @@ REPACKS = bool(native_mod.lib is not None and native_mod.lib.ed_repack_x16_suppo
 
 
 @pytest.mark.skipif(
-    not REPACKS, reason="this CPU's kernels keep the file's layout (x16: AVX2 or AVX-512, no AMX)"
+    not REPACKS, reason="this CPU's kernels keep the file's layout (x16: AVX2, AVX-512 without AMX, sdot)"
 )
 def test_matmul_weights_are_repacked_at_load_where_the_kernels_take_them(tmp_path):
-    """On an x86 CPU with AVX2 or AVX-512 (without AMX) load_model gives Q4_0/Q8_0 matrices a repacked copy,
-    plans replay it bit for bit (test_every_architecture_... too), logits stay within the matmul
-    tolerance of the reference backend, and EDGELLM_REPACK=0 keeps the file's layout."""
+    """Where the kernels take the x16 layout (AVX2, AVX-512 without AMX, aarch64 with sdot) load_model gives
+    Q4_0/Q8_0 matrices a repacked copy, plans replay it bit for bit (test_every_architecture_... too),
+    and logits stay within the matmul tolerance of the reference backend."""
     model = tiny_model(tmp_path, "llama", native_mod.NativeBackend(threads=2))
     weights = [w for w in vars(model.layers[0]).values() if isinstance(w, native_mod.NativeWeight)]
     assert weights and all(w.x16 is not None and w.x16.ctypes.data % 64 == 0 for w in weights)
@@ -174,6 +174,16 @@ def test_matmul_weights_are_repacked_at_load_where_the_kernels_take_them(tmp_pat
     args = (np.array([3, 1, 4, 1, 5]), np.arange(5), np.zeros(5, np.int64))
     a, b = model.forward(*args, model.new_kv_cache(8, 1)), ref.forward(*args, ref.new_kv_cache(8, 1))
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * np.abs(b).max())
+
+
+@pytest.mark.skipif(
+    not REPACKS, reason="this CPU's kernels keep the file's layout (x16: AVX2, AVX-512 without AMX, sdot)"
+)
+def test_edgellm_repack_off_keeps_the_files_layout(tmp_path):
+    """EDGELLM_REPACK=0 (read when the kernel table is built, so in a fresh process) keeps every matrix in
+    the file's layout; =1 repacks the same ones as the default."""
+    model = tiny_model(tmp_path, "llama", native_mod.NativeBackend(threads=2))
+    weights = [w for w in vars(model.layers[0]).values() if isinstance(w, native_mod.NativeWeight)]
     code = (
         "import sys; from edgellm.arch import load_model; from edgellm.gguf import ModelFile;"
         "from edgellm.backends.native import NativeBackend, NativeWeight;"

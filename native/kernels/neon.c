@@ -239,6 +239,7 @@ FLOAT_DOT(vec_dot_bf16, uint16_t, LOAD_BF16, ed_bf16_to_f32)
 #define ED_DOTPROD 1
 #include "neon_body.h"
 #undef ED_DOTPROD
+#include "neon_x16.h"
 #if defined(__clang__)
 #pragma clang attribute pop
 #elif defined(__GNUC__)
@@ -250,7 +251,10 @@ int ed_fill_neon(ed_kernel_table *t, int dotprod) {
     ed_table_init_common(t, ED_LEVEL_NEON);
     set_dots_neon(t);
 #if defined(ED_HAVE_SDOT)
-    if (dotprod) set_dots_dotprod(t);
+    if (dotprod) {
+        set_dots_dotprod(t);
+        if (ed_repack_enabled()) set_x16_neon(t);
+    }
 #else
     (void)dotprod;
 #endif
