@@ -99,6 +99,28 @@ static inline int32_t ED_SFX(dot64)(int8x16_t q0, int8x16_t q1, const int8_t *y)
     return vaddvq_s32(ED_SFX(dot16)(ED_SFX(dot16)(vdupq_n_s32(0), q0, vld1q_s8(y)), q1, vld1q_s8(y + 16)));
 }
 
+/* Q4_K/Q5_K: sumi[c] += sub-blocks 2j (l0, l1; scale s0) and 2j + 1 (u0, u1; scale s1) of super-block i
+ * against activation row c */
+ED_INLINE void ED_SFX(k45_pair)(int8x16_t l0, int8x16_t l1, int8x16_t u0, int8x16_t u1, int s0, int s1,
+                                const uint8_t *vy, size_t by, int i, int j, int32_t *sumi, const int nc) {
+    for (int c = 0; c < nc; c++) {
+        const int8_t *q8 = ED_K_ROW(i, c)->qs + 64 * j;
+        sumi[c] += ED_SFX(dot64)(l0, l1, q8) * s0 + ED_SFX(dot64)(u0, u1, q8 + 32) * s1;
+    }
+}
+
+/* Q4_K/Q5_K: super-block i's float step per row, sumf[c] += d * sumi - dmin * Σ min * bsum (sc: the 8
+ * scales, then the 8 mins; xd, xdmin: the block's f16 d and dmin) */
+ED_INLINE void ED_SFX(k45_finish)(const uint8_t *sc, const void *xd, const void *xdmin, const uint8_t *vy, size_t by,
+                                  int i, const int32_t *sumi, float *sumf, const int nc) {
+    for (int c = 0; c < nc; c++) {
+        const block_q8_K *y = ED_K_ROW(i, c);
+        const int32_t mins = mins_dot_bsums(sc + 8, y->bsums);
+        const float d = y->d * f16n(xd), dmin = y->d * f16n(xdmin);
+        sumf[c] += d * (float)sumi[c] - dmin * (float)mins;
+    }
+}
+
 ED_INLINE void ED_SFX(vec_dot_q4_K_n)(int n, float *s, size_t bs, const block_q4_K *x, const uint8_t *vy, size_t by,
                                       const int nc) {
     float sumf[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -111,18 +133,9 @@ ED_INLINE void ED_SFX(vec_dot_q4_K_n)(int n, float *s, size_t bs, const block_q4
         for (int j = 0; j < QK_K / 64; j++, q4 += 32) {
             const uint8x16_t b0 = vld1q_u8(q4), b1 = vld1q_u8(q4 + 16);
             const int8x16_t l0 = lo4(b0), l1 = lo4(b1), u0 = hi4(b0), u1 = hi4(b1);
-            for (int c = 0; c < nc; c++) {
-                const int8_t *q8 = ED_K_ROW(i, c)->qs + 64 * j;
-                sumi[c] += ED_SFX(dot64)(l0, l1, q8) * sc[2 * j];
-                sumi[c] += ED_SFX(dot64)(u0, u1, q8 + 32) * sc[2 * j + 1];
-            }
+            ED_SFX(k45_pair)(l0, l1, u0, u1, sc[2 * j], sc[2 * j + 1], vy, by, i, j, sumi, nc);
         }
-        for (int c = 0; c < nc; c++) {
-            const block_q8_K *y = ED_K_ROW(i, c);
-            const int32_t mins = mins_dot_bsums(sc + 8, y->bsums);
-            const float d = y->d * f16n(&x[i].d), dmin = y->d * f16n(&x[i].dmin);
-            sumf[c] += d * (float)sumi[c] - dmin * (float)mins;
-        }
+        ED_SFX(k45_finish)(sc, &x[i].d, &x[i].dmin, vy, by, i, sumi, sumf, nc);
     }
     for (int c = 0; c < nc; c++) s[c * bs] = sumf[c];
 }
@@ -148,17 +161,9 @@ ED_INLINE void ED_SFX(vec_dot_q5_K_n)(int n, float *s, size_t bs, const block_q5
             const int8x16_t u1 = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(b1, 4), vshlq_n_u8(vandq_u8(h1, two), 3)));
             h0 = vshrq_n_u8(h0, 2);
             h1 = vshrq_n_u8(h1, 2);
-            for (int c = 0; c < nc; c++) {
-                const int8_t *q8 = ED_K_ROW(i, c)->qs + 64 * j;
-                sumi[c] += ED_SFX(dot64)(l0, l1, q8) * sc[2 * j] + ED_SFX(dot64)(u0, u1, q8 + 32) * sc[2 * j + 1];
-            }
+            ED_SFX(k45_pair)(l0, l1, u0, u1, sc[2 * j], sc[2 * j + 1], vy, by, i, j, sumi, nc);
         }
-        for (int c = 0; c < nc; c++) {
-            const block_q8_K *y = ED_K_ROW(i, c);
-            const int32_t mins = mins_dot_bsums(sc + 8, y->bsums);
-            const float d = y->d * f16n(&x[i].d), dmin = y->d * f16n(&x[i].dmin);
-            sumf[c] += d * (float)sumi[c] - dmin * (float)mins;
-        }
+        ED_SFX(k45_finish)(sc, &x[i].d, &x[i].dmin, vy, by, i, sumi, sumf, nc);
     }
     for (int c = 0; c < nc; c++) s[c * bs] = sumf[c];
 }
@@ -208,6 +213,17 @@ static inline int32_t ED_SFX(dot32s)(uint8x16_t q0, uint8x16_t q1, const int8_t 
     return ED_SFX(dot16s)(q0, y) * s0 + ED_SFX(dot16s)(q1, y + 16) * s1;
 }
 
+/* isum[c] += the 128 quants q[0..7] (Q2_K / Q3_K, half h of super-block i) against activation row c, each
+ * 16 quants with their scale g[0..7] (a pair per 32) */
+ED_INLINE void ED_SFX(q23_half)(const uint8x16_t q[8], const int g[8], const uint8_t *vy, size_t by, int i, int h,
+                                int32_t *isum, const int nc) {
+    for (int c = 0; c < nc; c++) {
+        const int8_t *q8 = ED_K_ROW(i, c)->qs + 128 * h;
+        for (int k = 0; k < 4; k++)
+            isum[c] += ED_SFX(dot32s)(q[2 * k], q[2 * k + 1], q8 + 32 * k, g[2 * k], g[2 * k + 1]);
+    }
+}
+
 ED_INLINE void ED_SFX(vec_dot_q2_K_n)(int n, float *s, size_t bs, const block_q2_K *x, const uint8_t *vy, size_t by,
                                       const int nc) {
     const uint8x16_t m3 = vdupq_n_u8(3), m4 = vdupq_n_u8(0x0F);
@@ -238,12 +254,9 @@ ED_INLINE void ED_SFX(vec_dot_q2_K_n)(int n, float *s, size_t bs, const block_q2
                 vandq_u8(vshrq_n_u8(b0, 4), m3),  vandq_u8(vshrq_n_u8(b1, 4), m3),
                 vshrq_n_u8(b0, 6),                vshrq_n_u8(b1, 6),
             };
-            const uint8_t *g = sc + 8 * h;
-            for (int c = 0; c < nc; c++) {
-                const int8_t *q8 = ED_K_ROW(i, c)->qs + 128 * h;
-                for (int k = 0; k < 4; k++)
-                    isum[c] += ED_SFX(dot32s)(q[2 * k], q[2 * k + 1], q8 + 32 * k, g[2 * k], g[2 * k + 1]);
-            }
+            int g[8];
+            for (int k = 0; k < 8; k++) g[k] = sc[8 * h + k];
+            ED_SFX(q23_half)(q, g, vy, by, i, h, isum, nc);
         }
         for (int c = 0; c < nc; c++) sum[c] += (ED_K_ROW(i, c)->d * f16n(&x[i].d)) * (float)isum[c];
     }
@@ -283,12 +296,9 @@ ED_INLINE void ED_SFX(vec_dot_q3_K_n)(int n, float *s, size_t bs, const block_q3
                 ED_SFX(q3)(vshrq_n_u8(b0, 6), h0, b << 3),
                 ED_SFX(q3)(vshrq_n_u8(b1, 6), h1, b << 3),
             };
-            const int8_t *g = sc + 8 * h;
-            for (int c = 0; c < nc; c++) {
-                const int8_t *q8 = ED_K_ROW(i, c)->qs + 128 * h;
-                for (int k = 0; k < 4; k++)
-                    isum[c] += ED_SFX(dot32s)(q[2 * k], q[2 * k + 1], q8 + 32 * k, g[2 * k], g[2 * k + 1]);
-            }
+            int g[8];
+            for (int k = 0; k < 8; k++) g[k] = sc[8 * h + k];
+            ED_SFX(q23_half)(q, g, vy, by, i, h, isum, nc);
         }
         for (int c = 0; c < nc; c++) sum[c] += (ED_K_ROW(i, c)->d * f16n(&x[i].d)) * (float)isum[c];
     }
