@@ -106,9 +106,11 @@ def main() -> int:
         )  # fmt: skip
         funcs = functions(obj)
     print(f"llvm-mca -mcpu={args.cpu}, -march={args.march}: cycles per 16-byte dot (lower is faster)")
-    print("| type | vec_dot | vec_dot_nx, 4 rows | x16_gemm, 1 row | x16_gemm, 2 rows |\n|---|---|---|---|---|")
+    print("| type | vec_dot | vec_dot_nx, 4 rows | x16_gemm, 1 row | x16_gemm, 2 rows |")
+    print("|---|---|---|---|---|")
     for t in TYPES:
-        one, nx = best(funcs, f"vec_dot_{t}_{sfx}", args.cpu), best(funcs, f"vec_dot_{t}_nx_{sfx}", args.cpu)
+        one = best(funcs, f"vec_dot_{t}_{sfx}", args.cpu)
+        nx = best(funcs, f"vec_dot_{t}_nx_{sfx}", args.cpu)
         x16 = {dots: c for dots, c in loops(funcs, f"x16n_gemm_{t}", args.cpu)}  # nc = 2 does twice nc = 1's
         cells = [one, nx, x16[min(x16)] if x16 else None, x16[max(x16)] if len(x16) > 1 else None]
         print(f"| {t} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in cells) + " |")

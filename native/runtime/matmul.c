@@ -25,7 +25,9 @@
 #define TILE_X 8
 #define CHUNKS_PER_THREAD 4
 #define AMX_MIN_ROWS 4
-#define PREFETCH_ROWS 2
+#ifndef PREFETCH_ROWS
+#define PREFETCH_ROWS 2 /* decode: rows ahead whose lines are prefetched (-D to try others) */
+#endif
 
 /* whether phase 0 packs the activations for the AMX tile GEMM: by activation type alone, so a matmul
  * reusing the activations of the one before (i1) finds them packed whatever the weight types */
