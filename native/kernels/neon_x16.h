@@ -75,12 +75,12 @@ ED_INLINE void x16n_gemm_nc(const int kind, int n, float *s, size_t bs, const ui
         X16N_DOTS(1);
         X16N_DOTS(2);
         X16N_DOTS(3);
+        float32x4_t dw[4]; /* the 16 rows' scales */
+        for (int k = 0; k < 4; k++) dw[k] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)g + 4 * k)));
         for (int c = 0; c < nc; c++) {
             const float dy = ((const float *)(side + c * side_row))[b];
-            for (int k = 0; k < 4; k++) {
-                const float32x4_t dw = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)g + 4 * k)));
-                acc[c][k] = vfmaq_f32(acc[c][k], vmulq_n_f32(dw, dy), vcvtq_f32_s32(isum[c][k]));
-            }
+            for (int k = 0; k < 4; k++)
+                acc[c][k] = vfmaq_f32(acc[c][k], vmulq_n_f32(dw[k], dy), vcvtq_f32_s32(isum[c][k]));
         }
     }
     for (int c = 0; c < nc; c++) {
@@ -95,9 +95,10 @@ ED_INLINE void x16n_gemm_nc(const int kind, int n, float *s, size_t bs, const ui
     static void x16n_gemm_##name(int n, float *s, size_t bs, const void *vx, int nr, const void *vy, size_t by, \
                                  const void *side, size_t side_row, int nc) {                                \
         const uint8_t *y = vy, *sd = side;                                                                   \
-        for (; nc >= 2; nc -= 2, s += 2 * bs, y += 2 * by, sd += 2 * side_row)                               \
-            x16n_gemm_nc(KIND, n, s, bs, vx, nr, y, by, sd, side_row, 2);                                    \
-        if (nc == 1) x16n_gemm_nc(KIND, n, s, bs, vx, nr, y, by, sd, side_row, 1);                           \
+        for (; nc >= ED_X16N_NC; nc -= ED_X16N_NC, s += ED_X16N_NC * bs, y += ED_X16N_NC * by,               \
+                                 sd += ED_X16N_NC * side_row)                                                \
+            x16n_gemm_nc(KIND, n, s, bs, vx, nr, y, by, sd, side_row, ED_X16N_NC);                           \
+        if (nc == 1) x16n_gemm_nc(KIND, n, s, bs, vx, nr, y, by, sd, side_row, 1); /* (ED_X16N_NC is 2) */   \
     }
 
 ED_X16N_ENTRY(q4_0, X16N_Q4_0)
