@@ -11,6 +11,8 @@ each output's scale sum_k |w_k x_k| and measure ~1e-7.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from forward_checks import NEAR_TIE, check_forced_steps, check_greedy, greedy, load_fixture
@@ -28,7 +30,7 @@ from edgellm.backends import get_backend
 from edgellm.backends import numba_kernels as K
 from edgellm.backends.base import RopeSpec
 from edgellm.backends.numba_cpu import PARALLEL_MIN_MACS, NumbaBackend
-from edgellm.backends.numba_kernels import common
+from edgellm.backends.numba_kernels import common, simd
 from edgellm.backends.reference import ReferenceBackend, activation_roundtrip
 from edgellm.gguf import ModelFile, QTensor
 
@@ -207,21 +209,21 @@ def test_f16_conversions_are_bit_exact(nb):
         assert np.array_equal(got, y.astype(np.float16).astype(np.float32))
 
 
-def test_vector_ir_f16_conversion_is_numpys_for_every_bit_pattern():
-    """simd.py's integer-and-float f16 -> f32 (eight lanes at a time) against numpy, all 65536 patterns:
-    every number bit for bit (what the decode loops' scale lookups gave), NaN for NaN."""
+@pytest.mark.parametrize("conversion", ["_f16_to_f32", "_f16_vec_to_f32"])
+def test_vector_ir_f16_conversion_is_numpys_for_every_bit_pattern(conversion):
+    """simd.py's f16 -> f32 (eight lanes at a time) against numpy, all 65536 patterns: every number bit
+    for bit (what the decode loops' scale lookups gave), NaN for NaN. _f16_to_f32 is the portable integer
+    and float steps; _f16_vec_to_f32 what the kernels use (vcvtph2ps on x86)."""
     from llvmlite import ir
     from numba import njit, types
     from numba.extending import intrinsic
-
-    from edgellm.backends.numba_kernels import simd
 
     @intrinsic
     def convert8(typingctx, h, o, out):
         def codegen(context, builder, sig, args):
             hp = simd._data(context, builder, sig.args[0], args[0], args[1])
             v = builder.load(builder.bitcast(hp, ir.VectorType(ir.IntType(16), 8).as_pointer()), align=2)
-            f = simd._f16_to_f32(builder, v)
+            f = getattr(simd, conversion)(builder, v)
             op = simd._data(context, builder, sig.args[2], args[2], args[1])
             builder.store(f, builder.bitcast(op, f.type.as_pointer()), align=4)
             return context.get_dummy_value()
@@ -240,6 +242,62 @@ def test_vector_ir_f16_conversion_is_numpys_for_every_bit_pattern():
     nan = np.isnan(expect)  # (ggml's conversion quiets signalling NaNs; numpy keeps their bits)
     assert np.array_equal(got[~nan].view(np.uint32), expect[~nan].view(np.uint32))
     assert np.isnan(got[nan]).all()
+
+
+LEGACY = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
+_PORTABLE_RUN = """
+import sys, numpy as np
+from edgellm.backends import numba_kernels as K
+from edgellm.backends.numba_kernels import simd
+assert simd.X86 == "", simd.X86
+data = np.load(sys.argv[1])
+outs = {}
+for name in data.files:
+    if name.startswith("w_"):
+        w, x = data[name], data["x"]
+        w.flags.writeable = False
+        out = np.empty((x.shape[0], w.shape[0]), np.float32)
+        K.matmul_legacy(int(name.split("_")[1]), w, x, out, 1)
+        outs[name] = out
+np.savez(sys.argv[2], **outs)
+"""
+
+
+@pytest.mark.skipif(not simd.X86, reason="this CPU runs the portable vector IR already")
+def test_x86_block_dots_give_the_portable_irs_bits(tmp_path):
+    """simd.py's x86 dots (vpdpbusd or vpmaddubsw + vpmaddwd, unsigned quants with their offset taken off
+    as an activation sum, Q8_0's sign trick; vcvtph2ps) against its portable IR, run in a fresh process
+    (EDGELLM_NUMBA_SIMD=generic, its own Numba cache): the same bits on the decode path, every legacy
+    type, quantized normals (every quant value; Q8_0's down to -128 set by hand) against activations whose
+    blocks reach +-127; 37 rows (the two-row loop and its last row alone), 19 blocks (two groups of 8 and
+    three alone)."""
+    import subprocess
+    import sys
+
+    k, m = 19 * 32, 37
+    x = (rng.standard_normal((3, k)) * 4).astype(np.float32)
+    arrays = {"x": x}
+    for t in LEGACY:
+        w = np.array(random_weight(t, m, k, rng).data)
+        if t == T.Q8_0:
+            w[:, [2 + 34 * b + j for b in range(19) for j in (0, 5)]] = 0x80  # quants of -128
+        arrays[f"w_{K.KINDS[t][1]}"] = w
+    np.savez(tmp_path / "in.npz", **arrays)
+    env = {**os.environ, "EDGELLM_NUMBA_SIMD": "generic", "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    subprocess.run(
+        [sys.executable, "-c", _PORTABLE_RUN, str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
+        env=env,
+        check=True,
+        timeout=600,
+    )
+    portable = np.load(tmp_path / "out.npz")
+    for name, w in arrays.items():
+        if name.startswith("w_"):
+            for n in (1, 3):
+                out = np.empty((n, m), np.float32)
+                w.flags.writeable = False
+                K.matmul_legacy(int(name.split("_")[1]), w, x[:n], out, 2)
+                assert np.array_equal(out, portable[name][:n]), name
 
 
 def test_weights_stay_quantized_views_of_the_file(nb, smollm2_path):

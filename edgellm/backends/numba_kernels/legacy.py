@@ -26,6 +26,7 @@ _IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 
 # (a table lookup vectorizes; 32 variable shifts of qh do not)
 _HIGH16 = (((np.arange(256)[:, None] >> np.arange(8)[None, :]) & 1) * 16).astype(np.int16)
 UNPACK_MIN_ROWS = 4  # activation rows from which unpacking a weight row once beats unpacking per dot
+PREFETCH_ROWS = 4  # decode reads ahead of the rows it multiplies: the weight rows this many on
 
 # Indexing note: blocks are sliced before they are indexed, so every index below is a non-negative
 # constant; Numba then emits no negative-index wraparound and LLVM vectorizes the unrolled loops.
@@ -127,25 +128,51 @@ def _sum1(kind, row, o, a, ao):
 
 
 @njit(cache=True, inline="always")
+def _tail(kind, row, a, dy, sy, b0, nb, sumf):
+    """sumf plus the terms of blocks b0 .. nb-1, one by one."""
+    bb = _block_bytes(kind)
+    for b in range(b0, nb):
+        mx = _f16(row, b * bb + 2) if kind == Q4_1 or kind == Q5_1 else F32(0)
+        sumf += _term(kind, _sum1(kind, row, b * bb, a, b * 32), _f16(row, b * bb), mx, dy[b], sy[b])
+    return sumf
+
+
+@njit(cache=True, inline="always")
 def _rows_fused(kind, w, qa, da, sa, out, lo, hi):
     """Few activation rows: eight blocks at a time on explicit vectors (simd.py: integer dots, float terms,
-    then the terms added in block order), the rest one by one."""
+    then the terms added in block order), the rest one by one. Two weight rows side by side: each row's
+    sum is a chain of dependent float adds, and two chains overlap."""
     bb = _block_bytes(kind)
     nb = qa.shape[1] // 32
-    for r in range(lo, hi):
+    groups = nb // simd.GROUP * simd.GROUP
+    rb = w.shape[1]
+    r = lo
+    while r + 1 < hi:
+        row0, row1 = w[r], w[r + 1]
+        for n in range(qa.shape[0]):
+            a = qa[n]
+            dy, sy = da[n], sa[n]
+            s0 = F32(0)
+            s1 = F32(0)
+            for b0 in range(0, groups, simd.GROUP):
+                ahead = (r + PREFETCH_ROWS) * rb + b0 * bb
+                for line in range(0, simd.GROUP * bb, 64):  # the same blocks PREFETCH_ROWS rows on
+                    simd.prefetch(w, ahead + line)
+                    simd.prefetch(w, ahead + rb + line)
+                s0 = _acc8(kind, row0, b0 * bb, a, b0 * 32, dy, sy, b0, s0)
+                s1 = _acc8(kind, row1, b0 * bb, a, b0 * 32, dy, sy, b0, s1)
+            out[n, r] = _tail(kind, row0, a, dy, sy, groups, nb, s0)
+            out[n, r + 1] = _tail(kind, row1, a, dy, sy, groups, nb, s1)
+        r += 2
+    if r < hi:
         row = w[r]
         for n in range(qa.shape[0]):
             a = qa[n]
             dy, sy = da[n], sa[n]
             sumf = F32(0)
-            b0 = 0
-            while b0 + simd.GROUP <= nb:
+            for b0 in range(0, groups, simd.GROUP):
                 sumf = _acc8(kind, row, b0 * bb, a, b0 * 32, dy, sy, b0, sumf)
-                b0 += simd.GROUP
-            for b in range(b0, nb):
-                mx = _f16(row, b * bb + 2) if kind == Q4_1 or kind == Q5_1 else F32(0)
-                sumf += _term(kind, _sum1(kind, row, b * bb, a, b * 32), _f16(row, b * bb), mx, dy[b], sy[b])
-            out[n, r] = sumf
+            out[n, r] = _tail(kind, row, a, dy, sy, groups, nb, sumf)
 
 
 @njit(cache=True, inline="always")

@@ -17,6 +17,10 @@ block_q6_K).
 
 from __future__ import annotations
 
+import os
+
+import llvmlite.binding as llvm
+import numba
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
@@ -26,6 +30,29 @@ BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q8_0: 34}
 GROUP = 8  # blocks per acc8_* call
 
 _i8, _i16, _i32, _i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+
+
+def _x86_level() -> str:
+    """What Numba compiles for (numba.core.codegen's choice: NUMBA_CPU_FEATURES, else the host's features):
+    "vnni" (x86-64 with AVX-512 VNNI and VL, which has AVX2 and F16C), "avx2" (with F16C), or "" (any other
+    CPU: the portable IR). EDGELLM_NUMBA_SIMD=generic forces "" (tests compare the two)."""
+    if os.environ.get("EDGELLM_NUMBA_SIMD", "").lower() == "generic":
+        return ""
+    if not llvm.get_process_triple().startswith("x86_64"):
+        return ""
+    features = numba.config.CPU_FEATURES
+    if features is None:
+        features = llvm.get_host_cpu_features().flatten()
+    have = set(features.split(","))
+    if not {"+avx2", "+f16c"} <= have:
+        return ""
+    return "vnni" if {"+avx512vnni", "+avx512vl"} <= have else "avx2"
+
+
+# The legacy blocks' integer dots with x86's byte multiply-adds, as ggml's AVX2 dots do
+# (ggml-org/llama.cpp ggml/src/ggml-cpu/arch/x86/quants.c mul_sum_us8_pairs_float, mul_sum_i8_pairs_float):
+# vpdpbusd with VNNI, else vpmaddubsw + vpmaddwd; f16 scales with vcvtph2ps. Else portable IR.
+X86 = _x86_level()
 
 
 def _vec(t: ir.IntType, n: int) -> ir.VectorType:
@@ -87,6 +114,10 @@ def _data(context, builder, arrty, arr, offset):
 
 def _nibbles(builder, qs):
     """<16 x i8> bytes -> <32 x i8>: the low nibbles (elements 0..15), then the high (16..31)."""
+    if X86:  # the bytes in both halves (vbroadcasti128), the upper half's 32-bit lanes shifted by 4 (vpsrlvd)
+        both = builder.bitcast(_shuffle(builder, qs, qs, list(range(16)) * 2), _vec(_i32, 8))
+        both = builder.lshr(both, _const(_i32, [0] * 4 + [4] * 4))
+        return builder.and_(builder.bitcast(both, _vec(_i8, 32)), _splat(_i8, 15, 32))
     lo = builder.and_(qs, _splat(_i8, 15, 16))
     hi = builder.lshr(qs, _splat(_i8, 4, 16))
     return _shuffle(builder, lo, hi, list(range(32)))
@@ -101,17 +132,21 @@ def _fifth_bits(builder, qh_ptr):
     return builder.select(is_set, _splat(_i8, 16, 32), ir.Constant(_vec(_i8, 32), None))
 
 
+def _unsigned_quants(builder, kind: int, blk):
+    """A 4- or 5-bit legacy block's 32 quants as <32 x i8>, in element order, before any offset."""
+    if kind in (Q4_0, Q4_1):
+        return _nibbles(builder, _load(builder, _at(builder, blk, 2 if kind == Q4_0 else 4), _vec(_i8, 16)))
+    p = 2 if kind == Q5_0 else 4  # qh; qs follows it
+    low4 = _nibbles(builder, _load(builder, _at(builder, blk, p + 4), _vec(_i8, 16)))
+    return builder.or_(low4, _fifth_bits(builder, _at(builder, blk, p)))
+
+
 def _legacy_quants(builder, kind: int, blk):
     """One legacy block's 32 quants as <32 x i8>, in element order, offsets applied (Q4_0 -8, Q5_0 -16)."""
     if kind == Q8_0:
         return _load(builder, _at(builder, blk, 2), _vec(_i8, 32))
-    if kind in (Q4_0, Q4_1):
-        q = _nibbles(builder, _load(builder, _at(builder, blk, 2 if kind == Q4_0 else 4), _vec(_i8, 16)))
-        return builder.sub(q, _splat(_i8, 8, 32)) if kind == Q4_0 else q
-    p = 2 if kind == Q5_0 else 4  # qh; qs follows it
-    low4 = _nibbles(builder, _load(builder, _at(builder, blk, p + 4), _vec(_i8, 16)))
-    q = builder.or_(low4, _fifth_bits(builder, _at(builder, blk, p)))
-    return builder.sub(q, _splat(_i8, 16, 32)) if kind == Q5_0 else q
+    q = _unsigned_quants(builder, kind, blk)
+    return builder.sub(q, _splat(_i8, 8 if kind == Q4_0 else 16, 32)) if kind in (Q4_0, Q5_0) else q
 
 
 def _products(builder, q, a):
@@ -122,6 +157,45 @@ def _products(builder, q, a):
 def _pair_sums(builder, q, a):
     """<32 x i8> quants and activations -> <16 x i32>: products summed in adjacent pairs (|q a| < 2^15)."""
     return _adjacent_sums(builder, builder.sext(_products(builder, q, a), _vec(_i32, 32)))
+
+
+def _x86(builder, name: str, ret, *args):
+    fnty = ir.FunctionType(ret, [a.type for a in args])
+    return builder.call(builder.module.declare_intrinsic(name, fnty=fnty), list(args))
+
+
+def _dot4(builder, u, s):
+    """<32 x i8> unsigned u times signed s -> <8 x i32>, each lane the sum of four adjacent products: one
+    vpdpbusd with VNNI, else vpmaddubsw (pairs to i16, saturating: exact while |u0 s0 + u1 s1| < 2^15,
+    which every caller's ranges keep) and vpmaddwd with ones."""
+    i32x8 = _vec(_i32, 8)
+    if X86 == "vnni":  # the pre-LLVM-21 signature (i32 vectors): newer LLVMs upgrade it on parsing
+        zero = ir.Constant(i32x8, None)
+        bu, bs = builder.bitcast(u, i32x8), builder.bitcast(s, i32x8)
+        return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", i32x8, zero, bu, bs)
+    pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", _vec(_i16, 16), u, s)
+    return _x86(builder, "llvm.x86.avx2.pmadd.wd", i32x8, pairs, _splat(_i16, 1, 16))
+
+
+def _block_dot(builder, kind: int, blk, a):
+    """One legacy block at byte pointer blk against the <32 x i8> activations a: the integer products summed
+    exactly into lanes (<16 x i32> pairs, or <8 x i32> quadruples on x86); their total is the block's
+    ggml sumi. On x86 the quants stay unsigned (Q4_0's -8, Q5_0's -16 come off as that offset times the
+    activations, CSE'd between weight rows) and Q8_0 takes ggml's sign trick (|w| times a with w's sign):
+    every vpmaddubsw pair below 2^15 (4-bit 2 * 15 * 128, 5-bit 2 * 31 * 128, 8-bit 2 * 128 * 128 - 1
+    with |a| <= 127, what quantize_q8_0 gives)."""
+    if not X86:
+        return _pair_sums(builder, _legacy_quants(builder, kind, blk), a)
+    if kind == Q8_0:
+        w = _load(builder, _at(builder, blk, 2), _vec(_i8, 32))
+        fnty = ir.FunctionType(w.type, [w.type, ir.IntType(1)])
+        no_poison = ir.Constant(ir.IntType(1), 0)
+        absw = builder.call(builder.module.declare_intrinsic("llvm.abs.v32i8", fnty=fnty), [w, no_poison])
+        return _dot4(builder, absw, _x86(builder, "llvm.x86.avx2.psign.b", w.type, a, w))
+    dot = _dot4(builder, _unsigned_quants(builder, kind, blk), a)
+    if kind in (Q4_0, Q5_0):
+        dot = builder.sub(dot, _dot4(builder, _splat(_i8, 8 if kind == Q4_0 else 16, 32), a))
+    return dot
 
 
 def _reduce_add(builder, v):
@@ -147,6 +221,16 @@ def _f16_to_f32(builder, h):
     return builder.bitcast(builder.or_(sign, bits), f32)
 
 
+def _f16_vec_to_f32(builder, h):
+    """<n x i16> f16 bits -> <n x float>: vcvtph2ps on x86 (F16C), else _f16_to_f32's integer steps. The
+    same numbers for every pattern (NaN for NaN: both quiet a signalling NaN)."""
+    if X86:
+        n = h.type.count
+        halves = builder.bitcast(h, ir.VectorType(ir.HalfType(), n))
+        return builder.fpext(halves, ir.VectorType(ir.FloatType(), n))
+    return _f16_to_f32(builder, h)
+
+
 def _f16s(builder, wp, first: int, stride: int):
     """The f16 at byte first of each of GROUP blocks stride bytes apart, as <GROUP x float>."""
     v = ir.Constant(_vec(_i16, GROUP), None)
@@ -154,7 +238,7 @@ def _f16s(builder, wp, first: int, stride: int):
         v = builder.insert_element(
             v, _load(builder, _at(builder, wp, first + stride * k), _i16), ir.Constant(_i32, k)
         )
-    return _f16_to_f32(builder, v)
+    return _f16_vec_to_f32(builder, v)
 
 
 def _legacy_acc8(kind: int):
@@ -170,20 +254,26 @@ def _legacy_acc8(kind: int):
             wp = _data(context, builder, sig.args[0], args[0], args[1])
             ap = _data(context, builder, sig.args[2], args[2], args[3])
             sums = [
-                _pair_sums(
+                _block_dot(
                     builder,
-                    _legacy_quants(builder, kind, _at(builder, wp, bb * b)),
+                    kind,
+                    _at(builder, wp, bb * b),
                     _load(builder, _at(builder, ap, 32 * b), _vec(_i8, 32)),
                 )
                 for b in range(GROUP)
             ]
-            while len(sums) > 1:  # 8 x <16 x i32> -> <16 x i32>, lanes 2b and 2b + 1 from block b
+            while len(sums) > 1:  # 8 x <n x i32> -> <n x i32>, lanes n/8 b .. n/8 (b + 1) from block b
+                n = sums[0].type.count
                 pairs = [
-                    _shuffle(builder, sums[i], sums[i + 1], list(range(32))) for i in range(0, len(sums), 2)
+                    _shuffle(builder, sums[i], sums[i + 1], list(range(2 * n)))
+                    for i in range(0, len(sums), 2)
                 ]
                 sums = [_adjacent_sums(builder, p) for p in pairs]
+            block_sums = sums[0]
+            while block_sums.type.count > GROUP:
+                block_sums = _adjacent_sums(builder, block_sums)
             f32 = ir.VectorType(ir.FloatType(), GROUP)
-            fs = builder.sitofp(_adjacent_sums(builder, sums[0]), f32)
+            fs = builder.sitofp(block_sums, f32)
             dx = _f16s(builder, wp, 0, bb)
             dyp = _data(context, builder, sig.args[4], args[4], args[6])
             d_y = builder.load(builder.bitcast(dyp, f32.as_pointer()), align=4)
@@ -216,12 +306,28 @@ def _legacy_sum1(kind: int):
         def codegen(context, builder, sig, args):
             wp = _data(context, builder, sig.args[0], args[0], args[1])
             ap = _data(context, builder, sig.args[2], args[2], args[3])
-            q = _legacy_quants(builder, kind, wp)
-            return _reduce_add(builder, _pair_sums(builder, q, _load(builder, ap, _vec(_i8, 32))))
+            return _reduce_add(builder, _block_dot(builder, kind, wp, _load(builder, ap, _vec(_i8, 32))))
 
         return types.int32(w, w_off, a, a_off), codegen
 
     return sum1
+
+
+@intrinsic
+def prefetch(typingctx, w, w_off):
+    """A hint to bring the cache line holding byte w_off of array w's data into the cache (the address may
+    lie past the array's end: a prefetch never faults)."""
+
+    def codegen(context, builder, sig, args):
+        p = _data(context, builder, sig.args[0], args[0], args[1])
+        fnty = ir.FunctionType(ir.VoidType(), [p.type, _i32, _i32, _i32])
+        # opaque pointers (LLVM 15+) or typed ones
+        name = "llvm.prefetch.p0" if str(p.type) == "ptr" else "llvm.prefetch.p0i8"
+        read, keep, data = (ir.Constant(_i32, v) for v in (0, 3, 1))
+        builder.call(builder.module.declare_intrinsic(name, fnty=fnty), [p, read, keep, data])
+        return context.get_dummy_value()
+
+    return types.void(w, w_off), codegen
 
 
 acc8_q4_0, sum1_q4_0 = _legacy_acc8(Q4_0), _legacy_sum1(Q4_0)
