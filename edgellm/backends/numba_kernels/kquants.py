@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit
 
 from edgellm.backends.numba_kernels import simd
-from edgellm.backends.numba_kernels.legacy import PREFETCH_BYTES, UNPACK_MIN_ROWS, _f16
+from edgellm.backends.numba_kernels.legacy import UNPACK_MIN_ROWS, _f16
 
 F32 = np.float32
 Q4_K, Q5_K, Q6_K = 6, 7, 8  # kernel kinds (after the legacy ones)
@@ -233,7 +233,6 @@ def _fused_q4_k(w, qa, da, bs, out, lo, hi):
     then ggml's float lanes and mins."""
     nsb = qa.shape[1] // 256
     aux = np.empty(9, np.int32)
-    ahead = max(2, PREFETCH_BYTES // w.shape[1]) * w.shape[1]
     for r in range(lo, hi):
         row = w[r]
         for n in range(qa.shape[0]):
@@ -241,8 +240,6 @@ def _fused_q4_k(w, qa, da, bs, out, lo, hi):
             sumf = F32(0)
             s = (F32(0), F32(0), F32(0), F32(0), F32(0), F32(0), F32(0), F32(0))
             for i in range(nsb):
-                for line in range(0, 144, 64):
-                    simd.prefetch(row, ahead + i * 144 + line)
                 simd.lanes_q4_k(row, i * 144, a, i * 256, b, i * 16, aux)
                 lanes = (aux[0], aux[1], aux[2], aux[3], aux[4], aux[5], aux[6], aux[7])
                 s = _scaled_add(s, _f16(row, i * 144) * da[n, i], lanes)
@@ -258,7 +255,6 @@ def _fused_q6_k(w, qa, da, bs, out, lo, hi):
     ggml's float lanes."""
     nsb = qa.shape[1] // 256
     aux = np.empty(8, np.int32)
-    ahead = max(2, PREFETCH_BYTES // w.shape[1]) * w.shape[1]
     for r in range(lo, hi):
         row = w[r]
         for n in range(qa.shape[0]):
@@ -266,8 +262,6 @@ def _fused_q6_k(w, qa, da, bs, out, lo, hi):
             sumf = F32(0)
             s = (F32(0), F32(0), F32(0), F32(0), F32(0), F32(0), F32(0), F32(0))
             for i in range(nsb):
-                for line in range(0, 210, 64):
-                    simd.prefetch(row, ahead + i * 210 + line)
                 simd.lanes_q6_k(row, i * 210, a, i * 256, aux)
                 d = _f16(row, i * 210 + 208) * da[n, i]
                 s = _scaled_add(s, d, (aux[0], aux[1], aux[2], aux[3], aux[4], aux[5], aux[6], aux[7]))

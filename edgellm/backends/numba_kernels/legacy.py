@@ -26,7 +26,6 @@ _IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 
 # (a table lookup vectorizes; 32 variable shifts of qh do not)
 _HIGH16 = (((np.arange(256)[:, None] >> np.arange(8)[None, :]) & 1) * 16).astype(np.int16)
 UNPACK_MIN_ROWS = 4  # activation rows from which unpacking a weight row once beats unpacking per dot
-PREFETCH_BYTES = 8192  # decode prefetches the weight rows this far ahead (measured: 1 KB too near for DRAM)
 
 # Indexing note: blocks are sliced before they are indexed, so every index below is a non-negative
 # constant; Numba then emits no negative-index wraparound and LLVM vectorizes the unrolled loops.
@@ -145,8 +144,6 @@ def _rows_fused(kind, w, qa, da, sa, out, lo, hi):
     bb = _block_bytes(kind)
     nb = qa.shape[1] // 32
     groups = nb // simd.GROUP * simd.GROUP
-    rb = w.shape[1]
-    rows_ahead = max(4, PREFETCH_BYTES // rb)
     r = lo
     while r + 1 < hi:
         row0, row1 = w[r], w[r + 1]
@@ -156,10 +153,6 @@ def _rows_fused(kind, w, qa, da, sa, out, lo, hi):
             s0 = F32(0)
             s1 = F32(0)
             for b0 in range(0, groups, simd.GROUP):
-                ahead = (r + rows_ahead) * rb + b0 * bb
-                for line in range(0, simd.GROUP * bb, 64):  # the same blocks rows_ahead rows on
-                    simd.prefetch(w, ahead + line)
-                    simd.prefetch(w, ahead + rb + line)
                 s0 = _acc8(kind, row0, b0 * bb, a, b0 * 32, dy, sy, b0, s0)
                 s1 = _acc8(kind, row1, b0 * bb, a, b0 * 32, dy, sy, b0, s1)
             out[n, r] = _tail(kind, row0, a, dy, sy, groups, nb, s0)

@@ -313,23 +313,6 @@ def _legacy_sum1(kind: int):
     return sum1
 
 
-@intrinsic
-def prefetch(typingctx, w, w_off):
-    """A hint to bring the cache line holding byte w_off of array w's data into the cache (the address may
-    lie past the array's end: a prefetch never faults)."""
-
-    def codegen(context, builder, sig, args):
-        p = _data(context, builder, sig.args[0], args[0], args[1])
-        fnty = ir.FunctionType(ir.VoidType(), [p.type, _i32, _i32, _i32])
-        # opaque pointers (LLVM 15+) or typed ones
-        name = "llvm.prefetch.p0" if str(p.type) == "ptr" else "llvm.prefetch.p0i8"
-        read, keep, data = (ir.Constant(_i32, v) for v in (0, 3, 1))
-        builder.call(builder.module.declare_intrinsic(name, fnty=fnty), [p, read, keep, data])
-        return context.get_dummy_value()
-
-    return types.void(w, w_off), codegen
-
-
 acc8_q4_0, sum1_q4_0 = _legacy_acc8(Q4_0), _legacy_sum1(Q4_0)
 acc8_q4_1, sum1_q4_1 = _legacy_acc8(Q4_1), _legacy_sum1(Q4_1)
 acc8_q5_0, sum1_q5_0 = _legacy_acc8(Q5_0), _legacy_sum1(Q5_0)
