@@ -253,11 +253,11 @@ assert simd.X86 == "", simd.X86
 data = np.load(sys.argv[1])
 outs = {}
 for name in data.files:
-    if name.startswith("w_"):
-        w, x = data[name], data["x"]
+    if name[:2] in ("w_", "k_"):
+        w, x = data[name], data["x" if name[0] == "w" else "xk"]
         w.flags.writeable = False
         out = np.empty((x.shape[0], w.shape[0]), np.float32)
-        K.matmul_legacy(int(name.split("_")[1]), w, x, out, 1)
+        (K.matmul_legacy if name[0] == "w" else K.matmul_kquant)(int(name.split("_")[1]), w, x, out, 1)
         outs[name] = out
 np.savez(sys.argv[2], **outs)
 """
@@ -266,11 +266,11 @@ np.savez(sys.argv[2], **outs)
 @pytest.mark.skipif(not simd.X86, reason="this CPU runs the portable vector IR already")
 def test_x86_block_dots_give_the_portable_irs_bits(tmp_path):
     """simd.py's x86 dots (vpdpbusd or vpmaddubsw + vpmaddwd, unsigned quants with their offset taken off
-    as an activation sum, Q8_0's sign trick; vcvtph2ps) against its portable IR, run in a fresh process
-    (EDGELLM_NUMBA_SIMD=generic, its own Numba cache): the same bits on the decode path, every legacy
-    type, quantized normals (every quant value; Q8_0's down to -128 set by hand) against activations whose
-    blocks reach +-127; 37 rows (the two-row loop and its last row alone), 19 blocks (two groups of 8 and
-    three alone)."""
+    as an activation sum, Q8_0's sign trick, Q4_K's bytes reordered into its lanes; vcvtph2ps) against its
+    portable IR, run in a fresh process (EDGELLM_NUMBA_SIMD=generic, its own Numba cache): the same bits on
+    the decode path, every legacy type and Q4_K, quantized normals (every quant value; Q8_0's down to -128
+    set by hand) and random Q4_K blocks against activations whose blocks reach +-127; 37 rows (the
+    two-row loop and its last row alone), 19 legacy blocks (two groups of 8 and three alone)."""
     import subprocess
     import sys
 
@@ -282,6 +282,8 @@ def test_x86_block_dots_give_the_portable_irs_bits(tmp_path):
         if t == T.Q8_0:
             w[:, [2 + 34 * b + j for b in range(19) for j in (0, 5)]] = 0x80  # quants of -128
         arrays[f"w_{K.KINDS[t][1]}"] = w
+    arrays["xk"] = (rng.standard_normal((3, 512)) * 4).astype(np.float32)
+    arrays[f"k_{K.KINDS[T.Q4_K][1]}"] = np.array(random_weight(T.Q4_K, m, 512, rng).data)
     np.savez(tmp_path / "in.npz", **arrays)
     env = {**os.environ, "EDGELLM_NUMBA_SIMD": "generic", "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
     subprocess.run(
@@ -292,11 +294,12 @@ def test_x86_block_dots_give_the_portable_irs_bits(tmp_path):
     )
     portable = np.load(tmp_path / "out.npz")
     for name, w in arrays.items():
-        if name.startswith("w_"):
+        if name[:2] in ("w_", "k_"):
+            xs, matmul = (x, K.matmul_legacy) if name[0] == "w" else (arrays["xk"], K.matmul_kquant)
             for n in (1, 3):
                 out = np.empty((n, m), np.float32)
                 w.flags.writeable = False
-                K.matmul_legacy(int(name.split("_")[1]), w, x[:n], out, 2)
+                matmul(int(name.split("_")[1]), w, xs[:n], out, 2)
                 assert np.array_equal(out, portable[name][:n]), name
 
 

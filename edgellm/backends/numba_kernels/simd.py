@@ -389,6 +389,45 @@ def _q4_k_scales_mins(builder, blk):
     return bytes8(scales), bytes8(mins)
 
 
+def _q4_k_lanes(builder, wp, ap, scales):
+    """A Q4_K super-block's eight aux32 lanes (<8 x i32>) in portable IR: products in i16, each sub-block's
+    32 summed into its eight lanes by halving shuffles."""
+    acc = ir.Constant(_vec(_i32, 16), None)
+    v32 = _vec(_i8, 32)
+    for c in range(4):  # qs[128]: bytes 32c.. hold sub-block 2c (low nibbles) and 2c + 1 (high)
+        qs = _load(builder, _at(builder, wp, 16 + 32 * c), v32)
+        lo = builder.and_(qs, _c(qs, 15))
+        hi = builder.lshr(qs, _c(qs, 4))
+        a_lo = _load(builder, _at(builder, ap, 64 * c), v32)
+        a_hi = _load(builder, _at(builder, ap, 64 * c + 32), v32)
+        p_lo = _lanes8(builder, _products(builder, lo, a_lo))
+        p_hi = _lanes8(builder, _products(builder, hi, a_hi))
+        both = _shuffle(builder, p_lo, p_hi, list(range(16)))  # |.| < 4 * 15 * 128 < 2^13
+        sc = _shuffle(builder, scales, scales, [2 * c] * 8 + [2 * c + 1] * 8)
+        acc = builder.add(acc, builder.mul(builder.sext(both, _vec(_i32, 16)), sc))
+    return _half_sums(builder, acc)
+
+
+# byte p of a reordered 32: element p // 4 + 8 (p % 4), so that each four adjacent bytes are one aux32
+# lane's elements (l, l + 8, l + 16, l + 24) and one _dot4 lane sums exactly them
+_LANE_ORDER = [p // 4 + 8 * (p % 4) for p in range(32)]
+
+
+def _q4_k_lanes_x86(builder, wp, ap, scales):
+    """_q4_k_lanes with x86's byte dots: quants and activations reordered by _LANE_ORDER (the same
+    permutation for both nibbles of a byte), then _dot4 (each vpmaddubsw pair <= 2 * 15 * 128)."""
+    acc = ir.Constant(_vec(_i32, 8), None)
+    v32 = _vec(_i8, 32)
+    for c in range(4):
+        raw = _load(builder, _at(builder, wp, 16 + 32 * c), v32)
+        qs = _shuffle(builder, raw, raw, _LANE_ORDER)
+        for half, q in enumerate((builder.and_(qs, _c(qs, 15)), builder.lshr(qs, _c(qs, 4)))):
+            a = _load(builder, _at(builder, ap, 64 * c + 32 * half), v32)
+            dot = _dot4(builder, q, _shuffle(builder, a, a, _LANE_ORDER))
+            acc = builder.add(acc, builder.mul(dot, _shuffle(builder, scales, scales, [2 * c + half] * 8)))
+    return acc
+
+
 @intrinsic
 def lanes_q4_k(typingctx, w, w_off, a, a_off, bsums, bs_off, out):
     """One Q4_K super-block (at byte w_off of w) against a[a_off : a_off + 256], as
@@ -400,20 +439,8 @@ def lanes_q4_k(typingctx, w, w_off, a, a_off, bsums, bs_off, out):
         wp = _data(context, builder, sig.args[0], args[0], args[1])
         ap = _data(context, builder, sig.args[2], args[2], args[3])
         scales, mins = _q4_k_scales_mins(builder, wp)
-        acc = ir.Constant(_vec(_i32, 16), None)
-        v32 = _vec(_i8, 32)
-        for c in range(4):  # qs[128]: bytes 32c.. hold sub-block 2c (low nibbles) and 2c + 1 (high)
-            qs = _load(builder, _at(builder, wp, 16 + 32 * c), v32)
-            lo = builder.and_(qs, _c(qs, 15))
-            hi = builder.lshr(qs, _c(qs, 4))
-            a_lo = _load(builder, _at(builder, ap, 64 * c), v32)
-            a_hi = _load(builder, _at(builder, ap, 64 * c + 32), v32)
-            p_lo = _lanes8(builder, _products(builder, lo, a_lo))
-            p_hi = _lanes8(builder, _products(builder, hi, a_hi))
-            both = _shuffle(builder, p_lo, p_hi, list(range(16)))  # |.| < 4 * 15 * 128 < 2^13
-            sc = _shuffle(builder, scales, scales, [2 * c] * 8 + [2 * c + 1] * 8)
-            acc = builder.add(acc, builder.mul(builder.sext(both, _vec(_i32, 16)), sc))
-        _store8(context, builder, sig.args[6], args[6], _half_sums(builder, acc))
+        lanes = (_q4_k_lanes_x86 if X86 else _q4_k_lanes)(builder, wp, ap, scales)
+        _store8(context, builder, sig.args[6], args[6], lanes)
         bp = _data(context, builder, sig.args[4], args[4], args[5])
         bs = builder.load(builder.bitcast(bp, _vec(_i32, 16).as_pointer()), align=4)
         summins = _reduce_add(builder, builder.mul(_adjacent_sums(builder, bs), mins))
