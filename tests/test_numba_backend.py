@@ -266,11 +266,12 @@ np.savez(sys.argv[2], **outs)
 @pytest.mark.skipif(not simd.X86, reason="this CPU runs the portable vector IR already")
 def test_x86_block_dots_give_the_portable_irs_bits(tmp_path):
     """simd.py's x86 dots (vpdpbusd or vpmaddubsw + vpmaddwd, unsigned quants with their offset taken off
-    as an activation sum, Q8_0's sign trick, Q4_K's bytes reordered into its lanes; vcvtph2ps) against its
-    portable IR, run in a fresh process (EDGELLM_NUMBA_SIMD=generic, its own Numba cache): the same bits on
-    the decode path, every legacy type and Q4_K, quantized normals (every quant value; Q8_0's down to -128
-    set by hand) and random Q4_K blocks against activations whose blocks reach +-127; 37 rows (the
-    two-row loop and its last row alone), 19 legacy blocks (two groups of 8 and three alone)."""
+    as an activation sum, Q8_0's sign trick, Q4_K's and Q6_K's bytes reordered into their lanes;
+    vcvtph2ps) against its portable IR, run in a fresh process (EDGELLM_NUMBA_SIMD=generic, its own Numba
+    cache): the same bits on the decode path, every legacy type, Q4_K and Q6_K, quantized normals (every
+    quant value; Q8_0's down to -128 set by hand) and random K-quant blocks against activations whose
+    blocks reach +-127; 37 rows (the two-row loop and its last row alone), 19 legacy blocks (two groups of
+    8 and three alone)."""
     import subprocess
     import sys
 
@@ -283,7 +284,8 @@ def test_x86_block_dots_give_the_portable_irs_bits(tmp_path):
             w[:, [2 + 34 * b + j for b in range(19) for j in (0, 5)]] = 0x80  # quants of -128
         arrays[f"w_{K.KINDS[t][1]}"] = w
     arrays["xk"] = (rng.standard_normal((3, 512)) * 4).astype(np.float32)
-    arrays[f"k_{K.KINDS[T.Q4_K][1]}"] = np.array(random_weight(T.Q4_K, m, 512, rng).data)
+    for t in (T.Q4_K, T.Q6_K):
+        arrays[f"k_{K.KINDS[t][1]}"] = np.array(random_weight(t, m, 512, rng).data)
     np.savez(tmp_path / "in.npz", **arrays)
     env = {**os.environ, "EDGELLM_NUMBA_SIMD": "generic", "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
     subprocess.run(

@@ -325,6 +325,75 @@ def _lanes8(builder, prod):
     return _half_sums(builder, _half_sums(builder, prod))
 
 
+# byte p of a reordered 32: element p // 4 + 8 (p % 4), so that each four adjacent bytes are one aux32
+# lane's elements (l, l + 8, l + 16, l + 24) and one _dot4 lane sums exactly them (Q4_K),
+# or one vpmaddubsw pair holds group g's lane l and the next its group g + 1's (Q6_K)
+_LANE_ORDER = [p // 4 + 8 * (p % 4) for p in range(32)]
+
+
+def _q6_k_parts(builder, l0, l1, h):
+    """A Q6_K chunk's four 32-quant parts (unsigned, 0..63) from its ql bytes l0, l1 and qh bytes h: the
+    fifth and sixth bits are bit pairs 0, 2, 4, 6 of qh, moved to bits 4 and 5. Byte-wise, so the parts
+    come out in whatever order the bytes went in."""
+    low = (builder.and_(l0, _c(l0, 15)), builder.and_(l1, _c(l1, 15)))
+    high = (builder.lshr(l0, _c(l0, 4)), builder.lshr(l1, _c(l1, 4)))
+    return (
+        builder.or_(low[0], builder.shl(builder.and_(h, _c(h, 3)), _c(h, 4))),
+        builder.or_(low[1], builder.shl(builder.and_(h, _c(h, 12)), _c(h, 2))),
+        builder.or_(high[0], builder.and_(h, _c(h, 48))),
+        builder.or_(high[1], builder.lshr(builder.and_(h, _c(h, 192)), _c(h, 2))),
+    )
+
+
+def _q6_k_lanes(builder, wp, ap):
+    """A Q6_K super-block's eight aux32 lanes (<8 x i32>) in portable IR: products in i16, each group's
+    16 summed into its eight lanes by a halving shuffle."""
+    scales = builder.sext(_load(builder, _at(builder, wp, 192), _vec(_i8, 16)), _vec(_i32, 16))
+    acc = ir.Constant(_vec(_i32, 16), None)
+    v32 = _vec(_i8, 32)
+    for c in range(2):  # ql[128] qh[64]: chunk c holds elements 128c + l, +32, +64, +96 (l < 32)
+        l0 = _load(builder, _at(builder, wp, 64 * c), v32)
+        l1 = _load(builder, _at(builder, wp, 64 * c + 32), v32)
+        h = _load(builder, _at(builder, wp, 128 + 32 * c), v32)
+        for k, q in enumerate(_q6_k_parts(builder, l0, l1, h)):
+            q = builder.sub(q, _c(q, 32))
+            prod = _products(builder, q, _load(builder, _at(builder, ap, 128 * c + 32 * k), v32))
+            # <16 x i16>: groups g, g + 1 (elements 0..15 and 16..31), their two halves added; |.| < 2^13
+            pairs = builder.add(
+                _shuffle(builder, prod, prod, list(range(8)) + list(range(16, 24))),
+                _shuffle(builder, prod, prod, list(range(8, 16)) + list(range(24, 32))),
+            )
+            g = 8 * c + 2 * k
+            sc = _shuffle(builder, scales, scales, [g] * 8 + [g + 1] * 8)
+            acc = builder.add(acc, builder.mul(builder.sext(pairs, _vec(_i32, 16)), sc))
+    return _half_sums(builder, acc)
+
+
+def _q6_k_lanes_x86(builder, wp, ap):
+    """_q6_k_lanes with x86's byte dots: bytes reordered by _LANE_ORDER, so that vpmaddubsw's i16 lane 2l
+    is group g's lane l (elements l, l + 8) and lane 2l + 1 group g + 1's (16 + l, 24 + l); the offset 32
+    comes off as 32 times the activations (|pair| <= 2 * 63 * 128, after it <= 2 * 32 * 128); vpmaddwd
+    with the two groups' scales then adds both into i32 lane l."""
+    scales = builder.sext(_load(builder, _at(builder, wp, 192), _vec(_i8, 16)), _vec(_i16, 16))
+    acc = ir.Constant(_vec(_i32, 8), None)
+    v32, i16x16 = _vec(_i8, 32), _vec(_i16, 16)
+
+    def reordered(ptr, offset):
+        v = _load(builder, _at(builder, ptr, offset), v32)
+        return _shuffle(builder, v, v, _LANE_ORDER)
+
+    for c in range(2):
+        l0, l1, h = reordered(wp, 64 * c), reordered(wp, 64 * c + 32), reordered(wp, 128 + 32 * c)
+        for k, q in enumerate(_q6_k_parts(builder, l0, l1, h)):
+            a = reordered(ap, 128 * c + 32 * k)
+            pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", i16x16, q, a)
+            pairs = builder.sub(pairs, _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", i16x16, _c(q, 32), a))
+            g = 8 * c + 2 * k
+            sc = _shuffle(builder, scales, scales, [g, g + 1] * 8)
+            acc = builder.add(acc, _x86(builder, "llvm.x86.avx2.pmadd.wd", _vec(_i32, 8), pairs, sc))
+    return acc
+
+
 @intrinsic
 def lanes_q6_k(typingctx, w, w_off, a, a_off, out):
     """ggml's eight aux32 lanes of one Q6_K super-block (at byte w_off of w) with a[a_off : a_off + 256]:
@@ -334,33 +403,8 @@ def lanes_q6_k(typingctx, w, w_off, a, a_off, out):
     def codegen(context, builder, sig, args):
         wp = _data(context, builder, sig.args[0], args[0], args[1])
         ap = _data(context, builder, sig.args[2], args[2], args[3])
-        scales = builder.sext(_load(builder, _at(builder, wp, 192), _vec(_i8, 16)), _vec(_i32, 16))
-        acc = ir.Constant(_vec(_i32, 16), None)
-        v32 = _vec(_i8, 32)
-        for c in range(2):  # ql[128] qh[64]: chunk c holds elements 128c + l, +32, +64, +96 (l < 32)
-            l0 = _load(builder, _at(builder, wp, 64 * c), v32)
-            l1 = _load(builder, _at(builder, wp, 64 * c + 32), v32)
-            h = _load(builder, _at(builder, wp, 128 + 32 * c), v32)
-            low = (builder.and_(l0, _c(l0, 15)), builder.and_(l1, _c(l1, 15)))
-            high = (builder.lshr(l0, _c(l0, 4)), builder.lshr(l1, _c(l1, 4)))
-            parts = (  # the fifth and sixth bits: bit pairs 0, 2, 4, 6 of qh, moved to bits 4 and 5
-                builder.or_(low[0], builder.shl(builder.and_(h, _c(h, 3)), _c(h, 4))),
-                builder.or_(low[1], builder.shl(builder.and_(h, _c(h, 12)), _c(h, 2))),
-                builder.or_(high[0], builder.and_(h, _c(h, 48))),
-                builder.or_(high[1], builder.lshr(builder.and_(h, _c(h, 192)), _c(h, 2))),
-            )
-            for k, q in enumerate(parts):
-                q = builder.sub(q, _c(q, 32))
-                prod = _products(builder, q, _load(builder, _at(builder, ap, 128 * c + 32 * k), v32))
-                # <16 x i16>: groups g, g + 1 (elements 0..15 and 16..31), their two halves added; |.| < 2^13
-                pairs = builder.add(
-                    _shuffle(builder, prod, prod, list(range(8)) + list(range(16, 24))),
-                    _shuffle(builder, prod, prod, list(range(8, 16)) + list(range(24, 32))),
-                )
-                g = 8 * c + 2 * k
-                sc = _shuffle(builder, scales, scales, [g] * 8 + [g + 1] * 8)
-                acc = builder.add(acc, builder.mul(builder.sext(pairs, _vec(_i32, 16)), sc))
-        _store8(context, builder, sig.args[4], args[4], _half_sums(builder, acc))
+        lanes = (_q6_k_lanes_x86 if X86 else _q6_k_lanes)(builder, wp, ap)
+        _store8(context, builder, sig.args[4], args[4], lanes)
         return context.get_dummy_value()
 
     return types.void(w, w_off, a, a_off, out), codegen
@@ -406,11 +450,6 @@ def _q4_k_lanes(builder, wp, ap, scales):
         sc = _shuffle(builder, scales, scales, [2 * c] * 8 + [2 * c + 1] * 8)
         acc = builder.add(acc, builder.mul(builder.sext(both, _vec(_i32, 16)), sc))
     return _half_sums(builder, acc)
-
-
-# byte p of a reordered 32: element p // 4 + 8 (p % 4), so that each four adjacent bytes are one aux32
-# lane's elements (l, l + 8, l + 16, l + 24) and one _dot4 lane sums exactly them
-_LANE_ORDER = [p // 4 + 8 * (p % 4) for p in range(32)]
 
 
 def _q4_k_lanes_x86(builder, wp, ap, scales):
