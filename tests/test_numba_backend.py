@@ -484,3 +484,6 @@ def test_kernel_cache_is_dropped_when_any_kernel_source_changes(tmp_path):
     (tmp_path / "b.py").write_text("y = 2\n")  # a callee edited: every cached function may hold it
     K._drop_stale_cache(tmp_path)
     assert not list(cache.glob("*.nb?"))
+    (cache / "a.f-1.py311.nbi").write_bytes(b"")
+    K._drop_stale_cache(tmp_path, code_path="generic")  # the same sources compiled for another code path
+    assert not list(cache.glob("*.nb?"))

@@ -19,7 +19,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import njit, prange, types
 
-from edgellm.backends.numba_kernels import floats, kquants, legacy, ops
+from edgellm.backends.numba_kernels import floats, kquants, legacy, ops, simd
 from edgellm.backends.numba_kernels.common import (
     quantize_q8_0,
     quantize_q8_k,
@@ -28,12 +28,15 @@ from edgellm.backends.numba_kernels.common import (
 )
 
 
-def _drop_stale_cache(here: Path = Path(__file__).parent) -> None:
+def _drop_stale_cache(here: Path = Path(__file__).parent, code_path: str = "") -> None:
     """Numba checks a cached function against its own source file only, yet a caller's cache holds its
     callees' code: after an edit to legacy.py, a cached matmul_legacy would run the old kernels. So the
     package's cache (in its __pycache__) is kept only while the hash of all kernel sources matches the one
-    it was written with."""
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(here.glob("*.py")))).hexdigest()
+    it was written with, and with the same choice of code path (simd.X86: EDGELLM_NUMBA_SIMD=generic
+    compiles the portable IR on x86, which Numba's cache index, keyed by signature and CPU, cannot tell
+    from the x86 code)."""
+    sources = b"".join(p.read_bytes() for p in sorted(here.glob("*.py")))
+    digest = hashlib.sha256(sources + code_path.encode()).hexdigest()
     cache = here / "__pycache__"
     stamp = cache / "kernels.sha256"
     try:
@@ -47,7 +50,8 @@ def _drop_stale_cache(here: Path = Path(__file__).parent) -> None:
         pass
 
 
-_drop_stale_cache()  # before any kernel runs (Numba reads its cache at a function's first call)
+# before any kernel runs (Numba reads its cache at a function's first call)
+_drop_stale_cache(code_path=simd.X86)
 
 F32 = np.float32
 
