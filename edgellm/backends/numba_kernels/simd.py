@@ -4,8 +4,11 @@ LLVM's SLP vectorizer turns the scalar unrolled dots of legacy.py and kquants.py
 widens every product to 32 bits and ends each 32-element block with its own horizontal sum: ~40
 instructions a block. Here the same integers are computed on explicit vectors: quants unpacked as
 <32 x i8>, products in i16, pairs summed to i32, and the sums of eight blocks reduced together in one
-transpose tree. The IR is target-independent (no x86 or NEON intrinsics): LLVM lowers it to AVX2,
-AVX-512 or NEON as the machine has, so the numba backend stays portable.
+transpose tree. This IR is target-independent: LLVM lowers it to NEON, SSE or whatever the machine has,
+so the numba backend stays portable. Where Numba compiles for x86-64 with AVX2 and F16C (X86 below), the
+legacy blocks, Q4_K and Q6_K take x86's byte dot products instead (vpdpbusd with AVX-512 VNNI, else
+vpmaddubsw + vpmaddwd) and vcvtph2ps: the same integers and floats, so the same bits (a test compares
+the two paths).
 
 Integer sums are exact in any order, so they equal the scalar loops' (and ggml-cpu's *_generic dot
 products they follow). The legacy blocks' float terms are taken here too, eight at a time, each lane with
