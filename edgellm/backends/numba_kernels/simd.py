@@ -162,22 +162,28 @@ def _pair_sums(builder, q, a):
     return _adjacent_sums(builder, builder.sext(_products(builder, q, a), _vec(_i32, 32)))
 
 
-def _x86(builder, name: str, ret, *args):
+def _call_intrinsic(builder, name: str, ret, *args):
+    """A call of the LLVM intrinsic `name` (its full, type-suffixed name) returning ret."""
     fnty = ir.FunctionType(ret, [a.type for a in args])
     return builder.call(builder.module.declare_intrinsic(name, fnty=fnty), list(args))
 
 
+def _maddubs(builder, u, s):
+    """vpmaddubsw: <32 x i8> unsigned u times signed s, adjacent products summed -> <16 x i16> (saturating:
+    exact while every |u0 s0 + u1 s1| < 2^15, which every caller's ranges keep)."""
+    return _call_intrinsic(builder, "llvm.x86.avx2.pmadd.ub.sw", _vec(_i16, 16), u, s)
+
+
 def _dot4(builder, u, s):
     """<32 x i8> unsigned u times signed s -> <8 x i32>, each lane the sum of four adjacent products: one
-    vpdpbusd with VNNI, else vpmaddubsw (pairs to i16, saturating: exact while |u0 s0 + u1 s1| < 2^15,
-    which every caller's ranges keep) and vpmaddwd with ones."""
+    vpdpbusd with VNNI, else _maddubs and vpmaddwd with ones."""
     i32x8 = _vec(_i32, 8)
     if X86 == "vnni":  # the pre-LLVM-21 signature (i32 vectors): newer LLVMs upgrade it on parsing
         zero = ir.Constant(i32x8, None)
         bu, bs = builder.bitcast(u, i32x8), builder.bitcast(s, i32x8)
-        return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", i32x8, zero, bu, bs)
-    pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", _vec(_i16, 16), u, s)
-    return _x86(builder, "llvm.x86.avx2.pmadd.wd", i32x8, pairs, _splat(_i16, 1, 16))
+        return _call_intrinsic(builder, "llvm.x86.avx512.vpdpbusd.256", i32x8, zero, bu, bs)
+    ones = _splat(_i16, 1, 16)
+    return _call_intrinsic(builder, "llvm.x86.avx2.pmadd.wd", i32x8, _maddubs(builder, u, s), ones)
 
 
 def _block_dot(builder, kind: int, blk, a):
@@ -191,10 +197,8 @@ def _block_dot(builder, kind: int, blk, a):
         return _pair_sums(builder, _legacy_quants(builder, kind, blk), a)
     if kind == Q8_0:
         w = _load(builder, _at(builder, blk, 2), _vec(_i8, 32))
-        fnty = ir.FunctionType(w.type, [w.type, ir.IntType(1)])
-        no_poison = ir.Constant(ir.IntType(1), 0)
-        absw = builder.call(builder.module.declare_intrinsic("llvm.abs.v32i8", fnty=fnty), [w, no_poison])
-        return _dot4(builder, absw, _x86(builder, "llvm.x86.avx2.psign.b", w.type, a, w))
+        absw = _call_intrinsic(builder, "llvm.abs.v32i8", w.type, w, ir.Constant(ir.IntType(1), 0))
+        return _dot4(builder, absw, _call_intrinsic(builder, "llvm.x86.avx2.psign.b", w.type, a, w))
     dot = _dot4(builder, _unsigned_quants(builder, kind, blk), a)
     if kind in (Q4_0, Q5_0):
         dot = builder.sub(dot, _dot4(builder, _splat(_i8, 8 if kind == Q4_0 else 16, 32), a))
@@ -202,9 +206,8 @@ def _block_dot(builder, kind: int, blk, a):
 
 
 def _reduce_add(builder, v):
-    fnty = ir.FunctionType(v.type.element, [v.type])
     name = f"llvm.vector.reduce.add.v{v.type.count}i{v.type.element.width}"
-    return builder.call(builder.module.declare_intrinsic(name, fnty=fnty), [v])
+    return _call_intrinsic(builder, name, v.type.element, v)
 
 
 def _f16_to_f32(builder, h):
@@ -379,7 +382,7 @@ def _q6_k_lanes_x86(builder, wp, ap):
     with the two groups' scales then adds both into i32 lane l."""
     scales = builder.sext(_load(builder, _at(builder, wp, 192), _vec(_i8, 16)), _vec(_i16, 16))
     acc = ir.Constant(_vec(_i32, 8), None)
-    v32, i16x16 = _vec(_i8, 32), _vec(_i16, 16)
+    v32 = _vec(_i8, 32)
 
     def reordered(ptr, offset):
         v = _load(builder, _at(builder, ptr, offset), v32)
@@ -389,11 +392,11 @@ def _q6_k_lanes_x86(builder, wp, ap):
         l0, l1, h = reordered(wp, 64 * c), reordered(wp, 64 * c + 32), reordered(wp, 128 + 32 * c)
         for k, q in enumerate(_q6_k_parts(builder, l0, l1, h)):
             a = reordered(ap, 128 * c + 32 * k)
-            pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", i16x16, q, a)
-            pairs = builder.sub(pairs, _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", i16x16, _c(q, 32), a))
+            pairs = builder.sub(_maddubs(builder, q, a), _maddubs(builder, _c(q, 32), a))
             g = 8 * c + 2 * k
             sc = _shuffle(builder, scales, scales, [g, g + 1] * 8)
-            acc = builder.add(acc, _x86(builder, "llvm.x86.avx2.pmadd.wd", _vec(_i32, 8), pairs, sc))
+            both = _call_intrinsic(builder, "llvm.x86.avx2.pmadd.wd", _vec(_i32, 8), pairs, sc)
+            acc = builder.add(acc, both)
     return acc
 
 
