@@ -139,7 +139,7 @@ class LLM:
         memory.require(self.path.name, self._weights, "pick a smaller model or quantization")
         self.file = ModelFile(self.path, use_mmap=use_mmap)
         if log is not None and _will_use_numba(backend) and not _numba_kernels_cached():
-            log("compiling the numba kernels (first run only; about a minute)...")
+            log("compiling the numba kernels (first run only; one to two minutes)...")
         self.backend = get_backend(backend, threads, {t.type for t in matrices(self.file)})
         self.model = load_model(self.file, self.backend)
         self.model.set_cache_types(cache_type_k, cache_type_v)  # -ctk / -ctv: ValueError naming a bad one

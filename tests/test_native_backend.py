@@ -21,13 +21,13 @@ import numpy as np
 import pytest
 from forward_checks import check_forced_steps, check_greedy, load_fixture, prefill
 from gguf import GGMLQuantizationType as T
+from plan_checks import BATCH_STEPS, eager_and_planned, tiny_model
 from random_weights import (
     QUANTIZABLE,
     RANDOM_BYTES,
     assert_matmul_matches_oracle,
     random_weight,
 )
-from tiny_models import N_VOCAB, Spec, random_weights, write_gguf
 
 from edgellm import quants
 from edgellm.arch import load_model
@@ -402,106 +402,7 @@ def test_deep_decode_splits_its_keys_over_threads_with_the_bits_of_one_thread(nb
             assert np.array_equal(a, b)
 
 
-# -- captured plans ----------------------------------------------------------------------------------------
-TINY = {
-    "llama": dict(arch="llama"),
-    "qwen2": dict(arch="qwen2", qkv_bias=True, output_bias=True, tied=True),
-    "qwen3": dict(arch="qwen3", key_length=32, qk_norm=True, tied=True),
-    "phi3": dict(arch="phi3", fused_qkv=True, fused_gate_up=True, n_rot=12),
-}
-
-
-def tiny_model(tmp_path, arch: str, backend):
-    spec = Spec(**TINY[arch])
-    w = random_weights(spec)
-    qtypes = {n: T.Q4_0 if ".ffn_" in n else T.Q8_0 for n in w if n.endswith(".weight") and "norm" not in n}
-    return load_model(ModelFile(write_gguf(tmp_path / f"{arch}.gguf", spec, w, qtypes)), backend)
-
-
-def eager_and_planned(model, steps) -> None:
-    """Run decode steps eagerly on one cache and through decode_step (capture, then replays) on another:
-    logits and caches must be the same bits."""
-    kv_a, kv_b = model.new_kv_cache(32, 3), model.new_kv_cache(32, 3)
-    for tokens, pos, seqs in steps:
-        args = (np.array(tokens), np.array(pos), np.array(seqs))
-        a = model.forward(*args, kv_a)
-        b = model.decode_step(*args, kv_b)
-        assert np.array_equal(a, b)
-    assert np.array_equal(kv_a.k, kv_b.k) and np.array_equal(kv_a.v, kv_b.v)
-    for batch in {len(t) for t, _, _ in steps}:
-        assert model.backend.captured(model, kv_b, batch) is not None, f"the capture of B={batch} was refused"
-
-
-BATCH_STEPS = [  # one prompt token per sequence, then two decode rounds of B = 3, then B = 2 (a new plan)
-    ([5, 6, 7], [0, 0, 0], [0, 1, 2]),
-    ([8, 9, 10], [1, 1, 1], [0, 1, 2]),
-    ([11, 12, 13], [2, 2, 2], [0, 1, 2]),
-    ([14, 15], [3, 3], [2, 0]),
-    ([16, 17], [4, 4], [2, 0]),
-]
-
-
-@pytest.mark.parametrize("arch", TINY)
-def test_every_architecture_captures_and_its_plan_equals_eager(tmp_path, nb, arch):
-    model = tiny_model(tmp_path, arch, nb)
-    eager_and_planned(model, BATCH_STEPS)
-
-
-def test_plans_are_kept_for_the_most_recent_batch_sizes_only(tmp_path):
-    b = native_mod.NativeBackend(threads=1)
-    model = tiny_model(tmp_path, "llama", b)
-    kv = model.new_kv_cache(8, native_mod.MAX_PLANS + 2)
-    for batch in range(1, native_mod.MAX_PLANS + 3):  # one capture per batch size
-        args = (np.arange(batch), np.zeros(batch, np.int64), np.arange(batch), kv)
-        model.decode_step(*args)
-    assert len(b._plans) == native_mod.MAX_PLANS
-    assert b.captured(model, kv, 1) is None and b.captured(model, kv, native_mod.MAX_PLANS + 2) is not None
-    np.testing.assert_array_equal(model.decode_step(*args), model.forward(*args))  # replay == eager
-
-
-def test_a_replayed_step_checks_its_tokens_and_cache_slots_first(tmp_path, nb):
-    model = tiny_model(tmp_path, "llama", nb)
-    kv = model.new_kv_cache(16, 2)
-
-    def step(tok: int, pos: int, seq: int) -> np.ndarray:
-        return model.decode_step(np.array([tok]), np.array([pos]), np.array([seq]), kv)
-
-    step(5, 0, 0)  # captured
-    step(6, 1, 0)  # replayed
-    with pytest.raises(ValueError, match="outside the vocabulary"):
-        step(N_VOCAB, 2, 0)
-    with pytest.raises(ValueError, match="outside the context"):
-        step(7, 16, 0)
-    with pytest.raises(ValueError, match="sequence id"):
-        step(7, 2, 2)
-    kv.block_table[1, 0] = -1
-    with pytest.raises(ValueError, match="no KV block"):
-        step(7, 2, 1)
-    assert nb.captured(model, kv, 1) is not None
-
-
-class _NumpyInTheMiddle:
-    """A model whose forward does numpy arithmetic between backend ops: a replay would skip it."""
-
-    def __init__(self, b, emb):
-        self.backend, self.emb = b, emb
-
-    def forward(self, tokens, positions, seq_ids, kv, logits_rows=None):
-        x = self.backend.get_rows(self.emb, tokens)
-        return self.backend.scale(x * 2, 0.5)
-
-
-def test_a_forward_with_numpy_arithmetic_is_refused_once_and_runs_eagerly(nb, caplog):
-    m = _NumpyInTheMiddle(nb, nb.bind(random_weight(T.Q8_0, 10, 64, rng)))
-    kv = nb.new_kv_cache(1, 1, 8, 8, 1)
-    with caplog.at_level(logging.WARNING):
-        for i in range(3):
-            out = nb.decode_step(m, np.array([i]), np.array([i]), np.zeros(1, np.int64), kv)
-            assert np.array_equal(out, m.forward(np.array([i]), None, None, None))
-    refusals = [r for r in caplog.records if "op by op" in r.getMessage()]
-    assert len(refusals) == 1 and "computed outside the backend's ops" in refusals[0].getMessage()
-
-
+# -- captured plans (the tests every capturing backend runs are in test_decode_plans.py) -------------
 @pytest.fixture(scope="module")
 def smollm2(smollm2_path):
     import edgellm
@@ -589,9 +490,6 @@ def test_registered_and_threads_never_exceed_the_cores():
     b = get_backend("native", threads=1000)
     assert isinstance(b, native_mod.NativeBackend) and b.threads == physical_cores()
     assert get_backend("native", threads=1).threads == 1
-
-
-assert N_VOCAB > 17  # the token ids BATCH_STEPS uses
 
 
 @pytest.mark.slow

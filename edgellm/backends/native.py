@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +23,7 @@ from edgellm import quants
 from edgellm.backends.base import BackendUnavailable, RopeSpec, RopeTables, gelu_table_f32
 from edgellm.backends.cpu import physical_cores
 from edgellm.backends.host import HostBackend
-from edgellm.backends.native_plan import Capture, Plan, Regions, address
+from edgellm.backends.native_plan import Capture, CapturedDecode, Plan, Regions, address
 from edgellm.backends.paged_kv import KVCache, row_bytes
 from edgellm.backends.reference import RefWeight
 from edgellm.gguf import QTensor
@@ -83,16 +82,7 @@ def _in_file(mf: Any, t: QTensor) -> bool:
     return address(base) <= lo and lo + t.data.nbytes <= address(base) + base.nbytes
 
 
-_LOGGED: set[str] = set()
-
-
-def _log_once(msg: str) -> None:
-    if msg not in _LOGGED:
-        _LOGGED.add(msg)
-        log.warning(msg)
-
-
-class NativeBackend(HostBackend):
+class NativeBackend(CapturedDecode, HostBackend):
     name = "native"
 
     def __init__(self, threads: int | None = None):
@@ -106,11 +96,9 @@ class NativeBackend(HostBackend):
         if self._pool == ffi.NULL:
             raise BackendUnavailable("the native runtime could not start its thread pool")
         self.level = ffi.string(lib.ed_runtime_level_name()).decode()
-        self._vectors = Regions()  # bound vectors: trusted memory for captures
+        self._trusted = Regions()  # bound vectors: trusted memory for captures
         self._ropes = RopeTables()  # plans keep the tables they point into
-        self._cap: Capture | None = None
-        self._plans: OrderedDict[tuple[int, int, int], Any] = OrderedDict()  # (kv, model, B) ids -> plan
-        self._last: Plan | None = None  # the plan of the last decode step
+        self._init_plans()
         self._file: Any = None  # the ModelFile being bound (prepare): its pages of repacked weights go
         self.repacked_bytes = 0  # weights held repacked (in memory of their own, not the file's pages)
 
@@ -186,7 +174,7 @@ class NativeBackend(HostBackend):
     def vector(self, t: QTensor) -> np.ndarray:
         v = np.ascontiguousarray(self.fallback.vector(t), np.float32)
         if v.nbytes:  # the region keeps v alive: its memory can never be a later array's
-            self._vectors.add(address(v), address(v) + v.nbytes, v)
+            self._trusted.add(address(v), address(v) + v.nbytes, v)
         return v
 
     # -- plumbing --------------------------------------------------------------------------------------
@@ -373,63 +361,6 @@ class NativeBackend(HostBackend):
             )  # fmt: skip
         return out
 
-    # -- captured decode steps -------------------------------------------------------------------------
-    def decode_step(
-        self, model: Any, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, kv: Any
-    ) -> np.ndarray:
-        """model.forward(tokens, positions, seq_ids, kv) for B decode rows, replayed from a plan captured
-        on the first step of each batch size (the first step runs eagerly while it is recorded)."""
-        last = self._last  # the common case: the same cache, model and batch size as the step before
-        if last is not None and last.batch == len(tokens) and last.matches(model, kv):
-            return last.run(kv, tokens, positions, seq_ids)
-        if self._cap is not None:  # a forward inside a capture (never expected): just run it
-            return model.forward(tokens, positions, seq_ids, kv)
-        key = (id(kv), id(model), len(tokens))
-        plan = self._plans.get(key)
-        if plan is None or not plan.matches(model, kv):  # (ids of dead objects are reused)
-            plan, logits = self._capture(model, tokens, positions, seq_ids, kv)
-            self._plans[key] = plan
-            if len(self._plans) > MAX_PLANS:
-                self._plans.popitem(last=False)
-            return logits
-        self._plans.move_to_end(key)
-        if isinstance(plan, _Refused):
-            return model.forward(tokens, positions, seq_ids, kv)
-        self._last = plan
-        return plan.run(kv, tokens, positions, seq_ids)
-
-    def captured(self, model: Any, kv: Any, batch: int) -> Plan | None:
-        """The plan replaying model's decode steps of `batch` rows on kv, if one was captured."""
-        plan = self._plans.get((id(kv), id(model), batch))
-        return plan if isinstance(plan, Plan) and plan.matches(model, kv) else None
-
-    def _capture(self, model: Any, tokens, positions, seq_ids, kv) -> tuple[Any, np.ndarray]:
-        inputs = [np.array(a, dtype=np.int64) for a in (tokens, positions, seq_ids)]
-        self._cap = cap = Capture(inputs, self._vectors, int(kv.n_ctx))
-        try:
-            logits = model.forward(inputs[0], inputs[1], inputs[2], kv)
-        finally:
-            self._cap = None
-        if cap.refused is None and not (
-            isinstance(logits, np.ndarray)
-            and logits.flags.c_contiguous
-            and cap.buffers.find(address(logits), address(logits) + logits.nbytes)
-        ):
-            cap.refuse("the forward's result is not the output of a backend op")
-        if cap.refused is not None:
-            _log_once(f"native: {type(model).__name__} decode steps run op by op: {cap.refused}")
-            return _Refused(model), logits
-        return Plan(ffi, lib, self._pool, cap, logits, model, kv), logits
-
-
-MAX_PLANS = 16  # captured plans kept per backend, most recently used first (each holds an arena)
-
-
-class _Refused:
-    """A model whose forward cannot be captured: its decode steps run op by op."""
-
-    def __init__(self, model: Any):
-        self.model = weakref.ref(model)
-
-    def matches(self, model: Any, kv: Any) -> bool:
-        return self.model() is model
+    # -- captured decode steps (CapturedDecode) --------------------------------------------------------
+    def _new_plan(self, cap: Capture, logits: np.ndarray, model: Any, kv: Any) -> Plan:
+        return Plan(ffi, lib, self._pool, cap, logits, model, kv)

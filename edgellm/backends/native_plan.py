@@ -1,5 +1,7 @@
 """Captured decode plans for the native backend: one `model.forward` recorded as a list of C op records
-over fixed buffers, then replayed by one `ed_plan_run` call per decode step (DESIGN.md principle 4).
+over fixed buffers, then replayed by one `ed_plan_run` call per decode step (DESIGN.md principle 4). The
+capture (Capture, the arena layout) and the decode steps that replay plans (CapturedDecode) are shared with
+the numba backend, whose plans replay in one compiled call (numba_cpu.NumbaPlan).
 
 Capture runs the forward once with every op executing eagerly and also recording its op record. Each
 array an op receives must live in memory the plan can own or trusts: a plan input (tokens, positions,
@@ -14,7 +16,9 @@ Limits: an arch that writes into an op's output in place (x += ...) is not detec
 from __future__ import annotations
 
 import bisect
+import logging
 import weakref
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -101,24 +105,19 @@ def _vec_dot_type(t: int) -> int:
     return int(v) if v is not None else -1
 
 
-class Plan:
-    """A captured forward: op records over one arena, its inputs, and where the logits land."""
+class BoundPlan:
+    """What every captured plan holds: its inputs (tokens, positions, sequence ids), the tables it points
+    into, weak ties to its model and the cache arrays it read, and one arena for the capture's buffers
+    (laid out by _arena_layout; `relocate` maps a capture address into it, `result` is the forward's
+    result there)."""
 
-    def __init__(self, ffi: Any, lib: Any, pool: Any, cap: Capture, result: np.ndarray, model: Any, kv: Any):
-        self.ffi, self.lib, self.pool = ffi, lib, pool
+    def __init__(self, cap: Capture, result: np.ndarray, model: Any, kv: Any, addresses=None):
         self.model = weakref.ref(model)
         self.tokens, self.positions, self.seq_ids = cap.input_arrays
         self.batch = len(self.tokens)
         self.keep = cap.keep
         self.kv_arrays = kv.arrays()
-        vocab = next(
-            (op["i1"] for op in cap.ops if op["code"] == GET_ROWS and op["src1"] == address(self.tokens)), -1
-        )
-        i64 = [ffi.cast("int64_t *", address(a)) for a in (self.tokens, self.seq_ids, self.positions)]
-        table = ffi.cast("int32_t *", address(kv.block_table))
-        self.check_args = (i64[0], vocab, table, *kv.block_table.shape, kv.block_size, kv.n_ctx, *i64[1:])
-        self.check_args += (len(self.tokens),)
-        offsets, size = _arena_layout(cap, result)
+        offsets, size = _arena_layout(cap, result, addresses or _c_addresses)
         self.arena = np.empty(max(size, ALIGN) // 4 + ALIGN, np.float32)
         base = (address(self.arena) + ALIGN - 1) // ALIGN * ALIGN
 
@@ -126,23 +125,19 @@ class Plan:
             hit = cap.buffers.find(addr, addr + 1)
             return addr if hit is None else base + offsets[hit[2]] + addr - hit[0]
 
-        self.n_ops = len(cap.ops)
-        self.ops = ffi.new("ed_op[]", max(1, self.n_ops))
-        prev: dict | None = None
-        for i, rec in enumerate(cap.ops):
-            rec = dict(rec)
-            for p in POINTERS:
-                if rec.get(p):
-                    rec[p] = relocate(rec[p])
-            if rec["code"] == MATMUL and prev is not None and _same_activations(prev, rec):
-                # x is already quantized in the pool's scratch by the matmul just before, which writes
-                # only its own output: no need to wait for it
-                rec["i1"], rec["flags"] = 1, rec.get("flags", 0) | NO_BARRIER
-            self.ops[i] = rec
-            prev = rec
-        start = relocate(address(result)) - address(self.arena)  # a view of the arena keeps it alive
-        self.result = self.arena.view(np.uint8)[start : start + result.nbytes].view(np.float32)
-        self.result = self.result.reshape(result.shape)
+        self.relocate = relocate
+        self.result = self.view(result)
+
+    def view(self, a: np.ndarray) -> np.ndarray:
+        """Capture buffer `a`'s place in the arena, as a float32 array of its shape."""
+        start = self.relocate(address(a)) - address(self.arena)  # a view of the arena keeps it alive
+        return self.arena.view(np.uint8)[start : start + a.nbytes].view(np.float32).reshape(a.shape)
+
+    def check_window_chunk(self, kv: Any) -> None:
+        """A step with more rows than a sliding-window ring holds for one sequence: the cache's check
+        (the step checks of a replay cover positions and blocks, not this)."""
+        if kv.ring_layers and self.batch > kv.window_chunk:
+            kv.check_window_chunk(self.seq_ids)
 
     def matches(self, model: Any, kv: Any) -> bool:
         """Whether this plan still points at the model's weights and the cache's arrays."""
@@ -152,6 +147,35 @@ class Plan:
             and len(now) == len(self.kv_arrays)
             and all(a is b for a, b in zip(now, self.kv_arrays))
         )
+
+
+class Plan(BoundPlan):
+    """A captured forward: C op records over one arena, its inputs, and where the logits land."""
+
+    def __init__(self, ffi: Any, lib: Any, pool: Any, cap: Capture, result: np.ndarray, model: Any, kv: Any):
+        super().__init__(cap, result, model, kv)
+        self.ffi, self.lib, self.pool = ffi, lib, pool
+        vocab = next(
+            (op["i1"] for op in cap.ops if op["code"] == GET_ROWS and op["src1"] == address(self.tokens)), -1
+        )
+        i64 = [ffi.cast("int64_t *", address(a)) for a in (self.tokens, self.seq_ids, self.positions)]
+        table = ffi.cast("int32_t *", address(kv.block_table))
+        self.check_args = (i64[0], vocab, table, *kv.block_table.shape, kv.block_size, kv.n_ctx, *i64[1:])
+        self.check_args += (len(self.tokens),)
+        self.n_ops = len(cap.ops)
+        self.ops = ffi.new("ed_op[]", max(1, self.n_ops))
+        prev: dict | None = None
+        for i, rec in enumerate(cap.ops):
+            rec = dict(rec)
+            for p in POINTERS:
+                if rec.get(p):
+                    rec[p] = self.relocate(rec[p])
+            if rec["code"] == MATMUL and prev is not None and _same_activations(prev, rec):
+                # x is already quantized in the pool's scratch by the matmul just before, which writes
+                # only its own output: no need to wait for it
+                rec["i1"], rec["flags"] = 1, rec.get("flags", 0) | NO_BARRIER
+            self.ops[i] = rec
+            prev = rec
 
     def run(self, kv: Any, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray) -> np.ndarray:
         """One replay: copy the inputs in, check them, run every op in one C call. Returns the logits
@@ -166,6 +190,7 @@ class Plan:
             raise ValueError(f"token id outside the vocabulary of {self.check_args[1]}")
         if bad:
             kv.slots(self.seq_ids, self.positions)  # raises, saying which row and why
+        self.check_window_chunk(kv)
         if self.lib.ed_plan_run(self.pool, self.ops, self.n_ops) != 0:
             raise RuntimeError("native plan rejected by the runtime")
         return self.result
@@ -182,14 +207,18 @@ def _same_activations(prev: dict, rec: dict) -> bool:
     )
 
 
-def _arena_layout(cap: Capture, result: np.ndarray) -> tuple[list[int], int]:
+def _c_addresses(rec: dict) -> list[int]:
+    return [rec.get(p) for p in POINTERS]
+
+
+def _arena_layout(cap: Capture, result: np.ndarray, addresses=_c_addresses) -> tuple[list[int], int]:
     """Byte offsets of every capture buffer in one arena: first fit among the buffers alive at the same
-    time (alive from the op that writes it to the last op that reads it; the result to the end)."""
+    time (alive from the op that writes it to the last op that reads it; the result to the end).
+    `addresses(record)`: the addresses a record holds."""
     n = len(cap.arrays)
     first, last = [len(cap.ops)] * n, [-1] * n
     for i, rec in enumerate(cap.ops):
-        for p in POINTERS:
-            addr = rec.get(p)
+        for addr in addresses(rec):
             hit = cap.buffers.find(addr, addr + 1) if addr else None
             if hit is not None:
                 b = hit[2]
@@ -211,3 +240,87 @@ def _arena_layout(cap: Capture, result: np.ndarray) -> tuple[list[int], int]:
         placed.append((off, nbytes, first[b], last[b]))
         size = max(size, off + nbytes)
     return offsets, size
+
+
+log = logging.getLogger(__name__)
+_LOGGED: set[str] = set()
+MAX_PLANS = 16  # captured plans kept per backend, most recently used first (each holds an arena)
+
+
+class CapturedDecode:
+    """decode_step for a host backend that captures plans: the first step of each (cache, model, batch
+    size) runs eagerly while its ops are recorded (`self._cap` set: the backend's ops allocate outputs
+    with it, check inputs and record themselves), later ones replay the plan. The backend provides
+    `_trusted` (Regions of memory it bound), `_new_plan(cap, logits, model, kv)` and calls
+    `_init_plans()` in its __init__."""
+
+    name: str
+
+    def _init_plans(self) -> None:
+        self._cap: Capture | None = None
+        self._plans: OrderedDict[tuple[int, int, int], Any] = OrderedDict()  # (kv, model, B) ids -> plan
+        self._last: Any = None  # the plan of the last decode step
+
+    def decode_step(
+        self, model: Any, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, kv: Any
+    ) -> np.ndarray:
+        """model.forward(tokens, positions, seq_ids, kv) for B decode rows, replayed from a plan captured
+        on the first step of each batch size (the first step runs eagerly while it is recorded)."""
+        last = self._last  # the common case: the same cache, model and batch size as the step before
+        if last is not None and last.batch == len(tokens) and last.matches(model, kv):
+            return last.run(kv, tokens, positions, seq_ids)
+        if self._cap is not None:  # a forward inside a capture (never expected): just run it
+            return model.forward(tokens, positions, seq_ids, kv)
+        key = (id(kv), id(model), len(tokens))
+        plan = self._plans.get(key)
+        if plan is None or not plan.matches(model, kv):  # (ids of dead objects are reused)
+            plan, logits = self._capture(model, tokens, positions, seq_ids, kv)
+            self._plans[key] = plan
+            if len(self._plans) > MAX_PLANS:
+                self._plans.popitem(last=False)
+            return logits
+        self._plans.move_to_end(key)
+        if isinstance(plan, _Refused):
+            return model.forward(tokens, positions, seq_ids, kv)
+        self._last = plan
+        return plan.run(kv, tokens, positions, seq_ids)
+
+    def captured(self, model: Any, kv: Any, batch: int) -> Any:
+        """The plan replaying model's decode steps of `batch` rows on kv, if one was captured."""
+        plan = self._plans.get((id(kv), id(model), batch))
+        live = plan is not None and not isinstance(plan, _Refused) and plan.matches(model, kv)
+        return plan if live else None
+
+    def _new_plan(self, cap: Capture, logits: np.ndarray, model: Any, kv: Any) -> Any:
+        raise NotImplementedError
+
+    def _capture(self, model: Any, tokens, positions, seq_ids, kv) -> tuple[Any, np.ndarray]:
+        inputs = [np.array(a, dtype=np.int64) for a in (tokens, positions, seq_ids)]
+        self._cap = cap = Capture(inputs, self._trusted, int(kv.n_ctx))
+        try:
+            logits = model.forward(inputs[0], inputs[1], inputs[2], kv)
+        finally:
+            self._cap = None
+        if cap.refused is None and not (
+            isinstance(logits, np.ndarray)
+            and logits.flags.c_contiguous
+            and cap.buffers.find(address(logits), address(logits) + logits.nbytes)
+        ):
+            cap.refuse("the forward's result is not the output of a backend op")
+        if cap.refused is not None:
+            msg = f"{self.name}: {type(model).__name__} decode steps run op by op: {cap.refused}"
+            if msg not in _LOGGED:
+                _LOGGED.add(msg)
+                log.warning(msg)
+            return _Refused(model), logits
+        return self._new_plan(cap, logits, model, kv), logits
+
+
+class _Refused:
+    """A model whose forward cannot be captured: its decode steps run op by op."""
+
+    def __init__(self, model: Any):
+        self.model = weakref.ref(model)
+
+    def matches(self, model: Any, kv: Any) -> bool:
+        return self.model() is model

@@ -8,6 +8,10 @@ for any thread count. RMSNorm, RoPE, attention over the (reference's paged float
 the reference's float32 operations compiled (numba_kernels/ops.py); embedding lookup and add stay numpy.
 Kernels compile when the backend is made (ops) or the first weight of their family is bound (matmuls),
 or on `warmup()`; never inside a timed step. Numba caches them on disk, so a second process pays no JIT.
+
+Decode steps are captured once per batch size as plans (native_plan.CapturedDecode, as the native
+backend does) and replayed by one compiled call (numba_kernels/plan.py): the same kernels on the same
+memory, without the ~450 Python calls a step of op-by-op dispatch costs.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +28,7 @@ from edgellm import quants
 from edgellm.backends.base import BackendUnavailable, RopeSpec, RopeTables, gelu_table_f32
 from edgellm.backends.cpu import physical_cores
 from edgellm.backends.host import HostBackend
+from edgellm.backends.native_plan import BoundPlan, Capture, CapturedDecode, Regions, address
 from edgellm.backends.paged_kv import KVCache
 from edgellm.backends.reference import RefWeight
 from edgellm.gguf import QTensor
@@ -32,6 +38,7 @@ try:
 
     from edgellm.backends import numba_kernels as K
     from edgellm.backends.numba_kernels import ops as O
+    from edgellm.backends.numba_kernels import plan as P
 except ImportError as e:  # pragma: no cover - numba is a dependency, but say why if it is missing
     numba = None
     _IMPORT_ERROR = str(e)
@@ -72,7 +79,7 @@ def _use_threads(n: int) -> None:
     _THREADS.n = n
 
 
-class NumbaBackend(HostBackend):
+class NumbaBackend(CapturedDecode, HostBackend):
     name = "numba"
 
     @staticmethod
@@ -82,7 +89,8 @@ class NumbaBackend(HostBackend):
         dirs = [Path(K.__file__).parent / "__pycache__"]
         if os.environ.get("NUMBA_CACHE_DIR"):
             dirs.append(Path(os.environ["NUMBA_CACHE_DIR"]))
-        return any(next(d.rglob("*matmul_legacy*.nbi"), None) for d in dirs if d.is_dir())
+        dirs = [d for d in dirs if d.is_dir()]
+        return all(any(next(d.rglob(f"*{f}*.nbi"), None) for d in dirs) for f in ("matmul_legacy", "_replay"))
 
     def __init__(self, threads: int | None = None):
         if numba is None:
@@ -93,6 +101,8 @@ class NumbaBackend(HostBackend):
         self.threads = max(1, min(int(threads) if threads else cores, limit))
         _use_threads(self.threads)
         self._ropes = RopeTables()
+        self._trusted = Regions()  # bound weights and vectors: memory a capture may point into
+        self._init_plans()
         K.compile_family("ops")
 
     def kernel_types(self, op: str) -> frozenset[int]:
@@ -110,56 +120,129 @@ class NumbaBackend(HostBackend):
             family = None
         return NumbaWeight(t, raw=raw, family=family, kind=kind)
 
-    def warmup(self) -> None:
-        """Compile (or load from cache) every kernel family now."""
-        for family in K.MATMULS:
-            K.compile_family(family)
-        K.compile_family("ops")
+    def vector(self, t: QTensor) -> np.ndarray:
+        v = np.ascontiguousarray(self.fallback.vector(t), np.float32)
+        if v.nbytes:  # the region keeps v alive: its memory can never be a later array's
+            self._trusted.add(address(v), address(v) + v.nbytes, v)
+        return v
 
-    # -- the reference's other ops, compiled -----------------------------------------------------------
+    def warmup(self) -> None:
+        """Compile (or load from cache) every kernel family and the decode plans' replay now."""
+        K.compile_family("plan")
+
+    # -- plumbing: each op runs now, and inside a capture also records itself for the plan ---------------
+    def _out(self, shape: tuple[int, ...]) -> np.ndarray:
+        return self._cap.alloc(shape) if self._cap is not None else np.empty(shape, np.float32)
+
+    def _record(self, what: str, fields: list, floats: tuple = ()) -> None:
+        """Inside a capture: one plan record (numba_kernels/plan.py's columns). Arrays in `fields` must
+        be the capture's or bound memory (checked) and become addresses the plan relocates; ints are
+        kept (the addresses of the cache and the backend's tables are passed as ints)."""
+        cap = self._cap
+        if cap is None:
+            return
+        row, pointers = [], []
+        for i, f in enumerate(fields):
+            if isinstance(f, np.ndarray):
+                cap.check(f, what)
+                row.append(address(f))
+                pointers.append(i)
+            else:
+                row.append(int(f))
+        cap.record({"row": row, "pointers": pointers, "floats": [float(f) for f in floats]})
+
+    def _eager_only(self, why: str) -> None:
+        if self._cap is not None:
+            self._cap.refuse(why)
+
+    def _new_plan(self, cap: Capture, logits: np.ndarray, model: Any, kv: Any) -> NumbaPlan:
+        K.compile_family("plan")  # (on the first plan of a process; cached on disk)
+        return NumbaPlan(self, cap, logits, model, kv)
+
+    # -- ops ---------------------------------------------------------------------------------------------
+    def get_rows(self, w, ids):
+        rows = self.fallback.get_rows(w, ids)
+        cap = self._cap
+        if cap is None:
+            return rows
+        # a plan runs the embedding lookup in numpy before its compiled ops: only as the first op, of the
+        # plan's token ids
+        if cap.ops or ids is not cap.input_arrays[0]:
+            cap.refuse("get_rows other than the first op on the step's tokens")
+            return rows
+        out = self._out(rows.shape)
+        out[...] = rows
+        cap.record({"row": [0, address(out)], "pointers": [1], "floats": [], "get_rows": w})
+        return out
+
     def rms_norm(self, x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
         x2 = _rows(x)
-        out = np.empty_like(x2)
-        w = weight if weight is not None else _NO_WEIGHT
-        O.rms_norm(x2, np.ascontiguousarray(w, np.float32), weight is not None, float(eps), out)
+        n, d = x2.shape
+        out = self._out((n, d))
+        w = np.ascontiguousarray(weight, np.float32) if weight is not None else None
+        if w is not None and w.shape != (d,):
+            raise ValueError(f"rms_norm: weight of shape {w.shape} for rows of {d}")
+        self._record("rms_norm", [P.RMS_NORM, x2, n, d, w if w is not None else 0, out], (eps,))
+        O.rms_norm(x2, w if w is not None else _NO_WEIGHT, w is not None, float(eps), out)
         return out.reshape(x.shape)
 
     def rope(self, x: np.ndarray, positions: np.ndarray, spec: RopeSpec) -> np.ndarray:
         pos = np.ascontiguousarray(positions, np.int64)
         if pos.size and pos.min() < 0:
             raise ValueError(f"rope: negative position {int(pos.min())}")
-        cos, sin = self._ropes.get(
-            spec, int(pos.max(initial=0)) + 1
-        )  # rows 0 .. max: the kernel indexes them
         x3 = np.ascontiguousarray(x, np.float32)
-        out = np.empty_like(x3)
+        n, heads, dh = x3.shape
+        if spec.n_dims > dh or spec.n_dims % 2:
+            raise ValueError(f"rope: {spec.n_dims} rotated dims in heads of {dh}")
+        need = int(pos.max(initial=0)) + 1  # rows 0 .. max: the kernel indexes them
+        if self._cap is not None:  # a plan sees any position of the context
+            need = max(need, self._cap.n_ctx)
+        cos, sin = self._ropes.get(spec, need)
+        out = self._out(x3.shape)
+        if self._cap is not None:
+            self._cap.keep += [cos, sin]
+            fields = [P.ROPE, x3, n, heads, dh, address(cos), address(sin), *cos.shape, pos, spec.n_dims]
+            self._record("rope", [*fields, int(spec.neox), out])
         O.rope(x3, cos, sin, pos, spec.n_dims, spec.neox, out)
         return out
 
     def attention(self, q, k, v, kv: KVCache, layer, seq_ids, positions, scale, window=None, softcap=None):
-        positions = np.asarray(positions, np.int64)
+        positions = np.ascontiguousarray(positions, np.int64)
+        seq_ids = np.ascontiguousarray(seq_ids, np.int64)
+        q, k, v = (np.ascontiguousarray(a, np.float32) for a in (q, k, v))
         kv.check(seq_ids, positions)  # the kernel reads and writes unchecked
         kc, vc, table = kv.layer_view(layer)
-        out = np.empty((q.shape[0], q.shape[1], v.shape[-1]), np.float32)
+        n, n_head, dh = q.shape
+        if k.shape != (n, k.shape[1], dh) or v.shape != k.shape or n_head % k.shape[1]:
+            raise ValueError(f"attention: q {q.shape}, k {k.shape}, v {v.shape}")
+        out = self._out((n, n_head, v.shape[-1]))
         k8, v8 = kv.type_k == "q8_0", kv.type_v == "q8_0"
         quantized = (k8, v8) if k8 or v8 else ()  # attention_q8 takes the two flags
-        # the (token, kv head) pairs on Numba's threads where the work pays for waking them
+        # the (token, kv head) pairs on Numba's threads where the work pays for waking them (plan.py's
+        # _attention decides the same way at every replay)
         keys = int(positions.sum()) + len(positions) if window is None else len(positions) * int(window)
         parallel = (
             () if quantized else (self.threads > 1 and keys * q.shape[1] * q.shape[2] >= PARALLEL_MIN_MACS,)
         )
+        if self._cap is not None:
+            kinds = (P.K_Q8 if k8 else 0) | (P.V_Q8 if v8 else 0)
+            fields = [P.ATTENTION, q, kinds, k, v, address(kc), address(vc)]
+            fields += [n, n_head, k.shape[1], dh, kc.shape[0], kc.shape[-1], address(table), *table.shape]
+            fields += [kv.block_size, seq_ids, positions, out, int(window or 0)]
+            fields += [PARALLEL_MIN_MACS if self.threads > 1 else 0, vc.shape[-1]]
+            self._record("attention", fields, (scale, softcap or 0.0))
         if parallel and parallel[0] and getattr(_THREADS, "n", 0) != self.threads:
             _use_threads(self.threads)
         (O.attention_q8 if quantized else O.attention)(
-            np.ascontiguousarray(q, np.float32),
-            np.ascontiguousarray(k, np.float32),
-            np.ascontiguousarray(v, np.float32),
+            q,
+            k,
+            v,
             kc if k8 else kc.view(np.uint16),
             vc if v8 else vc.view(np.uint16),
             *quantized,
             table,
             kv.block_size,
-            np.asarray(seq_ids, np.int64),
+            seq_ids,
             positions,
             float(scale),
             int(window or 0),
@@ -169,27 +252,127 @@ class NumbaBackend(HostBackend):
         )
         return out
 
-    def silu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-        out = np.empty(gate.shape, np.float32)
-        O.silu_mul(_flat(gate), _flat(up), out.reshape(-1))
+    def _binary(self, code: int, a: np.ndarray, b: np.ndarray, what: str, *extra: Any) -> np.ndarray:
+        a2, b2 = _flat(a), _flat(b)
+        if a.shape != b.shape:
+            raise ValueError(f"{what}: shapes {a.shape} and {b.shape}")
+        out = self._out(a.shape)
+        flat = out.reshape(-1)
+        self._record(what, [code, a2, b2, flat, a2.size, *(address(e) for e in extra)])
+        fn = {P.SILU_MUL: O.silu_mul, P.GELU_MUL: O.gelu_mul, P.ADD: O.add}[code]
+        fn(a2, b2, *extra, flat)
         return out
 
+    def silu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return self._binary(P.SILU_MUL, gate, up, "silu_mul")
+
     def gelu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-        out = np.empty(gate.shape, np.float32)
-        O.gelu_mul(_flat(gate), _flat(up), gelu_table_f32(), out.reshape(-1))
+        return self._binary(P.GELU_MUL, gate, up, "gelu_mul", gelu_table_f32())
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        if np.shape(b) == np.shape(a):
+            return self._binary(P.ADD, a, b, "add")
+        if np.ndim(b) != 1 or np.ndim(a) == 0 or np.shape(b)[0] != np.shape(a)[-1]:
+            self._eager_only(f"add of shapes {np.shape(a)} and {np.shape(b)}")
+            return super().add(a, b)
+        a2, b1 = _rows(a), _flat(b)  # a bias: b added to every row of a
+        out = self._out(a2.shape)
+        self._record("add", [P.ADD_ROW, a2, b1, out, *a2.shape])
+        O.add_row(a2, b1, out)
+        return out.reshape(np.shape(a))
+
+    def _unary(self, code: int, x: np.ndarray, f: float, what: str) -> np.ndarray:
+        x1 = _flat(x)
+        out = self._out(np.shape(x))
+        flat = out.reshape(-1)
+        self._record(what, [code, x1, 0, flat, x1.size], (f,))
+        (O.scale if code == P.SCALE else O.softcap)(x1, float(f), flat)
         return out
+
+    def scale(self, x: np.ndarray, s: float) -> np.ndarray:
+        return self._unary(P.SCALE, x, s, "scale")
+
+    def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
+        return self._unary(P.SOFTCAP, x, cap, "softcap")
+
+    def columns(self, x: np.ndarray, start: int, stop: int) -> np.ndarray:
+        x2 = np.ascontiguousarray(x, np.float32)
+        rows, width = x2.shape
+        if not 0 <= start <= stop <= width:
+            raise ValueError(f"columns {start}:{stop} of rows of {width}")
+        out = self._out((rows, stop - start))
+        self._record("columns", [P.COLUMNS, x2, 0, out, rows, width, start, stop])
+        O.columns(x2, start, out)
+        return out
+
+    def take_rows(self, x: Any, rows: np.ndarray) -> Any:
+        self._eager_only("take_rows")
+        return super().take_rows(x, rows)
 
     def matmul(self, w: NumbaWeight, x: np.ndarray) -> np.ndarray:
         if w.family is None:  # a type without a Numba kernel: the fallback's dequantized product
+            self._eager_only(f"matmul of a {w.qt.type.name} tensor has no numba kernel")
             return self.fallback.matmul(w, x)
         raw = w.raw
         lead = x.shape[:-1]
         x2 = _rows(x)  # the kernels are compiled for C-contiguous, writable activations only
         n, k = x2.shape
+        if k != w.qt.ne[0]:
+            raise ValueError(f"matmul: x has {k} columns, the weight {w.qt.ne[0]}")
         m = raw.shape[0]
-        out = np.empty((n, m), np.float32)
+        out = self._out((n, m))
         chunks = min(self.threads, m) if m * k * n >= PARALLEL_MIN_MACS else 1
+        if self._cap is not None:
+            family = {"legacy": P.LEGACY, "kquant": P.KQUANT, "float": P.FLOAT}[w.family]
+            fields = [P.MATMUL, family, w.kind, address(raw), m, raw.shape[1], x2, n, k, out, chunks]
+            self._record("matmul", fields)
         if chunks > 1 and getattr(_THREADS, "n", 0) != self.threads:  # another thread or backend
             _use_threads(self.threads)
         K.MATMULS[w.family](w.kind, raw, x2, out, chunks)
         return out.reshape(*lead, m)
+
+
+class NumbaPlan(BoundPlan):
+    """A captured decode step: the embedding lookup (numpy, on the step's tokens), then every other op as
+    one table of records that plan.replay runs in one compiled call, over one arena."""
+
+    def __init__(self, backend: NumbaBackend, cap: Capture, result: np.ndarray, model: Any, kv: Any):
+        super().__init__(cap, result, model, kv, lambda rec: [rec["row"][i] for i in rec["pointers"]])
+        self.threads = backend.threads
+        self.get_rows = backend.fallback.get_rows
+        first = cap.ops[0] if cap.ops else {}
+        if "get_rows" not in first:
+            raise ValueError("a numba plan starts with the embedding lookup")  # _capture admits no other
+        self.embedding = first["get_rows"]
+        self.vocab = self.embedding.qt.ne[1]
+        self.embedded = self.view(cap.arrays[cap.buffers.find(first["row"][1], first["row"][1] + 1)[2]])
+        ops = cap.ops[1:]
+        self.records = np.zeros((len(ops), P.WIDTH), np.int64)
+        self.floats = np.zeros((len(ops), P.F_WIDTH), np.float64)
+        for i, rec in enumerate(ops):
+            row = list(rec["row"])
+            for j in rec["pointers"]:
+                row[j] = self.relocate(row[j])
+            self.records[i, : len(row)] = row
+            self.floats[i, : len(rec["floats"])] = rec["floats"]
+        self.check_args = (kv.block_table, kv.block_size, kv.n_ctx, self.seq_ids, self.positions)
+
+    def run(self, kv: Any, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray) -> np.ndarray:
+        """One replay: copy the inputs in, check them, look the tokens up, run every other op in one
+        compiled call. Returns the logits (B, V) in the plan's own memory: valid until this plan runs
+        again (copy them to keep them)."""
+        self.tokens[:] = tokens
+        self.positions[:] = positions
+        self.seq_ids[:] = seq_ids
+        bad = P.step_check(self.tokens, self.vocab, *self.check_args)
+        if bad == 1:
+            raise ValueError(f"token id outside the vocabulary of {self.vocab}")
+        if bad:
+            kv.slots(self.seq_ids, self.positions)  # raises, saying which row and why
+            raise ValueError("a position outside the context or its KV blocks")
+        self.check_window_chunk(kv)
+        self.embedded[...] = self.get_rows(self.embedding, self.tokens)
+        if getattr(_THREADS, "n", 0) != self.threads:
+            _use_threads(self.threads)
+        P.replay(self.records, self.floats)
+        return self.result

@@ -12,6 +12,7 @@ kernels are written for and Numba leaves off by default.
 from __future__ import annotations
 
 import hashlib
+from contextlib import contextmanager
 from pathlib import Path
 
 import numba
@@ -183,15 +184,35 @@ def _compile_ops() -> None:
     v = np.ones(8, F32)
     ops.silu_mul(v, v, np.empty_like(v))
     ops.gelu_mul(v, v, np.zeros(65536, F32), np.empty_like(v))
+    ops.add(v, v, np.empty_like(v))
+    ops.scale(v, 1.0, np.empty_like(v))
+    ops.softcap(v, 1.0, np.empty_like(v))
+    ops.add_row(x, w, np.empty_like(x))
+    ops.columns(x, 1, np.empty((2, 4), F32))
 
 
 MATMULS = {"legacy": matmul_legacy, "kquant": matmul_kquant, "float": matmul_float}
 _COMPILED: set[str] = set()
 
 
+@contextmanager
+def _slp_vectorizer():
+    """Numba's compiler lock, held with LLVM's SLP vectorizer on (compile_family)."""
+    from numba.core.compiler_lock import global_compiler_lock
+
+    with global_compiler_lock:
+        saved = numba.config.SLP_VECTORIZE
+        numba.config.SLP_VECTORIZE = 1
+        try:
+            yield
+        finally:
+            numba.config.SLP_VECTORIZE = saved
+
+
 def compile_family(family: str) -> None:
     """Compile (or load from cache) one family's kernels, serial and parallel, for the argument types
-    matmul uses: read-only weights, C-contiguous float32 activations and outputs.
+    matmul uses: read-only weights, C-contiguous float32 activations and outputs. "ops": the other ops;
+    "plan": every family, then the decode plans' replay (plan.py).
 
     Numba keeps LLVM's SLP vectorizer off by default; the kernels' unrolled integer dots need it (2-4x).
     It is switched on only while these functions compile, under Numba's compiler lock so that no other
@@ -199,16 +220,18 @@ def compile_family(family: str) -> None:
     """
     if family in _COMPILED:
         return
-    from numba.core.compiler_lock import global_compiler_lock
-
     if family == "ops":  # attention's side-by-side key sums want the SLP vectorizer too
-        with global_compiler_lock:
-            saved = numba.config.SLP_VECTORIZE
-            numba.config.SLP_VECTORIZE = 1
-            try:
-                _compile_ops()
-            finally:
-                numba.config.SLP_VECTORIZE = saved
+        with _slp_vectorizer():
+            _compile_ops()
+        _COMPILED.add(family)
+        return
+    if family == "plan":
+        for f in (*MATMULS, "ops"):
+            compile_family(f)
+        from edgellm.backends.numba_kernels import plan
+
+        with _slp_vectorizer():
+            plan.compile_replay()
         _COMPILED.add(family)
         return
 
@@ -223,16 +246,11 @@ def compile_family(family: str) -> None:
     )
     w = np.zeros((2, row_bytes), np.uint8)
     w.flags.writeable = False
-    with global_compiler_lock:
-        saved = numba.config.SLP_VECTORIZE
-        numba.config.SLP_VECTORIZE = 1
-        try:
-            rows.compile(sig)
-            split.compile(types.void(types.FunctionType(sig), *sig.args[:-2], _i))
-            split.disable_compile()
-            for n in (1, legacy.UNPACK_MIN_ROWS):  # both decode and prompt paths
-                for chunks in (1, 2):
-                    fn(kind, w, np.zeros((n, k), F32), np.empty((n, 2), F32), chunks)
-        finally:
-            numba.config.SLP_VECTORIZE = saved
+    with _slp_vectorizer():
+        rows.compile(sig)
+        split.compile(types.void(types.FunctionType(sig), *sig.args[:-2], _i))
+        split.disable_compile()
+        for n in (1, legacy.UNPACK_MIN_ROWS):  # both decode and prompt paths
+            for chunks in (1, 2):
+                fn(kind, w, np.zeros((n, k), F32), np.empty((n, 2), F32), chunks)
     _COMPILED.add(family)

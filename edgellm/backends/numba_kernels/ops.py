@@ -347,3 +347,42 @@ def gelu_mul(gate, up, table, out):
         else:
             y = table[f32_to_f16_bits(g)]
         out[i] = y * up[i]
+
+
+# -- element-wise ops: HostBackend's numpy defaults, compiled (the same float32 operations) --------------
+@njit(cache=True, nogil=True)
+def add(a, b, out):
+    for i in range(a.size):
+        out[i] = a[i] + b[i]
+
+
+@njit(cache=True, nogil=True)
+def add_row(a, b, out):
+    """a (N, K) + b (K,) on every row."""
+    n, k = a.shape
+    for r in range(n):
+        for j in range(k):
+            out[r, j] = a[r, j] + b[j]
+
+
+@njit(cache=True, nogil=True)
+def scale(x, s, out):
+    s = F32(s)
+    for i in range(x.size):
+        out[i] = x[i] * s
+
+
+@njit(cache=True, nogil=True)
+def softcap(x, cap, out):
+    """cap * tanh(x / cap), tanh in double as base.Backend.softcap."""
+    c = F32(cap)
+    for i in range(x.size):
+        out[i] = c * F32(np.tanh(np.float64(x[i] / c)))
+
+
+@njit(cache=True, nogil=True)
+def columns(x, start, out):
+    n, w = out.shape
+    for r in range(n):
+        for j in range(w):
+            out[r, j] = x[r, start + j]
