@@ -5,9 +5,10 @@ Weights stay the raw blocks of the mmapped file (no float32 copy). A matmul quan
 rows once to the weight's ggml vec_dot type and computes every output as ggml-cpu's scalar dot product
 does (numba_kernels/), so results match the reference backend to float-summation order and are the same
 for any thread count. RMSNorm, RoPE, attention over the (reference's paged float16) KV cache and the GLUs are
-the reference's float32 operations compiled (numba_kernels/ops.py); embedding lookup and add stay numpy.
-Kernels compile when the backend is made (ops) or the first weight of their family is bound (matmuls),
-or on `warmup()`; never inside a timed step. Numba caches them on disk, so a second process pays no JIT.
+the reference's float32 operations compiled (numba_kernels/ops.py); the embedding lookup stays numpy.
+Kernels compile when the backend is made (ops), the first weight of their family is bound (matmuls) or
+the first decode step is captured (every family, then the plans' replay), or on `warmup()` (everything),
+which a benchmark calls before timing. Numba caches them on disk, so a second process pays no JIT.
 
 Decode steps are captured once per batch size as plans (native_plan.CapturedDecode, as the native
 backend does) and replayed by one compiled call (numba_kernels/plan.py): the same kernels on the same
@@ -101,7 +102,7 @@ class NumbaBackend(CapturedDecode, HostBackend):
         self.threads = max(1, min(int(threads) if threads else cores, limit))
         _use_threads(self.threads)
         self._ropes = RopeTables()
-        self._trusted = Regions()  # bound weights and vectors: memory a capture may point into
+        self._trusted = Regions()  # bound vectors: memory a capture may read (weights, cache: by address)
         self._init_plans()
         K.compile_family("ops")
 
