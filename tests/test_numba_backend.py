@@ -487,3 +487,20 @@ def test_kernel_cache_is_dropped_when_any_kernel_source_changes(tmp_path):
     (cache / "a.f-1.py311.nbi").write_bytes(b"")
     K._drop_stale_cache(tmp_path, code_path="generic")  # the same sources compiled for another code path
     assert not list(cache.glob("*.nb?"))
+
+
+def test_kernels_count_as_cached_only_with_the_matmuls_and_the_plans_replay(tmp_path, monkeypatch):
+    """LLM says "compiling the numba kernels" unless both the matmul kernels and the decode plans'
+    replay are in Numba's cache (the package's __pycache__ or NUMBA_CACHE_DIR)."""
+    package = tmp_path / "numba_kernels"
+    (package / "__pycache__").mkdir(parents=True)
+    monkeypatch.setattr(K, "__file__", str(package / "__init__.py"))
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    assert not NumbaBackend.kernels_cached()
+    (package / "__pycache__" / "__init__.matmul_legacy-124.py311.nbi").touch()
+    assert not NumbaBackend.kernels_cached()
+    elsewhere = tmp_path / "cache" / "plan"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "plan._replay-135.py311.nbi").touch()
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))
+    assert NumbaBackend.kernels_cached()
