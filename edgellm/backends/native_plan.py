@@ -190,6 +190,7 @@ class Plan(BoundPlan):
             raise ValueError(f"token id outside the vocabulary of {self.check_args[1]}")
         if bad:
             kv.slots(self.seq_ids, self.positions)  # raises, saying which row and why
+            raise ValueError("a position outside the context or its KV blocks")
         self.check_window_chunk(kv)
         if self.lib.ed_plan_run(self.pool, self.ops, self.n_ops) != 0:
             raise RuntimeError("native plan rejected by the runtime")
