@@ -178,9 +178,6 @@ class NativeBackend(CapturedDecode, HostBackend):
         return v
 
     # -- plumbing --------------------------------------------------------------------------------------
-    def _out(self, shape: tuple[int, ...]) -> np.ndarray:
-        return self._cap.alloc(shape) if self._cap is not None else np.empty(shape, np.float32)
-
     def _in(self, a: np.ndarray, what: str) -> int:
         if self._cap is not None:
             self._cap.check(a, what)
@@ -194,10 +191,6 @@ class NativeBackend(CapturedDecode, HostBackend):
             self._cap.record(fields)
         if lib.ed_plan_run(self._pool, ffi.new("ed_op *", fields), 1) != 0:
             raise RuntimeError(f"native op {fields['code']} was rejected by the runtime")
-
-    def _eager_only(self, why: str) -> None:
-        if self._cap is not None:
-            self._cap.refuse(why)
 
     # -- ops -------------------------------------------------------------------------------------------
     def get_rows(self, w: NativeWeight, ids: np.ndarray) -> np.ndarray:

@@ -133,9 +133,20 @@ class BoundPlan:
         start = self.relocate(address(a)) - address(self.arena)  # a view of the arena keeps it alive
         return self.arena.view(np.uint8)[start : start + a.nbytes].view(np.float32).reshape(a.shape)
 
-    def check_window_chunk(self, kv: Any) -> None:
-        """A step with more rows than a sliding-window ring holds for one sequence: the cache's check
-        (the step checks of a replay cover positions and blocks, not this)."""
+    def take_inputs(self, kv: Any, tokens, positions, seq_ids, vocab: int, step_check, *check_args) -> None:
+        """Copy a step's inputs into the plan's arrays and check them before a replay:
+        `step_check(*check_args)` gives 0 (fine), 1 (a token id outside the vocabulary of `vocab`) or 2 (a
+        position the cache does not hold: the cache says which and why); then the sliding-window chunk
+        (more rows of one sequence than a ring holds), which the step check does not cover."""
+        self.tokens[:] = tokens
+        self.positions[:] = positions
+        self.seq_ids[:] = seq_ids
+        bad = step_check(*check_args)
+        if bad == 1:
+            raise ValueError(f"token id outside the vocabulary of {vocab}")
+        if bad:
+            kv.slots(self.seq_ids, self.positions)  # raises, saying which row and why
+            raise ValueError("a position outside the context or its KV blocks")
         if kv.ring_layers and self.batch > kv.window_chunk:
             kv.check_window_chunk(self.seq_ids)
 
@@ -182,16 +193,9 @@ class Plan(BoundPlan):
         (B, V) in the plan's own memory: valid until this plan runs again (copy them to keep them).
 
         Every Python line here runs with caches cold from the last step's weights (~1 us each): keep few."""
-        self.tokens[:] = tokens
-        self.positions[:] = positions
-        self.seq_ids[:] = seq_ids
-        bad = self.lib.ed_step_check(*self.check_args)
-        if bad == 1:
-            raise ValueError(f"token id outside the vocabulary of {self.check_args[1]}")
-        if bad:
-            kv.slots(self.seq_ids, self.positions)  # raises, saying which row and why
-            raise ValueError("a position outside the context or its KV blocks")
-        self.check_window_chunk(kv)
+        self.take_inputs(
+            kv, tokens, positions, seq_ids, self.check_args[1], self.lib.ed_step_check, *self.check_args
+        )
         if self.lib.ed_plan_run(self.pool, self.ops, self.n_ops) != 0:
             raise RuntimeError("native plan rejected by the runtime")
         return self.result
@@ -294,6 +298,15 @@ class CapturedDecode:
 
     def _new_plan(self, cap: Capture, logits: np.ndarray, model: Any, kv: Any) -> Any:
         raise NotImplementedError
+
+    def _out(self, shape: tuple[int, ...]) -> np.ndarray:
+        """An op's output: the capture's buffer inside one, else a new array."""
+        return self._cap.alloc(shape) if self._cap is not None else np.empty(shape, np.float32)
+
+    def _eager_only(self, why: str) -> None:
+        """An op a plan cannot replay: inside a capture, refuse it (the steps then run op by op)."""
+        if self._cap is not None:
+            self._cap.refuse(why)
 
     def _capture(self, model: Any, tokens, positions, seq_ids, kv) -> tuple[Any, np.ndarray]:
         inputs = [np.array(a, dtype=np.int64) for a in (tokens, positions, seq_ids)]

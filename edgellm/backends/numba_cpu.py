@@ -132,9 +132,6 @@ class NumbaBackend(CapturedDecode, HostBackend):
         K.compile_family("plan")
 
     # -- plumbing: each op runs now, and inside a capture also records itself for the plan ---------------
-    def _out(self, shape: tuple[int, ...]) -> np.ndarray:
-        return self._cap.alloc(shape) if self._cap is not None else np.empty(shape, np.float32)
-
     def _record(self, what: str, fields: list, floats: tuple = ()) -> None:
         """Inside a capture: one plan record (numba_kernels/plan.py's columns). Arrays in `fields` must
         be the capture's or bound memory (checked) and become addresses the plan relocates; ints are
@@ -151,10 +148,6 @@ class NumbaBackend(CapturedDecode, HostBackend):
             else:
                 row.append(int(f))
         cap.record({"row": row, "pointers": pointers, "floats": [float(f) for f in floats]})
-
-    def _eager_only(self, why: str) -> None:
-        if self._cap is not None:
-            self._cap.refuse(why)
 
     def _new_plan(self, cap: Capture, logits: np.ndarray, model: Any, kv: Any) -> NumbaPlan:
         K.compile_family("plan")  # (on the first plan of a process; cached on disk)
@@ -362,16 +355,17 @@ class NumbaPlan(BoundPlan):
         """One replay: copy the inputs in, check them, look the tokens up, run every other op in one
         compiled call. Returns the logits (B, V) in the plan's own memory: valid until this plan runs
         again (copy them to keep them)."""
-        self.tokens[:] = tokens
-        self.positions[:] = positions
-        self.seq_ids[:] = seq_ids
-        bad = P.step_check(self.tokens, self.vocab, *self.check_args)
-        if bad == 1:
-            raise ValueError(f"token id outside the vocabulary of {self.vocab}")
-        if bad:
-            kv.slots(self.seq_ids, self.positions)  # raises, saying which row and why
-            raise ValueError("a position outside the context or its KV blocks")
-        self.check_window_chunk(kv)
+        self.take_inputs(
+            kv,
+            tokens,
+            positions,
+            seq_ids,
+            self.vocab,
+            P.step_check,
+            self.tokens,
+            self.vocab,
+            *self.check_args,
+        )
         self.embedded[...] = self.get_rows(self.embedding, self.tokens)
         if getattr(_THREADS, "n", 0) != self.threads:
             _use_threads(self.threads)
