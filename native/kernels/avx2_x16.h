@@ -8,6 +8,7 @@
  * are the AVX-512 kernels' (avx512_x16.h) and give their bits: kernel_check's x16_ref checks both.
  */
 #define ED_X16A_NC 4 /* activation rows per call: 4 int sums, 4 float sums and the weights in 16 ymm */
+#define X16A_PF_Q6_K 8192 /* decode: Q6_K prefetches this far ahead, as ED_X16_PF_Q6_K (avx512_x16.h) */
 
 static inline __m256i x16a_bcast4(const int8_t *p) {
     int32_t v;
@@ -117,19 +118,254 @@ ED_X16A_ENTRY(x16a_gemm_q4_0, X16A_Q4_0)
 ED_X16A_ENTRY(x16a_gemm_q5_0, X16A_Q5_0)
 ED_X16A_ENTRY(x16a_gemm_q8_0, X16A_Q8_0)
 ED_X16A_ENTRY(x16a_gemm_iq4_nl, X16A_IQ4_NL)
+
+/* Q4_K: the AVX-512 kernel's plan (x16_q4_K_nc, the layout's offsets Q4K_*) with vpmaddubsw. A sub-block's
+ * 8 products per lane pair are summed in int16 (at most 8 * 2 * 15 * 128 = 30720: exact), then vpmaddwd
+ * against the row's scale in both halves of its lane adds sc_j * (the sub-block's integer dot) to the row's
+ * int32 sum; the float steps per super-block are x16_q4_K_nc's, so the bits are the AVX-512 kernel's. */
+#define Q4K_SC 64
+#define Q4K_MIN 192
+#define Q4K_QS 320
+#define Q4K_GROUP (Q4K_QS + 2048)
+
+/* 8 scale bytes (rows 8h..8h+7) as 8 lanes of the int16 pair (sc, sc) */
+static inline __m256i x16a_scale_pairs(const uint8_t *p) {
+    const __m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    return _mm256_or_si256(s, _mm256_slli_epi32(s, 16));
+}
+
+/* one half's float steps for a super-block g against activation block y: acc = fma(d_w * d_y, isum, acc),
+ * then acc = fnmadd(dmin_w * d_y, msum, acc), msum the mins against the sub-blocks' activation sums */
+ED_ALWAYS_INLINE __m256 x16a_q4_K_float(const uint8_t *g, int h, const block_q8_K *y, __m256i isum, __m256 acc) {
+    const __m256i s32 = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), _mm256_set1_epi16(1));
+    int32_t pairs[4]; /* int16 pairs (sum of sub-block 2i, of 2i + 1) */
+    _mm_storeu_si128((__m128i *)pairs, _mm_packs_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1)));
+    __m256i msum = _mm256_setzero_si256();
+    for (int i = 0; i < 4; i++) {
+        const __m256i m = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(g + Q4K_MIN + 32 * i + 16 * h)));
+        msum = _mm256_add_epi32(msum, _mm256_madd_epi16(m, _mm256_set1_epi32(pairs[i])));
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16 * h)));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 32 + 16 * h)));
+    const __m256 dy = _mm256_set1_ps(y->d);
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(d, dy), _mm256_cvtepi32_ps(isum), acc);
+    return _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dy), _mm256_cvtepi32_ps(msum), acc);
+}
+
+/* decode (one activation row): both halves of each 64-byte chunk at once, so every line is read once and
+ * each loaded vector gives both nibbles (sub-blocks 2p and 2p + 1) */
+static void x16a_q4_K_1(int n, float *s, const uint8_t *vx, int nr, const block_q8_K *y) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *g = vx + (size_t)b * Q4K_GROUP;
+        __m256i isum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int p = 0; p < 4; p++) {
+            const uint8_t *q = g + Q4K_QS + 512 * p;
+            const int8_t *yq = y[b].qs + 64 * p;
+            __m256i lo[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, hi[2] = {lo[0], lo[0]};
+            for (int k = 0; k < 8; k++) {
+                const __m256i yl = x16a_bcast4(yq + 4 * k), yh = x16a_bcast4(yq + 32 + 4 * k);
+                for (int h = 0; h < 2; h++) {
+                    const __m256i v = x16a_load(q + 64 * k + 32 * h);
+                    lo[h] = _mm256_add_epi16(lo[h], _mm256_maddubs_epi16(_mm256_and_si256(v, m4), yl));
+                    hi[h] = _mm256_add_epi16(hi[h], _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), yh));
+                }
+            }
+            for (int h = 0; h < 2; h++) {
+                isum[h] = _mm256_add_epi32(isum[h], _mm256_madd_epi16(lo[h], x16a_scale_pairs(g + Q4K_SC + 32 * p + 8 * h)));
+                isum[h] = _mm256_add_epi32(isum[h], _mm256_madd_epi16(hi[h], x16a_scale_pairs(g + Q4K_SC + 32 * p + 16 + 8 * h)));
+            }
+        }
+        for (int h = 0; h < 2; h++) acc[h] = x16a_q4_K_float(g, h, y + b, isum[h], acc[h]);
+    }
+    for (int h = 0; h * 8 < nr; h++) x16a_store(s, 1, &acc[h], h, nr, 1);
+}
+
+/* prompts: nc (<= ED_X16A_NC) activation rows, a half and a sub-block at a time */
+ED_ALWAYS_INLINE void x16a_q4_K_nc(int n, float *s, size_t bs, const uint8_t *vx, int nr, const uint8_t *vy,
+                                   size_t by, const int nc) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int h = 0; h * 8 < nr; h++) {
+        __m256 acc[ED_X16A_NC];
+        for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+        for (int b = 0; b < n / QK_K; b++) {
+            const uint8_t *g = vx + (size_t)b * Q4K_GROUP;
+            __m256i isum[ED_X16A_NC];
+            for (int c = 0; c < nc; c++) isum[c] = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++) { /* sub-block j: pair j / 2, low (even) or high (odd) nibbles */
+                const uint8_t *q = g + Q4K_QS + 512 * (j / 2) + 32 * h;
+                __m256i part[ED_X16A_NC];
+                for (int c = 0; c < nc; c++) part[c] = _mm256_setzero_si256();
+                for (int k = 0; k < 8; k++) {
+                    const __m256i v = x16a_load(q + 64 * k);
+                    const __m256i w = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(v, 4) : v, m4);
+                    for (int c = 0; c < nc; c++) {
+                        const __m256i y = x16a_bcast4(((const block_q8_K *)(vy + c * by))[b].qs + 32 * j + 4 * k);
+                        part[c] = _mm256_add_epi16(part[c], _mm256_maddubs_epi16(w, y));
+                    }
+                }
+                const __m256i sc = x16a_scale_pairs(g + Q4K_SC + 16 * j + 8 * h);
+                for (int c = 0; c < nc; c++) isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(part[c], sc));
+            }
+            for (int c = 0; c < nc; c++) acc[c] = x16a_q4_K_float(g, h, (const block_q8_K *)(vy + c * by) + b, isum[c], acc[c]);
+        }
+        x16a_store(s, bs, acc, h, nr, nc);
+    }
+}
+#define X16A_Q4_K(NC) x16a_q4_K_nc(n, s, bs, vx, nr, y, by, NC)
+
+static void x16a_gemm_q4_K(int n, float *s, size_t bs, const void *vx, int nr, const void *vy, size_t by,
+                           const void *side, size_t side_row, int nc) {
+    (void)side, (void)side_row;
+    if (nc == 1) {
+        x16a_q4_K_1(n, s, vx, nr, vy);
+        return;
+    }
+    const uint8_t *y = vy;
+    for (; nc >= ED_X16A_NC; nc -= ED_X16A_NC, s += ED_X16A_NC * bs, y += ED_X16A_NC * by) X16A_Q4_K(ED_X16A_NC);
+    if (nc == 3) X16A_Q4_K(3);
+    else if (nc == 2) X16A_Q4_K(2);
+    else if (nc == 1) X16A_Q4_K(1);
+}
+#undef X16A_Q4_K
+
+/* Q6_K: the AVX-512 kernel's plan (x16_q6_K_nc, the layout's offsets Q6K_*) with vpmaddubsw. The quants
+ * are unsigned (0..63), so two vpmaddubsw of a sub-block sum in int16 (at most 2 * 2 * 63 * 128 = 32256:
+ * exact) before vpmaddwd against the row's scale in both halves of its lane; isum - 32 * msum and the float
+ * step are x16_q6_K_nc's, so the bits are the AVX-512 kernel's. */
+#define Q6K_SC 32
+#define Q6K_QL 288
+#define Q6K_QH (Q6K_QL + 2048)
+#define Q6K_GROUP (Q6K_QH + 1024)
+
+/* quarter t's quants from a ql chunk pair (a, b) and its qh fields (lo = qh & 0x33, hi = (qh >> 2) & 0x33):
+ * x16_q6_quants with and/andnot/or for the select */
+ED_ALWAYS_INLINE __m256i x16a_q6_quants(__m256i a, __m256i b, __m256i lo, __m256i hi, int t, __m256i m4) {
+    switch (t) {
+    case 0: return _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_andnot_si256(m4, _mm256_slli_epi16(lo, 4)));
+    case 1: return _mm256_or_si256(_mm256_and_si256(b, m4), _mm256_andnot_si256(m4, _mm256_slli_epi16(hi, 4)));
+    case 2: return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4), _mm256_andnot_si256(m4, lo));
+    default: return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4), _mm256_andnot_si256(m4, hi));
+    }
+}
+
+/* a half's scale pairs (sc_2i, sc_2i+1) as 8 lanes of (sc_s, sc_s), s = 2i + odd */
+static inline __m256i x16a_q6_scale(const uint8_t *p, int odd) {
+    const __m256i x = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+    return odd ? _mm256_blend_epi16(_mm256_srli_epi32(x, 16), x, 0xAA)
+               : _mm256_blend_epi16(x, _mm256_slli_epi32(x, 16), 0xAA);
+}
+
+ED_ALWAYS_INLINE void x16a_q6_K_nc(int n, float *s, size_t bs, const uint8_t *vx, int nr, const uint8_t *vy,
+                                   size_t by, const int nc) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m33 = _mm256_set1_epi8(0x33);
+    __m256 acc[2][ED_X16A_NC];
+    for (int hh = 0; hh < 2; hh++)
+        for (int c = 0; c < nc; c++) acc[hh][c] = _mm256_setzero_ps();
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *g = vx + (size_t)b * Q6K_GROUP;
+        if (nc == 1)
+            for (size_t off = 0; off < Q6K_GROUP; off += 64) __builtin_prefetch(g + X16A_PF_Q6_K + off);
+        for (int hh = 0; hh * 8 < nr; hh++) { /* rows 8hh..8hh+7: the low or high 32 bytes of each chunk */
+            __m256i isum[ED_X16A_NC];
+            for (int c = 0; c < nc; c++) isum[c] = _mm256_setzero_si256();
+            if (nc == 1) { /* decode: each chunk's loads and qh fields once for its 4 quarters */
+                const int8_t *yq = ((const block_q8_K *)vy)[b].qs;
+                for (int hq = 0; hq < 4; hq++) {
+                    const int h = hq / 2, q = hq % 2;
+                    __m256i sc[4], part[4];
+                    for (int t = 0; t < 4; t++) {
+                        sc[t] = x16a_q6_scale(g + Q6K_SC + 32 * (4 * h + t) + 16 * hh, q);
+                        part[t] = _mm256_setzero_si256();
+                    }
+                    for (int k = 0; k < 4; k++) {
+                        const int i = 4 * q + k;
+                        const __m256i a = x16a_load(g + Q6K_QL + 64 * (16 * h + i) + 32 * hh);
+                        const __m256i b2 = x16a_load(g + Q6K_QL + 64 * (16 * h + 8 + i) + 32 * hh);
+                        const __m256i qh = x16a_load(g + Q6K_QH + 64 * (8 * h + i) + 32 * hh);
+                        const __m256i lo = _mm256_and_si256(qh, m33), hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2), m33);
+                        for (int t = 0; t < 4; t++) {
+                            const __m256i w = x16a_q6_quants(a, b2, lo, hi, t, m4);
+                            const __m256i y = x16a_bcast4(yq + 16 * (8 * h + 2 * t + q) + 4 * k);
+                            part[t] = _mm256_add_epi16(part[t], _mm256_maddubs_epi16(w, y));
+                        }
+                        if (k & 1) /* two products per int16 sum at most */
+                            for (int t = 0; t < 4; t++) {
+                                isum[0] = _mm256_add_epi32(isum[0], _mm256_madd_epi16(part[t], sc[t]));
+                                part[t] = _mm256_setzero_si256();
+                            }
+                    }
+                }
+            } else
+#pragma GCC unroll 16
+            for (int sb = 0; sb < 16; sb++) { /* sub-block sb: half h, quarter t of the half's 128, q */
+                const int h = sb / 8, t = sb % 8 / 2, q = sb % 2;
+                __m256i w[4];
+                for (int k = 0; k < 4; k++) {
+                    const int i = 4 * q + k;
+                    const __m256i a = x16a_load(g + Q6K_QL + 64 * (16 * h + i) + 32 * hh);
+                    const __m256i b2 = x16a_load(g + Q6K_QL + 64 * (16 * h + 8 + i) + 32 * hh);
+                    const __m256i qh = x16a_load(g + Q6K_QH + 64 * (8 * h + i) + 32 * hh);
+                    const __m256i lo = _mm256_and_si256(qh, m33), hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2), m33);
+                    w[k] = x16a_q6_quants(a, b2, lo, hi, t, m4);
+                }
+                const __m256i sc = x16a_q6_scale(g + Q6K_SC + 32 * (sb / 2) + 16 * hh, sb & 1);
+                for (int c = 0; c < nc; c++) {
+                    const int8_t *yq = ((const block_q8_K *)(vy + c * by))[b].qs + 16 * sb;
+                    const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], x16a_bcast4(yq)),
+                                                         _mm256_maddubs_epi16(w[1], x16a_bcast4(yq + 4)));
+                    const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(w[2], x16a_bcast4(yq + 8)),
+                                                         _mm256_maddubs_epi16(w[3], x16a_bcast4(yq + 12)));
+                    isum[c] = _mm256_add_epi32(isum[c], _mm256_add_epi32(_mm256_madd_epi16(p01, sc), _mm256_madd_epi16(p23, sc)));
+                }
+            }
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16 * hh)));
+            for (int c = 0; c < nc; c++) {
+                const block_q8_K *y = (const block_q8_K *)(vy + c * by) + b;
+                int32_t pairs[8];
+                memcpy(pairs, y->bsums, sizeof(pairs));
+                __m256i msum = _mm256_setzero_si256();
+                for (int i = 0; i < 8; i++) {
+                    const __m256i p = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(g + Q6K_SC + 32 * i + 16 * hh)));
+                    msum = _mm256_add_epi32(msum, _mm256_madd_epi16(p, _mm256_set1_epi32(pairs[i])));
+                }
+                const __m256i total = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(msum, 5));
+                acc[hh][c] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(y->d)), _mm256_cvtepi32_ps(total), acc[hh][c]);
+            }
+        }
+    }
+    for (int hh = 0; hh * 8 < nr; hh++) x16a_store(s, bs, acc[hh], hh, nr, nc);
+}
+#define X16A_Q6_K(NC) x16a_q6_K_nc(n, s, bs, vx, nr, y, by, NC)
+
+static void x16a_gemm_q6_K(int n, float *s, size_t bs, const void *vx, int nr, const void *vy, size_t by,
+                           const void *side, size_t side_row, int nc) {
+    (void)side, (void)side_row;
+    const uint8_t *y = vy;
+    for (; nc >= ED_X16A_NC; nc -= ED_X16A_NC, s += ED_X16A_NC * bs, y += ED_X16A_NC * by) X16A_Q6_K(ED_X16A_NC);
+    if (nc == 3) X16A_Q6_K(3);
+    else if (nc == 2) X16A_Q6_K(2);
+    else if (nc == 1) X16A_Q6_K(1);
+}
+#undef X16A_Q6_K
 #undef X16A_Q4_0
 #undef X16A_Q5_0
 #undef X16A_Q8_0
 #undef X16A_IQ4_NL
 #undef ED_X16A_ENTRY
 
-/* Legacy blocks only: AVX2 versions of the Q4_K and Q6_K kernels (the same integer plan, int16 partial
- * sums) gave prompts 1.5x but decode 0.6-0.7x the file layout's vec_dot (Qwen2.5-Coder-1.5B tg 13-15 vs
- * 21-24 tok/s at the AVX2 level of a Zen 4), and one kernel serves both, so K-quants keep the file's
- * layout here. The legacy blocks gain in both (SmolLM2 Q4_0: pp128 394 -> 832, tg 141 -> 215). */
+/* Every x16 type. The K-quants' decode kernels read each weight line once and build each vector once
+ * (x16a_q4_K_1, x16a_q6_K_nc's nc == 1 branch): 1 thread on a Zen 4 at the AVX2 level streams Q4_K at
+ * 26 GB/s against 16.5 for the file layout's vec_dot, Q6_K at par (21); Qwen2.5-Coder-1.5B (Q4_K_M) gains
+ * pp128 68 -> 102 tok/s and tg ~25 -> ~32 (2 threads). An earlier version (h outer, one sub-block at a
+ * time, for decode too) decoded at 0.6-0.7x the file layout. The legacy blocks gain in both (SmolLM2
+ * Q4_0: pp128 394 -> 832, tg 141 -> 215). */
 static void set_x16_avx2(ed_kernel_table *t) {
     t->types[ED_Q4_0].x16_gemm = x16a_gemm_q4_0;
     t->types[ED_Q5_0].x16_gemm = x16a_gemm_q5_0;
     t->types[ED_Q8_0].x16_gemm = x16a_gemm_q8_0;
     t->types[ED_IQ4_NL].x16_gemm = x16a_gemm_iq4_nl;
+    t->types[ED_Q4_K].x16_gemm = x16a_gemm_q4_K;
+    t->types[ED_Q6_K].x16_gemm = x16a_gemm_q6_K;
 }
