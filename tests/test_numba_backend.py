@@ -489,6 +489,22 @@ def test_kernel_cache_is_dropped_when_any_kernel_source_changes(tmp_path):
     assert not list(cache.glob("*.nb?"))
 
 
+def test_kernel_cache_stamp_lives_in_the_cache_numba_uses(tmp_path):
+    """With NUMBA_CACHE_DIR (or a read-only package) Numba caches elsewhere: the stamp goes there, so a
+    run on another path (another code path, another cache dir) leaves the package's own cache alone."""
+    cache = K._cache_dir()
+    assert cache is not None and (cache / "kernels.sha256").is_file()
+    (tmp_path / "a.py").write_text("x = 1\n")
+    own, other = tmp_path / "__pycache__", tmp_path / "elsewhere" / "numba_kernels_0123"
+    K._drop_stale_cache(tmp_path)
+    (own / "a.f-1.py311.nbi").write_bytes(b"")
+    K._drop_stale_cache(tmp_path, code_path="generic", cache=other)  # another cache: stamped there
+    assert (other / "kernels.sha256").is_file()
+    assert list(own.glob("*.nbi"))  # the package's cache kept
+    K._drop_stale_cache(tmp_path)
+    assert list(own.glob("*.nbi"))  # and still current for the default code path
+
+
 def test_kernels_count_as_cached_only_with_the_matmuls_and_the_plans_replay(tmp_path, monkeypatch):
     """LLM says "compiling the numba kernels" unless both the matmul kernels and the decode plans'
     replay are in Numba's cache (the package's __pycache__ or NUMBA_CACHE_DIR)."""

@@ -29,30 +29,45 @@ from edgellm.backends.numba_kernels.common import (
 )
 
 
-def _drop_stale_cache(here: Path = Path(__file__).parent, code_path: str = "") -> None:
+def _cache_dir(module=legacy) -> Path | None:
+    """The folder Numba caches this package's kernels in (one for all its modules: Numba picks it per
+    source folder): the package's __pycache__, one under $NUMBA_CACHE_DIR, or a user-wide one where the
+    package is read-only; None where caching is off."""
+    for f in vars(module).values():
+        path = getattr(getattr(f, "_cache", None), "_cache_path", None)
+        if path:
+            return Path(path)
+    return None
+
+
+def _drop_stale_cache(
+    here: Path = Path(__file__).parent, code_path: str = "", cache: Path | None = None
+) -> None:
     """Numba checks a cached function against its own source file only, yet a caller's cache holds its
     callees' code: after an edit to legacy.py, a cached matmul_legacy would run the old kernels. So the
-    package's cache (in its __pycache__) is kept only while the hash of all kernel sources matches the one
-    it was written with, and with the same choice of code path (simd.X86: EDGELLM_NUMBA_SIMD=generic
+    cache (`cache`, default here's __pycache__) is kept only while the hash of all kernel sources matches
+    the one it was written with, and with the same choice of code path (simd.X86: EDGELLM_NUMBA_SIMD=generic
     compiles the portable IR on x86, which Numba's cache index, keyed by signature and CPU, cannot tell
-    from the x86 code)."""
+    from the x86 code). The stamp sits in the cache it vouches for, so a run with another NUMBA_CACHE_DIR
+    leaves the package's own cache alone."""
     sources = b"".join(p.read_bytes() for p in sorted(here.glob("*.py")))
     digest = hashlib.sha256(sources + code_path.encode()).hexdigest()
-    cache = here / "__pycache__"
+    cache = cache or here / "__pycache__"
     stamp = cache / "kernels.sha256"
     try:
         if stamp.is_file() and stamp.read_text() == digest:
             return
         for f in [*cache.glob("*.nbi"), *cache.glob("*.nbc")]:
             f.unlink(missing_ok=True)
-        cache.mkdir(exist_ok=True)
+        cache.mkdir(parents=True, exist_ok=True)
         stamp.write_text(digest)
-    except OSError:  # a read-only install: numba caches elsewhere (or not at all)
+    except OSError:  # a cache Numba cannot write either: it compiles without one
         pass
 
 
 # before any kernel runs (Numba reads its cache at a function's first call)
-_drop_stale_cache(code_path=simd.X86)
+if (_CACHE := _cache_dir()) is not None:
+    _drop_stale_cache(code_path=simd.X86, cache=_CACHE)
 
 F32 = np.float32
 
