@@ -129,6 +129,35 @@ def test_a_forward_with_numpy_arithmetic_is_refused_once_and_runs_eagerly(backen
     assert len(refusals) == 1 and "computed outside the backend's ops" in refusals[0].getMessage()
 
 
+class _NoLookup:
+    """A model whose forward reads bound weights only, with no embedding lookup."""
+
+    def __init__(self, b):
+        self.backend = b
+        self.w = b.bind(random_weight(T.Q8_0, 10, 64, rng))
+        self.v = b.vector(random_weight(T.F32, 1, 64, rng))
+
+    def forward(self, tokens, positions, seq_ids, kv, logits_rows=None):
+        return self.backend.matmul(self.w, self.backend.rms_norm(self.v.reshape(1, -1), None, 1e-5))
+
+
+def test_a_forward_without_the_embedding_lookup_replays_or_is_refused_by_name(backend, caplog):
+    """native's plans replay any captured op list; numba's run the lookup in numpy before the compiled
+    rest, so a forward that does not begin with one is refused at capture (named), not failed at the
+    plan, and runs eagerly."""
+    m = _NoLookup(backend)
+    kv = backend.new_kv_cache(1, 1, 8, 8, 1)
+    with caplog.at_level(logging.WARNING):
+        for i in range(3):
+            out = backend.decode_step(m, np.array([i]), np.array([i]), np.zeros(1, np.int64), kv)
+            assert np.array_equal(out, m.forward(None, None, None, None))
+    refusals = [r.getMessage() for r in caplog.records if "op by op" in r.getMessage()]
+    if backend.name == "numba":
+        assert len(refusals) == 1 and "does not begin with the embedding lookup" in refusals[0]
+    else:
+        assert not refusals and backend.captured(m, kv, 1) is not None
+
+
 @pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
 def test_real_models_replay_their_eager_bits_with_1_thread_and_2(request, name):
     """SmolLM2 (llama, Q4_1/Q8_0) and gemma3 (Q4_K/Q6_K/Q8_0, GeGLU, softcap-free, sliding window) on

@@ -308,6 +308,10 @@ class CapturedDecode:
         if self._cap is not None:
             self._cap.refuse(why)
 
+    def _unreplayable(self, cap: Capture) -> str | None:
+        """Why this backend's plans cannot replay a whole capture (None: they can)."""
+        return None
+
     def _capture(self, model: Any, tokens, positions, seq_ids, kv) -> tuple[Any, np.ndarray]:
         inputs = [np.array(a, dtype=np.int64) for a in (tokens, positions, seq_ids)]
         self._cap = cap = Capture(inputs, self._trusted, int(kv.n_ctx))
@@ -321,6 +325,8 @@ class CapturedDecode:
             and cap.buffers.find(address(logits), address(logits) + logits.nbytes)
         ):
             cap.refuse("the forward's result is not the output of a backend op")
+        if cap.refused is None and (why := self._unreplayable(cap)):
+            cap.refuse(why)
         if cap.refused is not None:
             msg = f"{self.name}: {type(model).__name__} decode steps run op by op: {cap.refused}"
             if msg not in _LOGGED:

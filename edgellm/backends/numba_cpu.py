@@ -154,6 +154,11 @@ class NumbaBackend(CapturedDecode, HostBackend):
         return NumbaPlan(self, cap, logits, model, kv)
 
     # -- ops ---------------------------------------------------------------------------------------------
+    def _unreplayable(self, cap: Capture) -> str | None:
+        if not cap.ops or "get_rows" not in cap.ops[0]:  # NumbaPlan runs it in numpy, then the rest
+            return "the forward does not begin with the embedding lookup"
+        return None
+
     def get_rows(self, w, ids):
         rows = self.fallback.get_rows(w, ids)
         cap = self._cap
@@ -336,7 +341,7 @@ class NumbaPlan(BoundPlan):
         self.get_rows = backend.fallback.get_rows
         first = cap.ops[0] if cap.ops else {}
         if "get_rows" not in first:
-            raise ValueError("a numba plan starts with the embedding lookup")  # _capture admits no other
+            raise ValueError("a numba plan starts with the embedding lookup")  # _unreplayable refuses others
         self.embedding = first["get_rows"]
         self.vocab = self.embedding.qt.ne[1]
         self.embedded = self.view(cap.arrays[cap.buffers.find(first["row"][1], first["row"][1] + 1)[2]])
