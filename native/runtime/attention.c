@@ -3,7 +3,7 @@
  *
  * Phase 0 stores the k, v rows of all n tokens (f32 -> f16, nearest even). Phase 1's chunks are (token,
  * kv head) pairs, or in prompts (tile of up to 16 consecutive tokens, kv head) pairs, or in a deep decode
- * step with fewer pairs than the threads want (token, kv head, key block), phases 2 and 3 then finishing
+ * step with fewer pairs than the threads want (token, key block), phases 2 and 3 then finishing
  * the softmax and the values (split_plan_of, below: the same bits as pair by pair); each token attends
  * causally over positions max(0, p - window + 1) .. p of its sequence, for every query head of the group
  * (of the tile) at once: a key row is converted from f16 once per group (per tile). The float
@@ -669,19 +669,23 @@ static int attend_tile(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_
 
 /* Deep decode: a step of a few tokens has few (token, kv head) pairs (gemma3 has one kv head), each over
  * many keys, so most threads would idle while one attends. Such a step runs in three phases instead, as
- * flash-decoding splits the keys, but without its rescaled partial sums: phase 1 scores (token, kv head,
- * key block) chunks, phase 2 takes the softmax of each (token, head) row, phase 3 weighs the values in
- * (token, kv head, column block) chunks. Every score, softmax row and output column is the per-token
- * path's operations in its order, so the bits are those of attend_token on any thread count. Scores and
- * the keys' slots live in the pool's shared scratch. */
+ * flash-decoding splits the keys, but without its rescaled partial sums: phase 1 scores (token, key block)
+ * chunks, phase 2 takes the softmax of each (token, head) row, phase 3 weighs the values in (token, column
+ * block of the cache row) chunks. Every score, softmax row and output column is the per-token path's
+ * operations in its order, so the bits are those of attend_token on any thread count. Scores and the
+ * keys' slots live in the pool's shared scratch. A chunk covers every kv head of its keys, a run of
+ * ED_SPLIT_RUN keys at a time (head after head over the run): the cache rows (all kv heads of a slot,
+ * contiguous) are then read whole and in order, where a pass per head read 1 / hkv of each row and missed
+ * the cache at every row (SmolLM2 at 2048 keys, 1 thread: 300 -> 175 us a layer for the same bytes). */
 #define ED_SPLIT_MIN_KEYS 256 /* the most keys of a token in the step, at least */
 #define ED_SPLIT_MIN_BLOCK 128 /* keys per block, at least */
+#define ED_SPLIT_RUN 64 /* keys per run inside a chunk: the run's rows of the chunk's columns stay in L1 */
 
 typedef struct {
     int64_t tmax;           /* the most keys of one token */
     int64_t ld;             /* row stride of the scores and slots: tmax padded off a power of two */
-    int64_t kblock, kblocks; /* key blocks of a pair: keys [kb * kblock, (kb + 1) * kblock) */
-    int64_t dblock, dblocks; /* column blocks of a pair (multiples of 8) */
+    int64_t kblock, kblocks; /* key blocks of a token: keys [kb * kblock, (kb + 1) * kblock) */
+    int64_t dblock, dblocks; /* column blocks of a token's cache row of hkv * dh (multiples of 16) */
 } split_plan;
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -706,7 +710,7 @@ static int split_candidate(const ed_op *op, int nth) {
 
 /* whether the op's phase 1 splits over keys for nth threads, and how (0: it attends per pair) */
 static int split_plan_of(const ed_op *op, int nth, const ed_kernel_table *kt, split_plan *sp) {
-    const int64_t hkv = op->i0, dh = op->k, bs = op->i1, pairs = op->n * hkv;
+    const int64_t hkv = op->i0, dh = op->k, bs = op->i1;
     if (!split_candidate(op, nth) || kind_of(op, 0) != ED_F16 || kind_of(op, 1) != ED_F16 || dh % 8 ||
         !loops(kt)->scores)
         return 0;
@@ -719,23 +723,23 @@ static int split_plan_of(const ed_op *op, int nth, const ed_kernel_table *kt, sp
         for (int64_t b = first_key(op, pos[r]) / bs; b <= pos[r] / bs; b++)
             if (blocks[b] < 0 || ((int64_t)blocks[b] + 1) * bs > op->i5) return 0;
     }
-    const int64_t want = cdiv(4 * (int64_t)nth, pairs); /* chunks per pair for about 4 per thread */
+    const int64_t want = cdiv(4 * (int64_t)nth, op->n); /* chunks per token for about 4 per thread */
     int64_t kb = want < tmax / ED_SPLIT_MIN_BLOCK ? want : tmax / ED_SPLIT_MIN_BLOCK;
     sp->tmax = tmax;
     sp->ld = padded_row(tmax);
     sp->kblock = cdiv(cdiv(tmax, kb), 8) * 8;
     sp->kblocks = cdiv(tmax, sp->kblock);
-    /* values: the fewest column blocks that share evenly over the threads (nth / gcd(pairs, nth) per
-     * pair), so each thread reads long runs of every value row: blocks of one cache line per row measured
-     * 10-30% slower at 2048 keys over 28 layers of 2 kv heads x 128 */
-    int64_t a = pairs, b = nth;
+    /* values: the fewest column blocks of the row (hkv * dh) that share evenly over the threads
+     * (nth / gcd(n, nth) per token), so each thread reads long runs of every value row: blocks of one
+     * cache line per row measured 10-30% slower at 2048 keys over 28 layers of 2 kv heads x 128 */
+    int64_t a = op->n, b = nth;
     while (b) {
         const int64_t c = a % b;
         a = b, b = c;
     }
-    const int64_t wantd = nth / a, db = wantd < dh / 8 ? wantd : dh / 8;
-    sp->dblock = cdiv(cdiv(dh, db), 8) * 8;
-    sp->dblocks = cdiv(dh, sp->dblock);
+    const int64_t width = hkv * dh, wantd = nth / a, db = wantd < cdiv(width, 16) ? wantd : cdiv(width, 16);
+    sp->dblock = cdiv(cdiv(width, db), 16) * 16;
+    sp->dblocks = cdiv(width, sp->dblock);
     return 1;
 }
 
@@ -749,25 +753,30 @@ static int64_t *split_slots(const ed_op *op, ed_ctx *ctx, const split_plan *sp) 
     return (int64_t *)((float *)ed_shared_scratch(ctx) + op->n * op->m * sp->ld);
 }
 
-/* phase 1: chunk = (token r, kv head g, key block kb): raw scores, scaled and softcapped */
+/* phase 1: chunk = (token r, key block kb): raw scores of every head, scaled and softcapped */
 static void split_scores(const ed_op *op, ed_ctx *ctx, const attn_loops *L, const split_plan *sp) {
     const int64_t n_head = op->m, hkv = op->i0, dh = op->k, group = n_head / hkv;
-    const int64_t pair = ctx->chunk / sp->kblocks, kb = ctx->chunk % sp->kblocks, r = pair / hkv, g = pair % hkv;
+    const int64_t r = ctx->chunk / sp->kblocks, kb = ctx->chunk % sp->kblocks;
     const int64_t *seq = (const int64_t *)op->src6, *pos = (const int64_t *)op->src7;
     const int64_t lo = first_key(op, pos[r]), t = pos[r] + 1 - lo, j0 = kb * sp->kblock;
     const int64_t nk = t - j0 < sp->kblock ? t - j0 : sp->kblock;
     if (nk <= 0) return;
-    /* scratch: this block's slots (nk), q (group, dh), 8 converted keys (8, dh) */
-    int64_t *slots = ed_thread_scratch(ctx, sizeof(int64_t) * nk + sizeof(float) * (group * dh + 8 * dh));
+    /* scratch: this block's slots (nk), q (n_head, dh), 8 converted keys (8, dh) */
+    int64_t *slots = ed_thread_scratch(ctx, sizeof(int64_t) * nk + sizeof(float) * (n_head * dh + 8 * dh));
     if (!slots) return;
-    float *qh = (float *)(slots + nk), *kbuf = qh + group * dh;
+    float *qh = (float *)(slots + nk), *kbuf = qh + n_head * dh;
     if (!key_slots(op, (const int32_t *)op->src5 + seq[r] * op->i2, lo + j0, nk, slots)) return;
-    if (g == 0) memcpy(split_slots(op, ctx, sp) + r * sp->ld + j0, slots, sizeof(int64_t) * nk);
-    memcpy(qh, (const float *)op->src0 + (r * n_head + g * group) * dh, sizeof(float) * group * dh);
-    L->round_f16(qh, group * dh);
-    float *sc = (float *)ed_shared_scratch(ctx) + (r * n_head + g * group) * sp->ld;
-    L->scores(qh, group, dh, (const uint16_t *)op->src3 + g * dh, hkv * dh, slots, nk, kbuf, sc + j0, sp->ld);
-    for (int64_t h = 0; h < group; h++) scale_scores(op, sc + h * sp->ld + j0, nk, L);
+    memcpy(split_slots(op, ctx, sp) + r * sp->ld + j0, slots, sizeof(int64_t) * nk);
+    memcpy(qh, (const float *)op->src0 + r * n_head * dh, sizeof(float) * n_head * dh);
+    L->round_f16(qh, n_head * dh);
+    float *sc = (float *)ed_shared_scratch(ctx) + r * n_head * sp->ld + j0;
+    for (int64_t u = 0; u < nk; u += ED_SPLIT_RUN) {
+        const int64_t nu = nk - u < ED_SPLIT_RUN ? nk - u : ED_SPLIT_RUN;
+        for (int64_t g = 0; g < hkv; g++)
+            L->scores(qh + g * group * dh, group, dh, (const uint16_t *)op->src3 + g * dh, hkv * dh, slots + u, nu,
+                      kbuf, sc + g * group * sp->ld + u, sp->ld);
+    }
+    for (int64_t h = 0; h < n_head; h++) scale_scores(op, sc + h * sp->ld, nk, L);
 }
 
 /* phase 2: chunk = a run of up to split_rows() (token, head) rows of one token */
@@ -783,16 +792,29 @@ static void split_softmax(const ed_op *op, ed_ctx *ctx, const attn_loops *L, con
     softmax(sc, nr, sp->ld, p + 1 - first_key(op, p), 1, L, ctx->kt);
 }
 
-/* phase 3: chunk = (token r, kv head g, column block): out[d0, d1) of the group's heads */
+/* phase 3: chunk = (token r, column block [c0, c1) of the cache row): for each kv head g the block
+ * meets, out[d0, d1) of g's heads, a run of keys at a time over all of them (values add into out in key
+ * order, so runs give the bits of one call) */
 static void split_values(const ed_op *op, ed_ctx *ctx, const attn_loops *L, const split_plan *sp) {
     const int64_t n_head = op->m, hkv = op->i0, dh = op->k, group = n_head / hkv;
-    const int64_t pair = ctx->chunk / sp->dblocks, r = pair / hkv, g = pair % hkv, p = ((const int64_t *)op->src7)[r];
-    const int64_t d0 = ctx->chunk % sp->dblocks * sp->dblock, d1 = d0 + sp->dblock < dh ? d0 + sp->dblock : dh;
-    float *out = (float *)op->dst + (r * n_head + g * group) * dh;
-    for (int64_t h = 0; h < group; h++) memset(out + h * dh + d0, 0, sizeof(float) * (size_t)(d1 - d0));
-    const float *w = (const float *)ed_shared_scratch(ctx) + (r * n_head + g * group) * sp->ld;
-    L->values(out, w, sp->ld, group, dh, d0, d1, (const uint16_t *)op->src4 + g * dh, hkv * dh,
-              split_slots(op, ctx, sp) + r * sp->ld, p + 1 - first_key(op, p));
+    const int64_t r = ctx->chunk / sp->dblocks, p = ((const int64_t *)op->src7)[r], t = p + 1 - first_key(op, p);
+    const int64_t c0 = ctx->chunk % sp->dblocks * sp->dblock, c1 = c0 + sp->dblock < hkv * dh ? c0 + sp->dblock : hkv * dh;
+    const int64_t g0 = c0 / dh, g1 = (c1 - 1) / dh;
+    for (int64_t g = g0; g <= g1; g++) {
+        const int64_t d0 = g == g0 ? c0 - g * dh : 0, d1 = g == g1 ? c1 - g * dh : dh;
+        float *out = (float *)op->dst + (r * n_head + g * group) * dh;
+        for (int64_t h = 0; h < group; h++) memset(out + h * dh + d0, 0, sizeof(float) * (size_t)(d1 - d0));
+    }
+    const float *w = (const float *)ed_shared_scratch(ctx) + r * n_head * sp->ld;
+    const int64_t *slots = split_slots(op, ctx, sp) + r * sp->ld;
+    for (int64_t u = 0; u < t; u += ED_SPLIT_RUN) {
+        const int64_t nu = t - u < ED_SPLIT_RUN ? t - u : ED_SPLIT_RUN;
+        for (int64_t g = g0; g <= g1; g++) {
+            const int64_t d0 = g == g0 ? c0 - g * dh : 0, d1 = g == g1 ? c1 - g * dh : dh;
+            L->values((float *)op->dst + (r * n_head + g * group) * dh, w + g * group * sp->ld + u, sp->ld, group, dh,
+                      d0, d1, (const uint16_t *)op->src4 + g * dh, hkv * dh, slots + u, nu);
+        }
+    }
 }
 
 int64_t ed_attention_chunks(const ed_op *op, int phase, int nth, const ed_kernel_table *kt) {
@@ -800,8 +822,8 @@ int64_t ed_attention_chunks(const ed_op *op, int phase, int nth, const ed_kernel
     split_plan sp;
     const int split = split_plan_of(op, nth, kt, &sp);
     if (phase == 2) return split ? op->n * cdiv(op->m, split_rows(op, nth)) : 0;
-    if (phase == 3) return split ? op->n * op->i0 * sp.dblocks : 0;
-    if (split) return op->n * op->i0 * sp.kblocks;
+    if (phase == 3) return split ? op->n * sp.dblocks : 0;
+    if (split) return op->n * sp.kblocks;
     const int64_t tr = tile_rows(op);
     return (op->n + tr - 1) / tr * op->i0; /* (tile of tokens, kv head) pairs */
 }
