@@ -674,11 +674,10 @@ static int attend_tile(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_
  * block of the cache row) chunks. Every score, softmax row and output column is the per-token path's
  * operations in its order, so the bits are those of attend_token on any thread count. Scores and the
  * keys' slots live in the pool's shared scratch. A chunk covers every kv head of its keys, a run of
- * ED_SPLIT_RUN keys at a time (head after head over the run): the cache rows (all kv heads of a slot,
- * contiguous) are then read whole and in order, where a pass per head read 1 / hkv of each row and missed
- * the cache at every row: SmolLM2 (3 kv heads of 64) 2048 keys deep on 2 threads of a Zen 4, ~197 -> ~175
- * us a layer, tg 77 -> 83 tok/s. (One head's rows alone, contiguous, take ~175 us on 1 thread for the same
- * bytes, where 3 heads' strided passes took ~300: the reads, not the arithmetic, set the pace.) */
+ * ED_SPLIT_RUN keys at a time (head after head over the run), so the cache rows (all kv heads of a slot,
+ * contiguous) are read whole and close together, where chunks per kv head read 1 / hkv of each row:
+ * SmolLM2 (3 kv heads of 64) 2048 keys deep on 2 threads of a Zen 4, ~197 -> ~175 us a layer, tg 77 -> 83
+ * tok/s. (One thread keeps the pair-by-pair path: through these phases it measured ~10% slower.) */
 #define ED_SPLIT_MIN_KEYS 256 /* the most keys of a token in the step, at least */
 #define ED_SPLIT_MIN_BLOCK 128 /* keys per block, at least */
 #define ED_SPLIT_RUN 64 /* keys per run inside a chunk: the run's rows of the chunk's columns stay in L1 */
