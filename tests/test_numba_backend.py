@@ -507,16 +507,15 @@ def test_kernel_cache_stamp_lives_in_the_cache_numba_uses(tmp_path):
 
 def test_kernels_count_as_cached_only_with_the_matmuls_and_the_plans_replay(tmp_path, monkeypatch):
     """LLM says "compiling the numba kernels" unless both the matmul kernels and the decode plans'
-    replay are in Numba's cache (the package's __pycache__ or NUMBA_CACHE_DIR)."""
-    package = tmp_path / "numba_kernels"
-    (package / "__pycache__").mkdir(parents=True)
-    monkeypatch.setattr(K, "__file__", str(package / "__init__.py"))
-    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    replay are in the folder Numba caches the package in (its __pycache__, or one under NUMBA_CACHE_DIR,
+    or a user-wide one: K._CACHE)."""
+    cache = tmp_path / "numba_kernels_0123"
+    monkeypatch.setattr(K, "_CACHE", cache)
     assert not NumbaBackend.kernels_cached()
-    (package / "__pycache__" / "__init__.matmul_legacy-124.py311.nbi").touch()
+    cache.mkdir()
+    (cache / "__init__.matmul_legacy-124.py311.nbi").touch()
     assert not NumbaBackend.kernels_cached()
-    elsewhere = tmp_path / "cache" / "plan"
-    elsewhere.mkdir(parents=True)
-    (elsewhere / "plan._replay-135.py311.nbi").touch()
-    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))
+    (cache / "plan._replay-135.py311.nbi").touch()
     assert NumbaBackend.kernels_cached()
+    monkeypatch.setattr(K, "_CACHE", None)  # caching off
+    assert not NumbaBackend.kernels_cached()

@@ -17,10 +17,8 @@ memory, without the ~450 Python calls a step of op-by-op dispatch costs.
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -87,11 +85,10 @@ class NumbaBackend(CapturedDecode, HostBackend):
     def kernels_cached() -> bool:
         """Whether numba's on-disk cache already holds the kernels (else the first use compiles ~1 min)."""
 
-        dirs = [Path(K.__file__).parent / "__pycache__"]
-        if os.environ.get("NUMBA_CACHE_DIR"):
-            dirs.append(Path(os.environ["NUMBA_CACHE_DIR"]))
-        dirs = [d for d in dirs if d.is_dir()]
-        return all(any(next(d.rglob(f"*{f}*.nbi"), None) for d in dirs) for f in ("matmul_legacy", "_replay"))
+        cache = K._CACHE  # the folder Numba caches the package's kernels in (None: caching off)
+        return cache is not None and all(
+            next(cache.glob(f"*{f}*.nbi"), None) for f in ("matmul_legacy", "_replay")
+        )
 
     def __init__(self, threads: int | None = None):
         if numba is None:
