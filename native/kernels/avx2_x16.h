@@ -213,21 +213,10 @@ ED_ALWAYS_INLINE void x16a_q4_K_nc(int n, float *s, size_t bs, const uint8_t *vx
         x16a_store(s, bs, acc, h, nr, nc);
     }
 }
-#define X16A_Q4_K(NC) x16a_q4_K_nc(n, s, bs, vx, nr, y, by, NC)
-
-static void x16a_gemm_q4_K(int n, float *s, size_t bs, const void *vx, int nr, const void *vy, size_t by,
-                           const void *side, size_t side_row, int nc) {
-    (void)side, (void)side_row;
-    if (nc == 1) {
-        x16a_q4_K_1(n, s, vx, nr, vy);
-        return;
-    }
-    const uint8_t *y = vy;
-    for (; nc >= ED_X16A_NC; nc -= ED_X16A_NC, s += ED_X16A_NC * bs, y += ED_X16A_NC * by) X16A_Q4_K(ED_X16A_NC);
-    if (nc == 3) X16A_Q4_K(3);
-    else if (nc == 2) X16A_Q4_K(2);
-    else if (nc == 1) X16A_Q4_K(1);
-}
+/* one activation row takes the decode kernel (the same bits) */
+#define X16A_Q4_K(NC)                                                                                        \
+    ((NC) == 1 ? x16a_q4_K_1(n, s, vx, nr, (const block_q8_K *)y) : x16a_q4_K_nc(n, s, bs, vx, nr, y, by, NC))
+ED_X16A_ENTRY(x16a_gemm_q4_K, X16A_Q4_K)
 #undef X16A_Q4_K
 
 /* Q6_K: the AVX-512 kernel's plan (x16_q6_K_nc, the layout's offsets Q6K_*) with vpmaddubsw. The quants
@@ -239,14 +228,26 @@ static void x16a_gemm_q4_K(int n, float *s, size_t bs, const void *vx, int nr, c
 #define Q6K_QH (Q6K_QL + 2048)
 #define Q6K_GROUP (Q6K_QH + 1024)
 
-/* quarter t's quants from a ql chunk pair (a, b) and its qh fields (lo = qh & 0x33, hi = (qh >> 2) & 0x33):
- * x16_q6_quants with and/andnot/or for the select */
-ED_ALWAYS_INLINE __m256i x16a_q6_quants(__m256i a, __m256i b, __m256i lo, __m256i hi, int t, __m256i m4) {
+/* a chunk of rows 8hh..8hh+7: its ql pair (a: ql[4i..] of half h, b: ql[32 + 4i..]) and qh fields
+ * (lo = qh & 0x33, hi = (qh >> 2) & 0x33), as x16_q6_K_nc's Q6K_LOAD */
+typedef struct {
+    __m256i a, b, lo, hi;
+} x16a_q6_chunk;
+
+ED_ALWAYS_INLINE x16a_q6_chunk x16a_q6_load(const uint8_t *g, int h, int i, int hh) {
+    const __m256i m33 = _mm256_set1_epi8(0x33), qh = x16a_load(g + Q6K_QH + 64 * (8 * h + i) + 32 * hh);
+    return (x16a_q6_chunk){x16a_load(g + Q6K_QL + 64 * (16 * h + i) + 32 * hh),
+                           x16a_load(g + Q6K_QL + 64 * (16 * h + 8 + i) + 32 * hh), _mm256_and_si256(qh, m33),
+                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), m33)};
+}
+
+/* quarter t's quants of a chunk: x16_q6_quants with and/andnot/or for the select */
+ED_ALWAYS_INLINE __m256i x16a_q6_quants(const x16a_q6_chunk *c, int t, __m256i m4) {
     switch (t) {
-    case 0: return _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_andnot_si256(m4, _mm256_slli_epi16(lo, 4)));
-    case 1: return _mm256_or_si256(_mm256_and_si256(b, m4), _mm256_andnot_si256(m4, _mm256_slli_epi16(hi, 4)));
-    case 2: return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4), _mm256_andnot_si256(m4, lo));
-    default: return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4), _mm256_andnot_si256(m4, hi));
+    case 0: return _mm256_or_si256(_mm256_and_si256(c->a, m4), _mm256_andnot_si256(m4, _mm256_slli_epi16(c->lo, 4)));
+    case 1: return _mm256_or_si256(_mm256_and_si256(c->b, m4), _mm256_andnot_si256(m4, _mm256_slli_epi16(c->hi, 4)));
+    case 2: return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c->a, 4), m4), _mm256_andnot_si256(m4, c->lo));
+    default: return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c->b, 4), m4), _mm256_andnot_si256(m4, c->hi));
     }
 }
 
@@ -259,7 +260,7 @@ static inline __m256i x16a_q6_scale(const uint8_t *p, int odd) {
 
 ED_ALWAYS_INLINE void x16a_q6_K_nc(int n, float *s, size_t bs, const uint8_t *vx, int nr, const uint8_t *vy,
                                    size_t by, const int nc) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m33 = _mm256_set1_epi8(0x33);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m256 acc[2][ED_X16A_NC];
     for (int hh = 0; hh < 2; hh++)
         for (int c = 0; c < nc; c++) acc[hh][c] = _mm256_setzero_ps();
@@ -280,13 +281,9 @@ ED_ALWAYS_INLINE void x16a_q6_K_nc(int n, float *s, size_t bs, const uint8_t *vx
                         part[t] = _mm256_setzero_si256();
                     }
                     for (int k = 0; k < 4; k++) {
-                        const int i = 4 * q + k;
-                        const __m256i a = x16a_load(g + Q6K_QL + 64 * (16 * h + i) + 32 * hh);
-                        const __m256i b2 = x16a_load(g + Q6K_QL + 64 * (16 * h + 8 + i) + 32 * hh);
-                        const __m256i qh = x16a_load(g + Q6K_QH + 64 * (8 * h + i) + 32 * hh);
-                        const __m256i lo = _mm256_and_si256(qh, m33), hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2), m33);
+                        const x16a_q6_chunk ch = x16a_q6_load(g, h, 4 * q + k, hh);
                         for (int t = 0; t < 4; t++) {
-                            const __m256i w = x16a_q6_quants(a, b2, lo, hi, t, m4);
+                            const __m256i w = x16a_q6_quants(&ch, t, m4);
                             const __m256i y = x16a_bcast4(yq + 16 * (8 * h + 2 * t + q) + 4 * k);
                             part[t] = _mm256_add_epi16(part[t], _mm256_maddubs_epi16(w, y));
                         }
@@ -297,27 +294,24 @@ ED_ALWAYS_INLINE void x16a_q6_K_nc(int n, float *s, size_t bs, const uint8_t *vx
                             }
                     }
                 }
-            } else
+            } else {
 #pragma GCC unroll 16
-            for (int sb = 0; sb < 16; sb++) { /* sub-block sb: half h, quarter t of the half's 128, q */
-                const int h = sb / 8, t = sb % 8 / 2, q = sb % 2;
-                __m256i w[4];
-                for (int k = 0; k < 4; k++) {
-                    const int i = 4 * q + k;
-                    const __m256i a = x16a_load(g + Q6K_QL + 64 * (16 * h + i) + 32 * hh);
-                    const __m256i b2 = x16a_load(g + Q6K_QL + 64 * (16 * h + 8 + i) + 32 * hh);
-                    const __m256i qh = x16a_load(g + Q6K_QH + 64 * (8 * h + i) + 32 * hh);
-                    const __m256i lo = _mm256_and_si256(qh, m33), hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2), m33);
-                    w[k] = x16a_q6_quants(a, b2, lo, hi, t, m4);
-                }
-                const __m256i sc = x16a_q6_scale(g + Q6K_SC + 32 * (sb / 2) + 16 * hh, sb & 1);
-                for (int c = 0; c < nc; c++) {
-                    const int8_t *yq = ((const block_q8_K *)(vy + c * by))[b].qs + 16 * sb;
-                    const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], x16a_bcast4(yq)),
-                                                         _mm256_maddubs_epi16(w[1], x16a_bcast4(yq + 4)));
-                    const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(w[2], x16a_bcast4(yq + 8)),
-                                                         _mm256_maddubs_epi16(w[3], x16a_bcast4(yq + 12)));
-                    isum[c] = _mm256_add_epi32(isum[c], _mm256_add_epi32(_mm256_madd_epi16(p01, sc), _mm256_madd_epi16(p23, sc)));
+                for (int sb = 0; sb < 16; sb++) { /* sub-block sb: half h, quarter t of the half's 128, q */
+                    const int h = sb / 8, t = sb % 8 / 2, q = sb % 2;
+                    __m256i w[4];
+                    for (int k = 0; k < 4; k++) {
+                        const x16a_q6_chunk ch = x16a_q6_load(g, h, 4 * q + k, hh);
+                        w[k] = x16a_q6_quants(&ch, t, m4);
+                    }
+                    const __m256i sc = x16a_q6_scale(g + Q6K_SC + 32 * (sb / 2) + 16 * hh, sb & 1);
+                    for (int c = 0; c < nc; c++) {
+                        const int8_t *yq = ((const block_q8_K *)(vy + c * by))[b].qs + 16 * sb;
+                        const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], x16a_bcast4(yq)),
+                                                             _mm256_maddubs_epi16(w[1], x16a_bcast4(yq + 4)));
+                        const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(w[2], x16a_bcast4(yq + 8)),
+                                                             _mm256_maddubs_epi16(w[3], x16a_bcast4(yq + 12)));
+                        isum[c] = _mm256_add_epi32(isum[c], _mm256_add_epi32(_mm256_madd_epi16(p01, sc), _mm256_madd_epi16(p23, sc)));
+                    }
                 }
             }
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16 * hh)));
@@ -338,16 +332,7 @@ ED_ALWAYS_INLINE void x16a_q6_K_nc(int n, float *s, size_t bs, const uint8_t *vx
     for (int hh = 0; hh * 8 < nr; hh++) x16a_store(s, bs, acc[hh], hh, nr, nc);
 }
 #define X16A_Q6_K(NC) x16a_q6_K_nc(n, s, bs, vx, nr, y, by, NC)
-
-static void x16a_gemm_q6_K(int n, float *s, size_t bs, const void *vx, int nr, const void *vy, size_t by,
-                           const void *side, size_t side_row, int nc) {
-    (void)side, (void)side_row;
-    const uint8_t *y = vy;
-    for (; nc >= ED_X16A_NC; nc -= ED_X16A_NC, s += ED_X16A_NC * bs, y += ED_X16A_NC * by) X16A_Q6_K(ED_X16A_NC);
-    if (nc == 3) X16A_Q6_K(3);
-    else if (nc == 2) X16A_Q6_K(2);
-    else if (nc == 1) X16A_Q6_K(1);
-}
+ED_X16A_ENTRY(x16a_gemm_q6_K, X16A_Q6_K)
 #undef X16A_Q6_K
 #undef X16A_Q4_0
 #undef X16A_Q5_0
