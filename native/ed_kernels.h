@@ -60,6 +60,16 @@ typedef void (*ed_amx_gemm_fn)(int n, float *s, size_t bs, const void *vx, size_
  * One output is Σ_b fma(d_w * d_y, (float) isum_b, acc) in block order, isum_b the block's exact integer
  * dot: the same bits at every level and batch size (decode and prompts), not vec_dot's bits. */
 #define ED_X16_ROWS 16
+/* Byte offsets in a K-quant group block (one super-block of 16 rows; native/kernels/x16.c's lane_q4_K and
+ * lane_q6_K say what each holds), shared by the repacker and every level's kernels */
+#define Q4K_SC 64
+#define Q4K_MIN 192
+#define Q4K_QS 320
+#define Q4K_GROUP (Q4K_QS + 2048)
+#define Q6K_SC 32
+#define Q6K_QL 288
+#define Q6K_QH (Q6K_QL + 2048)
+#define Q6K_GROUP (Q6K_QH + 1024)
 /* s[c * bs + r] for r < nr (<= 16), c < nc: group vx against activation rows vy + c * by (quantized to
  * the vec_dot type), side + c * side_row their side tables (ed_x16_side) */
 typedef void (*ed_x16_gemm_fn)(int n, float *s, size_t bs, const void *vx, int nr, const void *vy, size_t by,

@@ -123,10 +123,6 @@ ED_X16A_ENTRY(x16a_gemm_iq4_nl, X16A_IQ4_NL)
  * 8 products per lane pair are summed in int16 (at most 8 * 2 * 15 * 128 = 30720: exact), then vpmaddwd
  * against the row's scale in both halves of its lane adds sc_j * (the sub-block's integer dot) to the row's
  * int32 sum; the float steps per super-block are x16_q4_K_nc's, so the bits are the AVX-512 kernel's. */
-#define Q4K_SC 64
-#define Q4K_MIN 192
-#define Q4K_QS 320
-#define Q4K_GROUP (Q4K_QS + 2048)
 
 /* 8 scale bytes (rows 8h..8h+7) as 8 lanes of the int16 pair (sc, sc) */
 static inline __m256i x16a_scale_pairs(const uint8_t *p) {
@@ -223,10 +219,6 @@ ED_X16A_ENTRY(x16a_gemm_q4_K, X16A_Q4_K)
  * are unsigned (0..63), so two vpmaddubsw of a sub-block sum in int16 (at most 2 * 2 * 63 * 128 = 32256:
  * exact) before vpmaddwd against the row's scale in both halves of its lane; isum - 32 * msum and the float
  * step are x16_q6_K_nc's, so the bits are the AVX-512 kernel's. */
-#define Q6K_SC 32
-#define Q6K_QL 288
-#define Q6K_QH (Q6K_QL + 2048)
-#define Q6K_GROUP (Q6K_QH + 1024)
 
 /* a chunk of rows 8hh..8hh+7: its ql pair (a: ql[4i..] of half h, b: ql[32 + 4i..]) and qh fields
  * (lo = qh & 0x33, hi = (qh >> 2) & 0x33), as x16_q6_K_nc's Q6K_LOAD */

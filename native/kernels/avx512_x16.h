@@ -163,10 +163,6 @@ ED_X16_GEMM(q8_0, QK, x16_unpack_q8_0, x16_yoff_q8, 128)
  * acc = fnmadd(dmin_w * d_y, msum, acc): the float steps of ggml's vec_dot_q4_K_q8_K per super-block. All
  * integers are exact: |isum| <= 8 * 63 * 32 * 15 * 127. Each half (sub-block) of a pair is unpacked in
  * turn, so 8 weight vectors and 8 rows' sums fit the registers. */
-#define Q4K_SC 64
-#define Q4K_MIN 192
-#define Q4K_QS 320
-#define Q4K_GROUP (Q4K_QS + 2048)
 ED_ALWAYS_INLINE void x16_q4_K_nc(int n, float *s, size_t bs, const uint8_t *vx, int nr, const uint8_t *vy,
                                   size_t by, const int nc) {
     const int nb = n / QK_K;
@@ -221,10 +217,6 @@ ED_ALWAYS_INLINE void x16_q4_K_nc(int n, float *s, size_t bs, const uint8_t *vx,
  * unsigned 6-bit value: 4 vpdpbusd), msum = Σ_s sc_s * bsum_s (vpdpwssd on the scale pairs), then
  * acc = fma(d_w * d_y, (float) (isum - 32 * msum), acc): isum - 32 msum is ggml's integer
  * Σ_s sc_s Σ (q - 32) y exactly (|.| < 2^29), so this is vec_dot_q6_K_q8_K's float step per super-block. */
-#define Q6K_SC 32
-#define Q6K_QL 288
-#define Q6K_QH (Q6K_QL + 2048)
-#define Q6K_GROUP (Q6K_QH + 1024)
 /* byte-wise M ? x : y (vpternlogd truth table 0xE4 over inputs x, y, M) */
 static inline __m512i x16_select(__m512i x, __m512i y, __m512i m) { return _mm512_ternarylogic_epi32(x, y, m, 0xE4); }
 

@@ -72,9 +72,6 @@ static void scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
  * as byte pairs [4][16][2] (sub-blocks 2i, 2i+1: one vpdpwssd against the activation's pair of 32-sums),
  * then per pair of sub-blocks p 8 chunks of 64 bytes (row r's qs[32p + 4j..+3] at 512p + 64j + 4r: low
  * nibbles are sub-block 2p, high 2p + 1) */
-#define Q4K_SC 64
-#define Q4K_MIN 192
-#define Q4K_QS 320
 static void lane_q4_K(const uint8_t *blk, uint8_t *out, int r) {
     memcpy(out + 2 * r, blk, 2);
     memcpy(out + 32 + 2 * r, blk + 2, 2);
@@ -91,9 +88,6 @@ static void lane_q4_K(const uint8_t *blk, uint8_t *out, int r) {
 /* Q6_K (a super-block of 256): 16 f16 d, the 16 int8 scales as pairs [8][16][2] (sub-blocks 2i, 2i + 1:
  * one vpdpwssd against the activation's bsums pair), then the file's ql and qh in 4-byte steps per row:
  * ql chunk c (0..31) holds row r's ql[4c..4c+3] at 64c + 4r, qh chunk c (0..15) its qh[4c..4c+3] */
-#define Q6K_SC 32
-#define Q6K_QL 288
-#define Q6K_QH (Q6K_QL + 2048)
 static void lane_q6_K(const uint8_t *blk, uint8_t *out, int r) {
     memcpy(out + 2 * r, blk + 208, 2);
     for (int i = 0; i < 8; i++) memcpy(out + Q6K_SC + 32 * i + 2 * r, blk + 192 + 2 * i, 2);
@@ -110,8 +104,8 @@ static const struct {
     {ED_IQ4_NL, QK, 18, 288, lane_q4},
     {ED_Q5_0, QK, 22, 352, lane_q5_0},
     {ED_Q8_0, QK, 34, 544, lane_q8_0},
-    {ED_Q4_K, QK_K, 144, Q4K_QS + 2048, lane_q4_K},
-    {ED_Q6_K, QK_K, 210, Q6K_QH + 1024, lane_q6_K},
+    {ED_Q4_K, QK_K, 144, Q4K_GROUP, lane_q4_K},
+    {ED_Q6_K, QK_K, 210, Q6K_GROUP, lane_q6_K},
 };
 
 static int layout(int t) {
