@@ -402,6 +402,43 @@ def test_deep_decode_splits_its_keys_over_threads_with_the_bits_of_one_thread(nb
             assert np.array_equal(a, b)
 
 
+_LEVEL_ATTENTION = """
+import hashlib, sys
+import numpy as np
+from edgellm.backends.native import NativeBackend
+h = hashlib.sha256()
+for hkv, group, dh in [(3, 3, 64), (2, 7, 72), (1, 4, 256)]:
+    r = np.random.default_rng(29)
+    q = r.standard_normal((303, hkv * group, dh)).astype(np.float32)
+    k, v = r.standard_normal((2, 303, hkv, dh)).astype(np.float32)
+    for n_threads in (1, 2):
+        nb = NativeBackend(threads=n_threads)
+        kv = nb.new_kv_cache(1, hkv, dh, 512, 2, 16, 64)
+        kv.block_table[:] = np.arange(64, dtype=np.int32).reshape(2, 32)
+        for sl, seqs, pos in [(slice(0, 300), [0] * 300, range(300)), (slice(300, 301), [0], [300]),
+                              (slice(301, 303), [0, 1], [301, 0])]:
+            out = nb.attention(q[sl], k[sl], v[sl], kv, 0, np.array(seqs), np.array(list(pos)), 0.125)
+            h.update(np.ascontiguousarray(out).tobytes())
+print(NativeBackend(threads=1).level.split("+")[0], h.hexdigest())
+"""
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the x86 levels' attention loops")
+def test_attention_gives_the_same_bits_at_every_x86_level():
+    """Attention's inner loops (portable C, AVX + F16C, AVX-512VL) do the same float operations in the same
+    order: a 300-token prompt, a decode step deep enough to split its keys over 2 threads and a two-sequence
+    step give the same bits at each level this CPU runs (EDGELLM_NATIVE_LEVEL picks a lower one)."""
+    digests = {}
+    for level in ("scalar", "avx2", "avx512"):
+        env = {**os.environ, "EDGELLM_NATIVE_LEVEL": level}
+        code = [sys.executable, "-c", _LEVEL_ATTENTION]
+        run = subprocess.run(code, env=env, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        got, digest = run.stdout.split()
+        digests[got] = digest  # a level the CPU lacks falls back to its best: the same key again
+    assert "scalar" in digests and len(set(digests.values())) == 1, digests
+
+
 # -- captured plans (the tests every capturing backend runs are in test_decode_plans.py) -------------
 @pytest.fixture(scope="module")
 def smollm2(smollm2_path):

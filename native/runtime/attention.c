@@ -39,8 +39,9 @@ typedef struct { uint16_t d; int8_t qs[32]; } kv_q8; /* ggml's block_q8_0 */
 /* the integer sum of one pair of q8_0 blocks: exact, so every build gets the same value */
 typedef int32_t (*q8_isum_fn)(const int8_t *a, const int8_t *b);
 
-/* The inner loops, in two builds with the same float operations in the same order (so the same bits):
- * portable C, and AVX + F16C for x86 CPUs with the kernels' AVX2 level (which requires F16C).
+/* The inner loops, in three builds with the same float operations in the same order (so the same bits):
+ * portable C, AVX + F16C for x86 CPUs with the kernels' AVX2 level (which requires F16C), and at the
+ * AVX-512 level the same with scores and values held in AVX-512VL's 32 vector registers.
  *   qk: s[h] = q_h . f16(krow) for the group's heads, each dot over 8 lanes (lane l takes elements
  *       l, l+8, ...) combined as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7));
  *   pv: out_h += w[h * wstride] * f16(vrow), multiply then add (rounded twice, no FMA). */
@@ -272,6 +273,53 @@ ED_AVX static void scores_avx(const float *q, int64_t group, int64_t dh, const u
     }
 }
 
+/* scores_avx's bits with the 32 vector registers of AVX-512VL (still 8-lane sums): keys 8 at a time, for
+ * up to 3 heads at once all 24 (head, key) sums stay in registers over d, each key vector converted from
+ * f16 once per d and each q vector loaded once per d. */
+#define ED_AVX512 __attribute__((target("avx512f,avx512vl,avx,f16c")))
+ED_AVX512 static inline __attribute__((always_inline)) void scores8_avx512(const float *q, const int nh, int64_t dh,
+                                                                          const uint16_t *const *rows, float *sc,
+                                                                          int64_t ldsc, int nk) {
+    __m256 acc[3][8];
+    for (int h = 0; h < nh; h++)
+        for (int k = 0; k < 8; k++) acc[h][k] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < dh; d += 8) {
+        __m256 qv[3];
+        for (int h = 0; h < nh; h++) qv[h] = _mm256_loadu_ps(q + h * dh + d);
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            const __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rows[k] + d)));
+            for (int h = 0; h < nh; h++) acc[h][k] = _mm256_add_ps(acc[h][k], _mm256_mul_ps(qv[h], kv));
+        }
+    }
+    for (int h = 0; h < nh; h++) {
+        float r[8];
+        _mm256_storeu_ps(r, combine8(acc[h]));
+        memcpy(sc + h * ldsc, r, sizeof(float) * (size_t)nk);
+    }
+}
+
+ED_AVX512 static void scores_avx512(const float *q, int64_t group, int64_t dh, const uint16_t *kv, int64_t stride,
+                                    const int64_t *slots, int64_t t, float *kbuf, float *sc, int64_t ldsc) {
+    (void)kbuf;
+    for (int64_t j0 = 0; j0 < t; j0 += 8) {
+        const int nk = t - j0 < 8 ? (int)(t - j0) : 8;
+        const uint16_t *rows[8];
+        for (int k = 0; k < 8; k++) rows[k] = kv + slots[j0 + (k < nk ? k : nk - 1)] * stride; /* repeats: unused */
+        for (int64_t j = j0 + 16; j < j0 + 24 && j < t; j++) /* the rows two groups ahead */
+            for (int64_t d = 0; d < dh; d += 32) __builtin_prefetch(kv + slots[j] * stride + d);
+        for (int64_t h0 = 0; h0 < group;) {
+            const int64_t left = group - h0, nh = left == 4 ? 2 : left < 3 ? left : 3; /* 4 as 2 + 2 */
+            const float *qh = q + h0 * dh;
+            float *s = sc + h0 * ldsc + j0;
+            if (nh == 3) scores8_avx512(qh, 3, dh, rows, s, ldsc, nk);
+            else if (nh == 2) scores8_avx512(qh, 2, dh, rows, s, ldsc, nk);
+            else scores8_avx512(qh, 1, dh, rows, s, ldsc, nk);
+            h0 += nh;
+        }
+    }
+}
+
 /* out_h[d0..d0+16) += w[h * ldw + j] * value j for nh (<= 4, a constant where inlined) heads, j in order:
  * 2 * nh independent sums. With pf_end > pf_begin, also prefetches value row j + ED_VPF's columns
  * [pf_begin, pf_end) while at key j (up to key t_pf). */
@@ -341,6 +389,56 @@ ED_AVX static void values_avx(float *out, const float *w, int64_t ldw, int64_t g
         }
     }
 }
+
+/* values_avx's bits with AVX-512VL's 32 registers: up to 3 heads x 8 vectors of 8 columns held over all
+ * the keys, each value vector converted once per key (one pass over a key's columns) */
+ED_AVX512 static inline __attribute__((always_inline)) void values_tile_avx512(float *out, const float *w, int64_t ldw,
+                                                                              const int nh, const int nv, int64_t dh,
+                                                                              int64_t d, const uint16_t *kv,
+                                                                              int64_t stride, const int64_t *slots,
+                                                                              int64_t t) {
+    __m256 acc[3][8];
+    for (int h = 0; h < nh; h++)
+        for (int v = 0; v < nv; v++) acc[h][v] = _mm256_loadu_ps(out + h * dh + d + 8 * v);
+    for (int64_t j = 0; j < t; j++) {
+        if (j + ED_VPF < t)
+            for (int v = 0; v < nv; v += 4) __builtin_prefetch(kv + slots[j + ED_VPF] * stride + d + 8 * v);
+        const uint16_t *src = kv + slots[j] * stride + d;
+        __m256 wj[3];
+        for (int h = 0; h < nh; h++) wj[h] = _mm256_set1_ps(w[h * ldw + j]);
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) {
+            const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + 8 * v)));
+            for (int h = 0; h < nh; h++) acc[h][v] = _mm256_add_ps(acc[h][v], _mm256_mul_ps(wj[h], x));
+        }
+    }
+    for (int h = 0; h < nh; h++)
+        for (int v = 0; v < nv; v++) _mm256_storeu_ps(out + h * dh + d + 8 * v, acc[h][v]);
+}
+
+#define ED_VT(NH)                                                                                             \
+    switch (nv) {                                                                                            \
+    case 8: values_tile_avx512(o, wh, ldw, NH, 8, dh, d, kv, stride, slots, t); break;                      \
+    case 4: values_tile_avx512(o, wh, ldw, NH, 4, dh, d, kv, stride, slots, t); break;                      \
+    case 2: values_tile_avx512(o, wh, ldw, NH, 2, dh, d, kv, stride, slots, t); break;                      \
+    default: values_tile_avx512(o, wh, ldw, NH, 1, dh, d, kv, stride, slots, t); break;                     \
+    }
+
+ED_AVX512 static void values_avx512(float *out, const float *w, int64_t ldw, int64_t group, int64_t dh, int64_t d0,
+                                    int64_t d1, const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t) {
+    for (int64_t h0 = 0; h0 < group;) {
+        const int64_t left = group - h0, nh = left == 4 ? 2 : left < 3 ? left : 3;
+        float *o = out + h0 * dh;
+        const float *wh = w + h0 * ldw;
+        for (int64_t d = d0; d < d1;) {
+            const int64_t n8 = (d1 - d) / 8, nv = n8 >= 8 ? 8 : n8 >= 4 ? 4 : n8 >= 2 ? 2 : 1;
+            if (nh == 3) { ED_VT(3) } else if (nh == 2) { ED_VT(2) } else { ED_VT(1) }
+            d += 8 * nv;
+        }
+        h0 += nh;
+    }
+}
+#undef ED_VT
 
 /* |a| . sign(b, a) as u8 x s8 pairs (maddubs: at most 2 * 127 * 127 per pair, no saturation), then int32 */
 __attribute__((target("avx2"))) static int32_t q8_isum_avx2(const int8_t *a, const int8_t *b) {
@@ -455,10 +553,14 @@ ED_AVX static void mul_avx(float *x, int64_t n, float s) {
 static const attn_loops loops_avx = {qk_avx,       pv_avx,     round_f16_avx,      scores_avx,         values_avx,
                                      q8_isum_avx2, pv_f32_avx, q8_scores_all_avx2, q8_values_all_avx2, max_of_avx,
                                      sub_avx,      div_avx,    mul_avx};
+static const attn_loops loops_avx512 = {qk_avx,       pv_avx,     round_f16_avx,      scores_avx512,      values_avx512,
+                                        q8_isum_avx2, pv_f32_avx, q8_scores_all_avx2, q8_values_all_avx2, max_of_avx,
+                                        sub_avx,      div_avx,    mul_avx};
 #endif
 
 static const attn_loops *loops(const ed_kernel_table *kt) {
 #if defined(__x86_64__) && defined(__GNUC__)
+    if (kt->level == ED_LEVEL_AVX512) return &loops_avx512;
     if (kt->level == ED_LEVEL_AVX2 || kt->level == ED_LEVEL_AVX512) return &loops_avx;
 #endif
     (void)kt;
@@ -673,14 +775,17 @@ static int attend_tile(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_
  * chunks, phase 2 takes the softmax of each (token, head) row, phase 3 weighs the values in (token, column
  * block of the cache row) chunks. Every score, softmax row and output column is the per-token path's
  * operations in its order, so the bits are those of attend_token on any thread count. Scores and the
- * keys' slots live in the pool's shared scratch. A chunk covers every kv head of its keys, a run of
- * ED_SPLIT_RUN keys at a time (head after head over the run), so the cache rows (all kv heads of a slot,
- * contiguous) are read whole and close together, where chunks per kv head read 1 / hkv of each row:
- * SmolLM2 (3 kv heads of 64) 2048 keys deep on 2 threads of a Zen 4, ~197 -> ~175 us a layer, tg 77 -> 83
- * tok/s. (One thread keeps the pair-by-pair path: through these phases it measured ~10% slower.) */
+ * keys' slots live in the pool's shared scratch. A chunk covers every kv head of its keys, a run of keys
+ * at a time (head after head over the run), so the cache rows (all kv heads of a slot, contiguous) are read
+ * whole and close together, where chunks per kv head read 1 / hkv of each row: SmolLM2 (3 kv heads of 64)
+ * 2048 keys deep on 2 threads of a Zen 4, ~197 -> ~175 us a layer, tg 77 -> 83 tok/s. Scores take runs of
+ * ED_SPLIT_SCORE_RUN keys while the next run's whole rows are prefetched (~9% less time in attention than
+ * runs of 64 without). (One thread keeps the pair-by-pair path: through these phases it measured ~10%
+ * slower.) */
 #define ED_SPLIT_MIN_KEYS 256 /* the most keys of a token in the step, at least */
 #define ED_SPLIT_MIN_BLOCK 128 /* keys per block, at least */
-#define ED_SPLIT_RUN 64 /* keys per run inside a chunk: the run's rows of the chunk's columns stay in L1 */
+#define ED_SPLIT_RUN 64 /* keys per run of the values: the run's rows of the chunk's columns stay in L1 */
+#define ED_SPLIT_SCORE_RUN 8 /* keys per run of the scores (one group of scores()) */
 
 typedef struct {
     int64_t tmax;           /* the most keys of one token */
@@ -771,8 +876,12 @@ static void split_scores(const ed_op *op, ed_ctx *ctx, const attn_loops *L, cons
     memcpy(qh, (const float *)op->src0 + r * n_head * dh, sizeof(float) * n_head * dh);
     L->round_f16(qh, n_head * dh);
     float *sc = (float *)ed_shared_scratch(ctx) + r * n_head * sp->ld + j0;
-    for (int64_t u = 0; u < nk; u += ED_SPLIT_RUN) {
-        const int64_t nu = nk - u < ED_SPLIT_RUN ? nk - u : ED_SPLIT_RUN;
+    const char *keys = (const char *)op->src3;
+    const int64_t row_bytes = hkv * dh * 2;
+    for (int64_t u = 0; u < nk; u += ED_SPLIT_SCORE_RUN) {
+        const int64_t nu = nk - u < ED_SPLIT_SCORE_RUN ? nk - u : ED_SPLIT_SCORE_RUN;
+        for (int64_t j = u + ED_SPLIT_SCORE_RUN; j < u + 2 * ED_SPLIT_SCORE_RUN && j < nk; j++) /* next run */
+            for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(keys + slots[j] * row_bytes + b);
         for (int64_t g = 0; g < hkv; g++)
             L->scores(qh + g * group * dh, group, dh, (const uint16_t *)op->src3 + g * dh, hkv * dh, slots + u, nu,
                       kbuf, sc + g * group * sp->ld + u, sp->ld);
