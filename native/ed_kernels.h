@@ -56,9 +56,11 @@ typedef void (*ed_amx_gemm_fn)(int n, float *s, size_t bs, const void *vx, size_
  * way for its ggml_gemm_* kernels). Group g, block b starts at (g * nb + b) * 16 * block_bytes: the 16
  * rows' f16 scales, then their quants in 64-byte chunks, chunk j holding 4 consecutive quant bytes of
  * each row (row r at bytes 4r..4r+3): Q4_0 / IQ4_NL chunk j (0..3) = qs[4j..4j+3] (low nibbles: quants
- * 4j.., high: 16+4j..); Q8_0 chunk j (0..7) = qs[4j..4j+3] + 128, unsigned. Rows past the last are zero.
+ * 4j.., high: 16+4j..); Q8_0 chunk j (0..7) = qs[4j..4j+3] + 128, unsigned. Q4_1 has the 16 rows' f16
+ * mins after the scales, then Q4_0's chunks. Rows past the last are zero.
  * One output is Σ_b fma(d_w * d_y, (float) isum_b, acc) in block order, isum_b the block's exact integer
- * dot: the same bits at every level and batch size (decode and prompts), not vec_dot's bits. */
+ * dot (Q4_1, against Q8_1: then acc = fma(m_w, s_y, acc), s_y the activation block's f16 d * Σq): the same
+ * bits at every level and batch size (decode and prompts), not vec_dot's bits. */
 #define ED_X16_ROWS 16
 /* Byte offsets in a K-quant group block (one super-block of 16 rows; native/kernels/x16.c's lane_q4_K and
  * lane_q6_K say what each holds), shared by the repacker and every level's kernels */

@@ -49,13 +49,17 @@ ED_ALWAYS_INLINE __m256i x16a_vector(int type, const uint8_t *q, int h, int v) {
     return w;
 }
 
-/* Q4_0, Q5_0, Q8_0, IQ4_NL: nr (<= 16) rows of a group against nc (<= ED_X16A_NC) activation rows */
+/* Q4_0, Q5_0, Q8_0, IQ4_NL (against Q8_0 and its side table) and Q4_1 (against Q8_1, its mins after the
+ * scales: acc = fma(m_w, s_y, acc) after each block's product, as x16_q4_1_nc): nr (<= 16) rows of a group
+ * against nc (<= ED_X16A_NC) activation rows */
 ED_ALWAYS_INLINE void x16a_legacy_nc(int type, int n, float *s, size_t bs, const uint8_t *vx, int nr, const uint8_t *vy,
                                      size_t by, const uint8_t *side, size_t side_row, const int nc) {
-    const int nb = n / QK, qbytes = type == ED_Q8_0 ? 32 : type == ED_Q5_0 ? 20 : 16;
-    const int off = type == ED_Q4_0 ? 8 : type == ED_Q5_0 ? 16 : 0; /* signed kinds: no offset */
-    const int per16 = type == ED_Q4_0 ? 8 : 4;                       /* vectors summed in int16 */
-    const size_t gb = (size_t)ED_X16_ROWS * (2 + qbytes);
+    const int q41 = type == ED_Q4_1;
+    const int nb = n / QK, qbytes = type == ED_Q8_0 ? 32 : type == ED_Q5_0 ? 20 : q41 ? 18 : 16;
+    const int off = type == ED_Q4_0 ? 8 : type == ED_Q5_0 ? 16 : 0;
+    const int uns = off || q41;                           /* unsigned quants; the others are signed */
+    const int per16 = type == ED_Q4_0 || q41 ? 8 : 4;     /* vectors summed in int16 */
+    const size_t gb = (size_t)ED_X16_ROWS * (2 + qbytes), yb = q41 ? sizeof(block_q8_1) : sizeof(block_q8_0);
     const __m256i ones = _mm256_set1_epi16(1);
     for (int h = 0; h * 8 < nr; h++) {
         __m256 acc[ED_X16A_NC];
@@ -64,18 +68,19 @@ ED_ALWAYS_INLINE void x16a_legacy_nc(int type, int n, float *s, size_t bs, const
             const uint8_t *g = vx + (size_t)b * gb;
             __m256i isum[ED_X16A_NC], part[ED_X16A_NC];
             for (int c = 0; c < nc; c++) {
-                const int32_t *ys = (const int32_t *)((const float *)(side + c * side_row) + nb);
-                isum[c] = _mm256_set1_epi32(-off * ys[b]);
+                const int32_t *ys = off ? (const int32_t *)((const float *)(side + c * side_row) + nb) : NULL;
+                isum[c] = _mm256_set1_epi32(off ? -off * ys[b] : 0);
                 part[c] = _mm256_setzero_si256();
             }
             for (int v = 0; v < 8; v++) {
-                const __m256i w = x16a_vector(type, g + 32, h, v);
+                const __m256i w = x16a_vector(type, g + (q41 ? 64 : 32), h, v);
                 const int yo = type == ED_Q8_0 ? 4 * v : (v & 1) * 16 + 4 * (v / 2);
-                const __m256i aw = off ? w : _mm256_sign_epi8(w, w);
+                const __m256i aw = uns ? w : _mm256_sign_epi8(w, w);
                 for (int c = 0; c < nc; c++) {
-                    const __m256i y = x16a_bcast4(((const block_q8_0 *)(vy + c * by))[b].qs + yo);
-                    const __m256i p = _mm256_maddubs_epi16(aw, off ? y : _mm256_sign_epi8(y, w));
-                    if (!off) {
+                    const uint8_t *yblk = vy + c * by + (size_t)b * yb;
+                    const __m256i y = x16a_bcast4((const int8_t *)yblk + (q41 ? 4 : 2) + yo); /* past d (, s) */
+                    const __m256i p = _mm256_maddubs_epi16(aw, uns ? y : _mm256_sign_epi8(y, w));
+                    if (!uns) {
                         isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(p, ones));
                     } else {
                         part[c] = _mm256_add_epi16(part[c], p);
@@ -88,9 +93,17 @@ ED_ALWAYS_INLINE void x16a_legacy_nc(int type, int n, float *s, size_t bs, const
             }
             const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16 * h)));
             for (int c = 0; c < nc; c++) {
-                const float *yd = (const float *)(side + c * side_row);
-                const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(yd[b]));
-                acc[c] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(isum[c]), acc[c]);
+                if (q41) {
+                    const block_q8_1 *y = (const block_q8_1 *)(vy + c * by) + b;
+                    const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 32 + 16 * h)));
+                    const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(ed_f16_to_f32(y->d)));
+                    acc[c] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(isum[c]), acc[c]);
+                    acc[c] = _mm256_fmadd_ps(mw, _mm256_set1_ps(ed_f16_to_f32(y->s)), acc[c]);
+                } else {
+                    const float *yd = (const float *)(side + c * side_row);
+                    const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(yd[b]));
+                    acc[c] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(isum[c]), acc[c]);
+                }
             }
         }
         x16a_store(s, bs, acc, h, nr, nc);
@@ -111,10 +124,12 @@ ED_ALWAYS_INLINE void x16a_legacy_nc(int type, int n, float *s, size_t bs, const
         else if (nc == 1) CALL(1);                                                                            \
     }
 #define X16A_Q4_0(NC) x16a_legacy_nc(ED_Q4_0, n, s, bs, vx, nr, y, by, sd, side_row, NC)
+#define X16A_Q4_1(NC) x16a_legacy_nc(ED_Q4_1, n, s, bs, vx, nr, y, by, sd, side_row, NC)
 #define X16A_Q5_0(NC) x16a_legacy_nc(ED_Q5_0, n, s, bs, vx, nr, y, by, sd, side_row, NC)
 #define X16A_Q8_0(NC) x16a_legacy_nc(ED_Q8_0, n, s, bs, vx, nr, y, by, sd, side_row, NC)
 #define X16A_IQ4_NL(NC) x16a_legacy_nc(ED_IQ4_NL, n, s, bs, vx, nr, y, by, sd, side_row, NC)
 ED_X16A_ENTRY(x16a_gemm_q4_0, X16A_Q4_0)
+ED_X16A_ENTRY(x16a_gemm_q4_1, X16A_Q4_1)
 ED_X16A_ENTRY(x16a_gemm_q5_0, X16A_Q5_0)
 ED_X16A_ENTRY(x16a_gemm_q8_0, X16A_Q8_0)
 ED_X16A_ENTRY(x16a_gemm_iq4_nl, X16A_IQ4_NL)
@@ -327,6 +342,7 @@ ED_ALWAYS_INLINE void x16a_q6_K_nc(int n, float *s, size_t bs, const uint8_t *vx
 ED_X16A_ENTRY(x16a_gemm_q6_K, X16A_Q6_K)
 #undef X16A_Q6_K
 #undef X16A_Q4_0
+#undef X16A_Q4_1
 #undef X16A_Q5_0
 #undef X16A_Q8_0
 #undef X16A_IQ4_NL
@@ -340,6 +356,7 @@ ED_X16A_ENTRY(x16a_gemm_q6_K, X16A_Q6_K)
  * Q4_0: pp128 394 -> 832, tg 141 -> 215). */
 static void set_x16_avx2(ed_kernel_table *t) {
     t->types[ED_Q4_0].x16_gemm = x16a_gemm_q4_0;
+    t->types[ED_Q4_1].x16_gemm = x16a_gemm_q4_1;
     t->types[ED_Q5_0].x16_gemm = x16a_gemm_q5_0;
     t->types[ED_Q8_0].x16_gemm = x16a_gemm_q8_0;
     t->types[ED_IQ4_NL].x16_gemm = x16a_gemm_iq4_nl;

@@ -157,6 +157,37 @@ ED_X16_GEMM(q5_0, QK / 2 + 4, x16_unpack_q5_0, x16_yoff_q4, 16)
 ED_X16_GEMM(q8_0, QK, x16_unpack_q8_0, x16_yoff_q8, 128)
 #undef ED_X16_GEMM
 
+/* Q4_1 against Q8_1: Q4_0's nibbles as they are (no offset), and per block and activation row
+ * acc = fma(d_w * d_y, isum, acc), then acc = fma(m_w, s_y, acc) with the Q8_1 block's s = d * Σq */
+ED_ALWAYS_INLINE void x16_q4_1_nc(int n, float *s, size_t bs, const uint8_t *vx, int nr, const uint8_t *vy,
+                                  size_t by, const int nc) {
+    const int nb = n / QK;
+    const size_t gb = ED_X16_ROWS * sizeof(block_q4_1);
+    __m512 acc[ED_X16_NC];
+    for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *g = vx + (size_t)b * gb;
+        x16_prefetch_next(g, ED_X16_PF, gb, nc);
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g));
+        const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + 32)));
+        __m512i w[8];
+        x16_unpack_q4_0(g + 64, w);
+        for (int c = 0; c < nc; c++) {
+            const block_q8_1 *y = (const block_q8_1 *)(vy + c * by) + b;
+            __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
+            for (int j = 0; j < 8; j += 2) {
+                i0 = _mm512_dpbusd_epi32(i0, w[j], x16_bcast4(y->qs + x16_yoff_q4[j]));
+                i1 = _mm512_dpbusd_epi32(i1, w[j + 1], x16_bcast4(y->qs + x16_yoff_q4[j + 1]));
+            }
+            const __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(ed_f16_to_f32(y->d)));
+            acc[c] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)), acc[c]);
+            acc[c] = _mm512_fmadd_ps(mw, _mm512_set1_ps(ed_f16_to_f32(y->s)), acc[c]);
+        }
+    }
+    x16_store(s, bs, acc, nr, nc);
+}
+ED_X16_ENTRY(x16_gemm_q4_1, x16_q4_1_nc)
+
 /* Q4_K against Q8_K, per super-block and row: isum = Σ_j sc_j * (sub-block j's integer dot) (mullo on
  * the widened scale bytes), msum = Σ_j m_j * (the activation's sum over sub-block j) (vpdpwssd on the min
  * pairs against pairs of the activation's bsums added), then acc = fma(d_w * d_y, isum, acc) and
@@ -317,6 +348,7 @@ static void set_x16(ed_kernel_table *t) {
     t->types[ED_Q4_K].x16_gemm = x16_gemm_q4_K;
     t->types[ED_Q5_0].x16_gemm = x16_gemm_q5_0;
     t->types[ED_Q4_0].x16_gemm = x16_gemm_q4_0;
+    t->types[ED_Q4_1].x16_gemm = x16_gemm_q4_1;
     t->types[ED_IQ4_NL].x16_gemm = x16_gemm_iq4_nl;
     t->types[ED_Q8_0].x16_gemm = x16_gemm_q8_0;
 }

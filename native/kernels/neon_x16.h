@@ -15,7 +15,7 @@
  */
 #define ED_X16N_NC 2 /* activation rows per pass: 2 x 4 int and 2 x 4 float accumulators + 8 weight vectors */
 
-enum { X16N_Q4_0, X16N_IQ4_NL, X16N_Q8_0 };
+enum { X16N_Q4_0, X16N_IQ4_NL, X16N_Q8_0, X16N_Q4_1 }; /* Q4_1: against Q8_1, its mins after the scales */
 
 /* step t (0..3) of a group block's quants (q: after the 16 scales) as signed bytes: lo[k] (rows 4k..4k+3)
  * meets the activation's bytes 4t..4t+3, hi[k] its bytes 16 + 4t..16 + 4t + 3 */
@@ -54,33 +54,40 @@ ED_INLINE void x16n_step(const int kind, const uint8_t *q, const int t, int8x16_
 
 ED_INLINE void x16n_gemm_nc(const int kind, int n, float *s, size_t bs, const uint8_t *vx, int nr,
                             const uint8_t *vy, size_t by, const uint8_t *side, size_t side_row, const int nc) {
-    const int nb = n / QK;
+    const int nb = n / QK, q41 = kind == X16N_Q4_1;
     const int off = kind == X16N_Q4_0 ? 8 : 0;
-    const size_t gb = ED_X16_ROWS * (2 + (kind == X16N_Q8_0 ? QK : QK / 2));
+    const size_t gb = ED_X16_ROWS * (2 + (kind == X16N_Q8_0 ? QK : q41 ? QK / 2 + 2 : QK / 2));
+    const size_t yb = q41 ? sizeof(block_q8_1) : sizeof(block_q8_0);
     float32x4_t acc[ED_X16N_NC][4];
     for (int c = 0; c < nc; c++)
         for (int k = 0; k < 4; k++) acc[c][k] = vdupq_n_f32(0.0f);
     for (int b = 0; b < nb; b++) {
-        const uint8_t *g = vx + (size_t)b * gb, *q = g + 2 * ED_X16_ROWS;
+        const uint8_t *g = vx + (size_t)b * gb, *q = g + (q41 ? 4 : 2) * ED_X16_ROWS;
         int32x4_t isum[ED_X16N_NC][4];
         int8x16_t yl[ED_X16N_NC], yh[ED_X16N_NC];
         for (int c = 0; c < nc; c++) {
-            const int8_t *yq = ((const block_q8_0 *)(vy + c * by))[b].qs;
-            const int32_t *ys = (const int32_t *)((const float *)(side + c * side_row) + nb);
+            const int8_t *yq = (const int8_t *)(vy + c * by + (size_t)b * yb) + (q41 ? 4 : 2); /* past d (, s) */
+            const int32_t *ys = off ? (const int32_t *)((const float *)(side + c * side_row) + nb) : NULL;
             yl[c] = vld1q_s8(yq);
             yh[c] = vld1q_s8(yq + 16);
-            for (int k = 0; k < 4; k++) isum[c][k] = vdupq_n_s32(-off * ys[b]);
+            for (int k = 0; k < 4; k++) isum[c][k] = vdupq_n_s32(off ? -off * ys[b] : 0);
         }
         X16N_DOTS(0);
         X16N_DOTS(1);
         X16N_DOTS(2);
         X16N_DOTS(3);
-        float32x4_t dw[4]; /* the 16 rows' scales */
-        for (int k = 0; k < 4; k++) dw[k] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)g + 4 * k)));
+        float32x4_t dw[4], mw[4]; /* the 16 rows' scales (and mins) */
+        for (int k = 0; k < 4; k++) {
+            dw[k] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)g + 4 * k)));
+            mw[k] = q41 ? vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)g + 16 + 4 * k))) : dw[k];
+        }
         for (int c = 0; c < nc; c++) {
-            const float dy = ((const float *)(side + c * side_row))[b];
-            for (int k = 0; k < 4; k++)
+            const block_q8_1 *y1 = (const block_q8_1 *)(vy + c * by) + b;
+            const float dy = q41 ? ed_f16_to_f32(y1->d) : ((const float *)(side + c * side_row))[b];
+            for (int k = 0; k < 4; k++) {
                 acc[c][k] = vfmaq_f32(acc[c][k], vmulq_n_f32(dw[k], dy), vcvtq_f32_s32(isum[c][k]));
+                if (q41) acc[c][k] = vfmaq_f32(acc[c][k], mw[k], vdupq_n_f32(ed_f16_to_f32(y1->s)));
+            }
         }
     }
     for (int c = 0; c < nc; c++) {
@@ -96,18 +103,20 @@ ED_INLINE void x16n_gemm_nc(const int kind, int n, float *s, size_t bs, const ui
                                  const void *side, size_t side_row, int nc) {                                \
         const uint8_t *y = vy, *sd = side;                                                                   \
         for (; nc >= ED_X16N_NC; nc -= ED_X16N_NC, s += ED_X16N_NC * bs, y += ED_X16N_NC * by,               \
-                                 sd += ED_X16N_NC * side_row)                                                \
+                                 sd += sd ? ED_X16N_NC * side_row : 0)                                        \
             x16n_gemm_nc(KIND, n, s, bs, vx, nr, y, by, sd, side_row, ED_X16N_NC);                           \
         if (nc == 1) x16n_gemm_nc(KIND, n, s, bs, vx, nr, y, by, sd, side_row, 1); /* (ED_X16N_NC is 2) */   \
     }
 
 ED_X16N_ENTRY(q4_0, X16N_Q4_0)
+ED_X16N_ENTRY(q4_1, X16N_Q4_1)
 ED_X16N_ENTRY(iq4_nl, X16N_IQ4_NL)
 ED_X16N_ENTRY(q8_0, X16N_Q8_0)
 #undef ED_X16N_ENTRY
 
 static void set_x16_neon(ed_kernel_table *t) {
     t->types[ED_Q4_0].x16_gemm = x16n_gemm_q4_0;
+    t->types[ED_Q4_1].x16_gemm = x16n_gemm_q4_1;
     t->types[ED_IQ4_NL].x16_gemm = x16n_gemm_iq4_nl;
     t->types[ED_Q8_0].x16_gemm = x16n_gemm_q8_0;
 }

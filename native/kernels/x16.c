@@ -37,6 +37,13 @@ static void lane_q4(const uint8_t *blk, uint8_t *out, int r) {
     for (int j = 0; j < 4; j++) memcpy(out + 32 + 64 * j + 4 * r, blk + 2 + 4 * j, 4);
 }
 
+/* Q4_1: 16 f16 scales, 16 f16 mins, then Q4_0's 4 chunks of 64 bytes of nibbles */
+static void lane_q4_1(const uint8_t *blk, uint8_t *out, int r) {
+    memcpy(out + 2 * r, blk, 2);
+    memcpy(out + 32 + 2 * r, blk + 2, 2);
+    for (int j = 0; j < 4; j++) memcpy(out + 64 + 64 * j + 4 * r, blk + 4 + 4 * j, 4);
+}
+
 /* Q5_0: 16 f16 scales, 8 64-bit masks of the fifth bits (mask h has bit 4r + i for the quant that
  * vector h of the Q4_0 unpacking puts in byte i of lane r: h = 2j quants 4j.., h = 2j + 1 quants
  * 16 + 4j..), then the nibbles as Q4_0's */
@@ -102,6 +109,7 @@ static const struct {
 } layouts[] = {
     {ED_Q4_0, QK, 18, 288, lane_q4},
     {ED_IQ4_NL, QK, 18, 288, lane_q4},
+    {ED_Q4_1, QK, 20, 320, lane_q4_1},
     {ED_Q5_0, QK, 22, 352, lane_q5_0},
     {ED_Q8_0, QK, 34, 544, lane_q8_0},
     {ED_Q4_K, QK_K, 144, Q4K_GROUP, lane_q4_K},

@@ -265,8 +265,9 @@ static int check_amx(const ed_kernel_table *k, const test_case *c, uint8_t *acts
     return fails;
 }
 
-/* One output of the x16 layout's order (Q4_0, Q5_0, IQ4_NL, Q8_0): Σ_b fma(d_w * d_y, (float) isum_b, acc) over the blocks, from the
- * file's blocks (w) and a Q8_0 activation row (a). */
+/* One output of the x16 layout's order (Q4_0, Q5_0, IQ4_NL, Q8_0; Q4_1, Q4_K and Q6_K have their own
+ * below): Σ_b fma(d_w * d_y, (float) isum_b, acc) over the blocks, from the file's blocks (w) and a Q8_0
+ * activation row (a). */
 static const int8_t iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 static void scale_min_k4(int j, const uint8_t *q, int *d, int *m) {
@@ -335,7 +336,23 @@ static float x16_ref_q6_K(int n, const uint8_t *w, const uint8_t *a) {
     return acc;
 }
 
+/* Q4_1 against Q8_1: per block fma(d_w * d_y, isum, acc), then fma(m_w, s_y, acc) */
+static float x16_ref_q4_1(int n, const uint8_t *w, const uint8_t *a) {
+    float acc = 0.0f;
+    for (int b = 0; b < n / 32; b++) {
+        const uint8_t *wb = w + (size_t)b * 20, *ab = a + (size_t)b * 36;
+        int32_t isum = 0;
+        for (int i = 0; i < 32; i++) isum += (i < 16 ? wb[4 + i] & 15 : wb[4 + i - 16] >> 4) * (int8_t)ab[4 + i];
+        uint16_t hd, hm, yd, ys;
+        memcpy(&hd, wb, 2), memcpy(&hm, wb + 2, 2), memcpy(&yd, ab, 2), memcpy(&ys, ab + 2, 2);
+        acc = fmaf(ed_f16_table[hd] * ed_f16_table[yd], (float)isum, acc);
+        acc = fmaf(ed_f16_table[hm], ed_f16_table[ys], acc);
+    }
+    return acc;
+}
+
 static float x16_ref(uint32_t wtype, int n, const uint8_t *w, const uint8_t *a) {
+    if (wtype == ED_Q4_1) return x16_ref_q4_1(n, w, a);
     if (wtype == ED_Q4_K) return x16_ref_q4_K(n, w, a);
     if (wtype == ED_Q6_K) return x16_ref_q6_K(n, w, a);
     float acc = 0.0f;
