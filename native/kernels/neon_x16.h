@@ -7,7 +7,8 @@
  * the blocks in order, the order of kernel_check's scalar x16 reference (and of the AVX2 and AVX-512
  * kernels), whatever nc, so decode (nc = 1) and prompts give the same bits on every level.
  *
- * The layout stores Q4_0 as its nibbles 0..15 (each row's sum starts at -8 * Σy, the side table's sum),
+ * The layout stores Q4_0 as its nibbles 0..15 (each row's sum starts at -8 * Σy, the side table's sum;
+ * Q4_1's nibbles start at 0 and its min term, fma(m_w, s_y), follows each block's product),
  * IQ4_NL as nibble indices (looked up here as the signed values) and Q8_0 as q + 128 (xor 0x80 gives q
  * back as int8): every integer dot is exact. ggml-org/llama.cpp ggml/src/ggml-cpu/arch/arm/repack.cpp
  * (ggml_gemv_q4_0_4x4_q8_0, ggml_gemm_q4_0_4x4_q8_0) uses sdot by element on its 4-row interleave the
@@ -17,7 +18,7 @@
 
 enum { X16N_Q4_0, X16N_IQ4_NL, X16N_Q8_0, X16N_Q4_1 }; /* Q4_1: against Q8_1, its mins after the scales */
 
-/* step t (0..3) of a group block's quants (q: after the 16 scales) as signed bytes: lo[k] (rows 4k..4k+3)
+/* step t (0..3) of a group block's quants (q: after the 16 scales, and Q4_1's 16 mins) as signed bytes: lo[k] (rows 4k..4k+3)
  * meets the activation's bytes 4t..4t+3, hi[k] its bytes 16 + 4t..16 + 4t + 3 */
 ED_INLINE void x16n_step(const int kind, const uint8_t *q, const int t, int8x16_t lo[4], int8x16_t hi[4]) {
     for (int k = 0; k < 4; k++) {

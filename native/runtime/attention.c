@@ -561,7 +561,7 @@ static const attn_loops loops_avx512 = {qk_avx,       pv_avx,     round_f16_avx,
 static const attn_loops *loops(const ed_kernel_table *kt) {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (kt->level == ED_LEVEL_AVX512) return &loops_avx512;
-    if (kt->level == ED_LEVEL_AVX2 || kt->level == ED_LEVEL_AVX512) return &loops_avx;
+    if (kt->level == ED_LEVEL_AVX2) return &loops_avx;
 #endif
     (void)kt;
     return &loops_c;
