@@ -72,6 +72,9 @@ typedef void (*ed_amx_gemm_fn)(int n, float *s, size_t bs, const void *vx, size_
 #define Q6K_QL 288
 #define Q6K_QH (Q6K_QL + 2048)
 #define Q6K_GROUP (Q6K_QH + 1024)
+/* and in a Q4_1 group block: the 16 rows' f16 mins, then their nibbles in Q4_0's chunks */
+#define Q41_MIN 32
+#define Q41_QS 64
 /* s[c * bs + r] for r < nr (<= 16), c < nc: group vx against activation rows vy + c * by (quantized to
  * the vec_dot type), side + c * side_row their side tables (ed_x16_side) */
 typedef void (*ed_x16_gemm_fn)(int n, float *s, size_t bs, const void *vx, int nr, const void *vy, size_t by,

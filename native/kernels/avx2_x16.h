@@ -73,7 +73,7 @@ ED_ALWAYS_INLINE void x16a_legacy_nc(int type, int n, float *s, size_t bs, const
                 part[c] = _mm256_setzero_si256();
             }
             for (int v = 0; v < 8; v++) {
-                const __m256i w = x16a_vector(type, g + (q41 ? 64 : 32), h, v);
+                const __m256i w = x16a_vector(type, g + (q41 ? Q41_QS : 32), h, v);
                 const int yo = type == ED_Q8_0 ? 4 * v : (v & 1) * 16 + 4 * (v / 2);
                 const __m256i aw = uns ? w : _mm256_sign_epi8(w, w);
                 for (int c = 0; c < nc; c++) {
@@ -95,7 +95,7 @@ ED_ALWAYS_INLINE void x16a_legacy_nc(int type, int n, float *s, size_t bs, const
             for (int c = 0; c < nc; c++) {
                 if (q41) {
                     const block_q8_1 *y = (const block_q8_1 *)(vy + c * by) + b;
-                    const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 32 + 16 * h)));
+                    const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + Q41_MIN + 16 * h)));
                     const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(ed_f16_to_f32(y->d)));
                     acc[c] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(isum[c]), acc[c]);
                     acc[c] = _mm256_fmadd_ps(mw, _mm256_set1_ps(ed_f16_to_f32(y->s)), acc[c]);

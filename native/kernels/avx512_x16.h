@@ -169,9 +169,9 @@ ED_ALWAYS_INLINE void x16_q4_1_nc(int n, float *s, size_t bs, const uint8_t *vx,
         const uint8_t *g = vx + (size_t)b * gb;
         x16_prefetch_next(g, ED_X16_PF, gb, nc);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g));
-        const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + 32)));
+        const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + Q41_MIN)));
         __m512i w[8];
-        x16_unpack_q4_0(g + 64, w);
+        x16_unpack_q4_0(g + Q41_QS, w);
         for (int c = 0; c < nc; c++) {
             const block_q8_1 *y = (const block_q8_1 *)(vy + c * by) + b;
             __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();

@@ -63,7 +63,7 @@ ED_INLINE void x16n_gemm_nc(const int kind, int n, float *s, size_t bs, const ui
     for (int c = 0; c < nc; c++)
         for (int k = 0; k < 4; k++) acc[c][k] = vdupq_n_f32(0.0f);
     for (int b = 0; b < nb; b++) {
-        const uint8_t *g = vx + (size_t)b * gb, *q = g + (q41 ? 4 : 2) * ED_X16_ROWS;
+        const uint8_t *g = vx + (size_t)b * gb, *q = g + (q41 ? Q41_QS : 2 * ED_X16_ROWS);
         int32x4_t isum[ED_X16N_NC][4];
         int8x16_t yl[ED_X16N_NC], yh[ED_X16N_NC];
         for (int c = 0; c < nc; c++) {
@@ -80,7 +80,7 @@ ED_INLINE void x16n_gemm_nc(const int kind, int n, float *s, size_t bs, const ui
         float32x4_t dw[4], mw[4]; /* the 16 rows' scales (and mins) */
         for (int k = 0; k < 4; k++) {
             dw[k] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)g + 4 * k)));
-            mw[k] = q41 ? vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)g + 16 + 4 * k))) : dw[k];
+            mw[k] = q41 ? vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(g + Q41_MIN) + 4 * k))) : dw[k];
         }
         for (int c = 0; c < nc; c++) {
             const block_q8_1 *y1 = (const block_q8_1 *)(vy + c * by) + b;

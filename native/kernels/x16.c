@@ -40,8 +40,8 @@ static void lane_q4(const uint8_t *blk, uint8_t *out, int r) {
 /* Q4_1: 16 f16 scales, 16 f16 mins, then Q4_0's 4 chunks of 64 bytes of nibbles */
 static void lane_q4_1(const uint8_t *blk, uint8_t *out, int r) {
     memcpy(out + 2 * r, blk, 2);
-    memcpy(out + 32 + 2 * r, blk + 2, 2);
-    for (int j = 0; j < 4; j++) memcpy(out + 64 + 64 * j + 4 * r, blk + 4 + 4 * j, 4);
+    memcpy(out + Q41_MIN + 2 * r, blk + 2, 2);
+    for (int j = 0; j < 4; j++) memcpy(out + Q41_QS + 64 * j + 4 * r, blk + 4 + 4 * j, 4);
 }
 
 /* Q5_0: 16 f16 scales, 8 64-bit masks of the fifth bits (mask h has bit 4r + i for the quant that
