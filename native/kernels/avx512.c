@@ -162,42 +162,76 @@ static inline __m512i idx16(short a, short b, short c, short d) {
 
 /* ---------------------------------------------------------- float types: 2 x 16 f32 lanes, FMA */
 
-/* nr (1 or 2) weight rows (vx + r * bx) against nc (<= NC) activation rows (vy + c * by bytes, of type YT):
- * each weight vector converted once for every activation row, each activation vector once for both weight
- * rows (a 2 x NC register tile). Every output is computed by the operations of the nr = nc = 1 instance,
- * which is vec_dot: two accumulators over 32-element steps (the second for elements 16..31 of each step),
- * a last 16-element step into the first, their sum's hsum, then the scalar tail. */
+/* v stays in a register: loaded once for both weight rows (GCC otherwise folds the load into each FMA,
+ * two loads where one does) */
+#if defined(ED_EMULATE_AVX512)
+#define ED_IN_REGISTER(v) (void)(v)
+#else
+#define ED_IN_REGISTER(v) __asm__("" : "+v"(v))
+#endif
+
+/* hsum_f32x16 of up to 16 vectors at once: the same tree (lane i plus lane i + 8, then + 4, + 2, + 1), with
+ * several vectors' partial sums side by side in one register, so the same bits; hsum_f32x16(v[o]) lands in
+ * lane 4 * (o % 4) + o / 4 */
+static inline __m512 hsum16_f32x16(const __m512 v[16]) {
+    __m512 e[8], f[4], g[2];
+    for (int p = 0; p < 8; p++) /* [e of v[2p] | e of v[2p + 1]], e[i] = v[i] + v[i + 8] */
+        e[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0xEE));
+    for (int q = 0; q < 4; q++) /* quarter k: f of v[4q + k], f[i] = e[i] + e[i + 4] */
+        f[q] = _mm512_add_ps(_mm512_shuffle_f32x4(e[2 * q], e[2 * q + 1], 0x88),
+                             _mm512_shuffle_f32x4(e[2 * q], e[2 * q + 1], 0xDD));
+    for (int r = 0; r < 2; r++) /* quarter j: g of v[8r + j], then of v[8r + 4 + j], g[i] = f[i] + f[i + 2] */
+        g[r] = _mm512_add_ps(_mm512_shuffle_ps(f[2 * r], f[2 * r + 1], 0x44),
+                             _mm512_shuffle_ps(f[2 * r], f[2 * r + 1], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_ps(g[0], g[1], 0x88), _mm512_shuffle_ps(g[0], g[1], 0xDD));
+}
+
+/* nr (1 or 2) weight rows (vx + r * bx) against nc (<= NC <= 8) activation rows (vy + c * by bytes, of type
+ * YT): each weight vector converted once for every activation row, each activation vector loaded once for
+ * both weight rows (a 2 x NC register tile, one 16-element half of a step at a time so that nothing spills).
+ * Every output is computed by the operations of the nr = nc = 1 instance, which is vec_dot: two
+ * accumulators over 32-element steps (the second for elements 16..31 of each step), a last 16-element step
+ * into the first, their sum's hsum (hsum16_f32x16 sums the tile's outputs together by the same tree), then
+ * the scalar tail. */
 #define FLOAT_TILE512(fn, T, LOAD, CONV, YT, YLOAD, YCONV, NC)                                              \
     ED_ALWAYS_INLINE void fn(int n, float *s, size_t bs, const uint8_t *vx, size_t bx, const uint8_t *vy,     \
                              size_t by, const int nr, const int nc) {                                       \
-        __m512 a0[2][NC], a1[2][NC];                                                                        \
-        for (int r = 0; r < nr; r++)                                                                        \
-            for (int c = 0; c < nc; c++) a0[r][c] = a1[r][c] = _mm512_setzero_ps();                         \
+        __m512 a[2][2][NC];                                                                                 \
+        for (int h = 0; h < 2; h++)                                                                         \
+            for (int r = 0; r < nr; r++)                                                                    \
+                for (int c = 0; c < nc; c++) a[h][r][c] = _mm512_setzero_ps();                              \
         int i = 0;                                                                                          \
-        for (; i + 32 <= n; i += 32) {                                                                      \
-            __m512 w0[2], w1[2];                                                                            \
-            for (int r = 0; r < nr; r++) {                                                                  \
-                const T *x = (const T *)(vx + r * bx);                                                      \
-                w0[r] = LOAD(x + i), w1[r] = LOAD(x + i + 16);                                              \
+        for (; i + 32 <= n; i += 32)                                                                        \
+            for (int h = 0; h < 2; h++) {                                                                   \
+                __m512 w[2];                                                                                \
+                for (int r = 0; r < nr; r++) w[r] = LOAD((const T *)(vx + r * bx) + i + 16 * h);            \
+                for (int c = 0; c < nc; c++) {                                                              \
+                    __m512 y = YLOAD((const YT *)(vy + c * by) + i + 16 * h);                               \
+                    ED_IN_REGISTER(y);                                                                      \
+                    for (int r = 0; r < nr; r++) a[h][r][c] = _mm512_fmadd_ps(w[r], y, a[h][r][c]);         \
+                }                                                                                           \
             }                                                                                               \
+        for (; i + 16 <= n; i += 16) {                                                                      \
+            __m512 w[2];                                                                                    \
+            for (int r = 0; r < nr; r++) w[r] = LOAD((const T *)(vx + r * bx) + i);                         \
             for (int c = 0; c < nc; c++) {                                                                  \
-                const YT *y = (const YT *)(vy + c * by);                                                    \
-                const __m512 y0 = YLOAD(y + i), y1 = YLOAD(y + i + 16);                                     \
-                for (int r = 0; r < nr; r++)                                                                \
-                    a0[r][c] = _mm512_fmadd_ps(w0[r], y0, a0[r][c]), a1[r][c] = _mm512_fmadd_ps(w1[r], y1, a1[r][c]); \
+                const __m512 y = YLOAD((const YT *)(vy + c * by) + i);                                      \
+                for (int r = 0; r < nr; r++) a[0][r][c] = _mm512_fmadd_ps(w[r], y, a[0][r][c]);             \
             }                                                                                               \
         }                                                                                                   \
-        for (; i + 16 <= n; i += 16)                                                                        \
-            for (int c = 0; c < nc; c++) {                                                                  \
-                const __m512 y0 = YLOAD((const YT *)(vy + c * by) + i);                                     \
-                for (int r = 0; r < nr; r++)                                                                \
-                    a0[r][c] = _mm512_fmadd_ps(LOAD((const T *)(vx + r * bx) + i), y0, a0[r][c]);           \
-            }                                                                                               \
+        __m512 v[16];                                                                                       \
+        for (int o = 0; o < 16; o++)                                                                        \
+            v[o] = o % 2 < nr && o / 2 < nc ? _mm512_add_ps(a[0][o % 2][o / 2], a[1][o % 2][o / 2])          \
+                                            : _mm512_setzero_ps();                                          \
+        float sums[16];                                                                                     \
+        _mm512_storeu_ps(sums, hsum16_f32x16(v));                                                           \
         for (int r = 0; r < nr; r++)                                                                        \
             for (int c = 0; c < nc; c++) {                                                                  \
                 const T *x = (const T *)(vx + r * bx);                                                      \
                 const YT *y = (const YT *)(vy + c * by);                                                    \
-                float sumf = hsum_f32x16(_mm512_add_ps(a0[r][c], a1[r][c]));                                \
+                const int o = 2 * c + r;                                                                    \
+                float sumf = sums[4 * (o % 4) + o / 4];                                                     \
                 for (int j = i; j < n; j++) sumf += CONV(x[j]) * YCONV(y[j]);                               \
                 s[c * bs + r] = sumf;                                                                       \
             }                                                                                               \

@@ -41,6 +41,10 @@ static inline simde__m512 ed_emu_fmadd_ps(simde__m512 a, simde__m512 b, simde__m
 static inline simde__m512 ed_emu_fnmadd_ps(simde__m512 a, simde__m512 b, simde__m512 c) {
     return ed_emu_fmadd_ps(simde_mm512_sub_ps(simde_mm512_setzero_ps(), a), b, c); /* -(a*b) + c, once */
 }
+/* SIMDe 0.7 defines simde_mm512_shuffle_f32x4 but no native alias for it */
+#ifndef _mm512_shuffle_f32x4
+#define _mm512_shuffle_f32x4(a, b, imm8) simde_mm512_shuffle_f32x4(a, b, imm8)
+#endif
 #undef _mm512_fmadd_ps
 #define _mm512_fmadd_ps(a, b, c) ed_emu_fmadd_ps(a, b, c)
 #undef _mm512_fnmadd_ps
