@@ -720,45 +720,113 @@ FLOAT_DOT(vec_dot_f32, float, LOAD_F32, IDENT)
 FLOAT_DOT(vec_dot_f16, uint16_t, LOAD_F16, f16)
 FLOAT_DOT(vec_dot_bf16, uint16_t, LOAD_BF16, ed_bf16_to_f32)
 
+/* hsum_f32x8 of 8 vectors at once: the same tree (lane i plus lane i + 4, then + 2, + 1), several
+ * vectors' partial sums side by side in one register, so the same bits; hsum_f32x8(v[o]) lands in lane
+ * 4 * (o % 2) + o / 2 */
+static inline __m256 hsum8_f32x8(const __m256 v[8]) {
+    __m256 e[4], f[2];
+    for (int p = 0; p < 4; p++) /* [e of v[2p] | e of v[2p + 1]], e[i] = v[i] + v[i + 4] */
+        e[p] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * p], v[2 * p + 1], 0x20),
+                             _mm256_permute2f128_ps(v[2 * p], v[2 * p + 1], 0x31));
+    for (int q = 0; q < 2; q++) /* [g of v[4q], of v[4q + 2] | of v[4q + 1], of v[4q + 3]], g[i] = e[i] + e[i + 2] */
+        f[q] = _mm256_add_ps(_mm256_shuffle_ps(e[2 * q], e[2 * q + 1], 0x44),
+                             _mm256_shuffle_ps(e[2 * q], e[2 * q + 1], 0xEE));
+    return _mm256_add_ps(_mm256_shuffle_ps(f[0], f[1], 0x88), _mm256_shuffle_ps(f[0], f[1], 0xDD));
+}
+
+/* v stays in a register: loaded once for both weight rows, not folded into each FMA */
+#define ED_IN_REGISTER(v) __asm__("" : "+x"(v))
+
 /* Prompts over F16 / BF16 weights (ed_float_gemm_fn): float32 activation rows holding their f16 / bf16
- * values, so a weight row's vectors are converted once for 3 activation rows (vec_dot converts both sides
- * of every product); each output takes vec_dot's four accumulators and operations, so its bits. */
-#define FLOAT_GEMM(name, T, LOAD, CONV)                                                                     \
-    static inline __attribute__((always_inline)) void name##_tile(int n, float *s, size_t bs, const T *x,   \
-                                                                  const float *y, size_t ly, const int nc) { \
-        __m256 a[3][4];                                                                                     \
-        for (int c = 0; c < nc; c++) a[c][0] = a[c][1] = a[c][2] = a[c][3] = _mm256_setzero_ps();          \
-        int i = 0;                                                                                          \
-        for (; i + 32 <= n; i += 32) {                                                                      \
-            const __m256 w0 = LOAD(x + i), w1 = LOAD(x + i + 8), w2 = LOAD(x + i + 16), w3 = LOAD(x + i + 24); \
-            for (int c = 0; c < nc; c++) {                                                                  \
-                const float *yc = y + c * ly + i;                                                           \
-                a[c][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(yc), a[c][0]);                                \
-                a[c][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(yc + 8), a[c][1]);                            \
-                a[c][2] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(yc + 16), a[c][2]);                           \
-                a[c][3] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(yc + 24), a[c][3]);                           \
-            }                                                                                               \
-        }                                                                                                   \
-        for (; i + 8 <= n; i += 8) {                                                                        \
-            const __m256 w0 = LOAD(x + i);                                                                  \
-            for (int c = 0; c < nc; c++) a[c][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(y + c * ly + i), a[c][0]); \
-        }                                                                                                   \
+ * values, so only the weights are converted. vec_dot's four accumulators per output are independent
+ * chains (elements 8q..8q+7 of every 32-element step, the last 8-element steps in the first), so a tile
+ * runs them one after the other, a pass each: one register per output lets a tile hold 2 weight rows x 6
+ * activation rows in AVX2's 16 registers, 2 conversions and 6 loads per 12 FMAs. Each accumulator sees
+ * vec_dot's FMAs in vec_dot's order, then (a0 + a1) + (a2 + a3) and hsum_f32x8's tree (hsum8_f32x8): its
+ * bits. */
+#define GEMM_NR 2 /* weight rows of a tile */
+#define GEMM_NC 6 /* activation rows of a tile (they stay in L1 while weight rows pass) */
+#define GEMM_STEP(T, LOAD, i)                                                                               \
+    {                                                                                                       \
+        __m256 w[GEMM_NR];                                                                                  \
+        for (int r = 0; r < nr; r++) w[r] = LOAD((const T *)(vx + r * bx) + (i));                           \
         for (int c = 0; c < nc; c++) {                                                                      \
-            float sumf = hsum_f32x8(_mm256_add_ps(_mm256_add_ps(a[c][0], a[c][1]), _mm256_add_ps(a[c][2], a[c][3]))); \
-            for (int j = i; j < n; j++) sumf += CONV(x[j]) * y[c * ly + j];                                 \
-            s[c * bs] = sumf;                                                                               \
-        }                                                                                                   \
-    }                                                                                                       \
-    static void name(int n, float *s, size_t bs, const void *vx, size_t bx, int nr, const float *y, size_t ly, \
-                     int nc) {                                                                              \
-        for (int r = 0; r < nr; r++) {                                                                      \
-            const T *x = (const T *)((const uint8_t *)vx + r * bx);                                         \
-            int c = 0;                                                                                      \
-            for (; c + 3 <= nc; c += 3) name##_tile(n, s + c * bs + r, bs, x, y + c * ly, ly, 3);          \
-            if (nc - c == 2) name##_tile(n, s + c * bs + r, bs, x, y + c * ly, ly, 2);                     \
-            else if (nc - c == 1) name##_tile(n, s + c * bs + r, bs, x, y + c * ly, ly, 1);                \
+            __m256 v = _mm256_loadu_ps(y + c * ly + (i));                                                   \
+            ED_IN_REGISTER(v);                                                                              \
+            for (int r = 0; r < nr; r++) a[r][c] = _mm256_fmadd_ps(w[r], v, a[r][c]);                       \
         }                                                                                                   \
     }
+/* accumulator q of every output over elements [k0, k0 + GEMM_KB) (pass 0 also takes the last 8-element
+ * steps), resumed from and kept in acc[q] (kb: a multiple of 32, or all of n) */
+#define GEMM_PASS(T, LOAD, q)                                                                               \
+    for (int r = 0; r < nr; r++)                                                                            \
+        for (int c = 0; c < nc; c++) a[r][c] = acc[q][r][c];                                                \
+    for (int i = k0 + 8 * (q); i < kend32; i += 32) GEMM_STEP(T, LOAD, i)                                   \
+    if ((q) == 0)                                                                                           \
+        for (int i = n32; i < kend8; i += 8) GEMM_STEP(T, LOAD, i)                                        \
+    for (int r = 0; r < nr; r++)                                                                            \
+        for (int c = 0; c < nc; c++) acc[q][r][c] = a[r][c];
+/* elements of a K block: its activation rows stay in L1 for the four passes (rows up to 1024 are one
+ * block: measured, splitting them costs more than it saves) */
+#define GEMM_KB(n) ((n) <= 1024 ? (n) : 512)
+#define FLOAT_GEMM(name, T, LOAD, CONV)                                                                     \
+    ED_ALWAYS_INLINE void name##_tile(int n, float *s, size_t bs, const uint8_t *vx, size_t bx, const float *y, \
+                                      size_t ly, const int nr, const int nc) {                              \
+        const int n32 = n & ~31, n8 = n & ~7; /* n8 - n32: the last 8-element steps */                      \
+        __m256 a[GEMM_NR][GEMM_NC], acc[4][GEMM_NR][GEMM_NC], a01[GEMM_NR][GEMM_NC];                        \
+        for (int q = 0; q < 4; q++)                                                                         \
+            for (int r = 0; r < nr; r++)                                                                    \
+                for (int c = 0; c < nc; c++) acc[q][r][c] = _mm256_setzero_ps();                            \
+        const int kb = GEMM_KB(n);                                                                          \
+        for (int k0 = 0; k0 < n8; k0 += kb) {                                                               \
+            const int kend32 = k0 + kb < n32 ? k0 + kb : n32;                                               \
+            const int kend8 = k0 + kb < n8 ? k0 + kb : n8;                                                  \
+            GEMM_PASS(T, LOAD, 0) GEMM_PASS(T, LOAD, 1) GEMM_PASS(T, LOAD, 2) GEMM_PASS(T, LOAD, 3)         \
+        }                                                                                                   \
+        for (int r = 0; r < nr; r++)                                                                        \
+            for (int c = 0; c < nc; c++)                                                                    \
+                a01[r][c] = _mm256_add_ps(_mm256_add_ps(acc[0][r][c], acc[1][r][c]),                        \
+                                          _mm256_add_ps(acc[2][r][c], acc[3][r][c]));                       \
+        float sums[2][8];                                                                                   \
+        for (int half = 0; half < 2; half++) {                                                              \
+            if (8 * half >= nr * nc) break;                                                                 \
+            __m256 v[8];                                                                                    \
+            for (int j = 0; j < 8; j++) {                                                                   \
+                const int o = 8 * half + j; /* output o: activation row o / nr, weight row o % nr */         \
+                v[j] = o < nr * nc ? a01[o % nr][o / nr] : _mm256_setzero_ps();                             \
+            }                                                                                               \
+            _mm256_storeu_ps(sums[half], hsum8_f32x8(v));                                                   \
+        }                                                                                                   \
+        for (int c = 0; c < nc; c++)                                                                        \
+            for (int r = 0; r < nr; r++) {                                                                  \
+                const T *x = (const T *)(vx + r * bx);                                                      \
+                const int o = c * nr + r, j = o % 8;                                                        \
+                float sumf = sums[o / 8][4 * (j % 2) + j / 2];                                              \
+                for (int i = n8; i < n; i++) sumf += CONV(x[i]) * y[c * ly + i];                            \
+                s[c * bs + r] = sumf;                                                                       \
+            }                                                                                               \
+    }                                                                                                       \
+    /* activation rows GEMM_NC at a time (outer: they stay in L1), weight rows GEMM_NR at a time */         \
+    static void name(int n, float *s, size_t bs, const void *vx, size_t bx, int nr, const float *y, size_t ly, \
+                     int nc) {                                                                              \
+        for (int c0 = 0; c0 < nc; c0 += GEMM_NC) {                                                          \
+            const int cn = nc - c0 < GEMM_NC ? nc - c0 : GEMM_NC;                                           \
+            const float *yc = y + (size_t)c0 * ly;                                                          \
+            for (int r0 = 0; r0 < nr; r0 += GEMM_NR) {                                                      \
+                const uint8_t *x = (const uint8_t *)vx + (size_t)r0 * bx;                                   \
+                float *sc = s + (size_t)c0 * bs + r0;                                                       \
+                switch ((nr - r0 < GEMM_NR ? nr - r0 : GEMM_NR) * 16 + cn) { /* constant shapes */          \
+                    GEMM_CASES(name, 2) GEMM_CASES(name, 1)                                                 \
+                }                                                                                           \
+            }                                                                                               \
+        }                                                                                                   \
+    }
+
+#define GEMM_CASE(name, R, C)                                                                               \
+    case R * 16 + C: name##_tile(n, sc, bs, x, bx, yc, ly, R, C); break;
+#define GEMM_CASES(name, R)                                                                                 \
+    GEMM_CASE(name, R, 1) GEMM_CASE(name, R, 2) GEMM_CASE(name, R, 3) GEMM_CASE(name, R, 4)                 \
+    GEMM_CASE(name, R, 5) GEMM_CASE(name, R, 6)
 
 FLOAT_GEMM(f16_gemm, uint16_t, LOAD_F16, f16)
 FLOAT_GEMM(bf16_gemm, uint16_t, LOAD_BF16, ed_bf16_to_f32)

@@ -255,38 +255,76 @@ FLOAT_MN512(f16, uint16_t, LOAD_F16, F16)
 FLOAT_MN512(bf16, uint16_t, LOAD_BF16, ed_bf16_to_f32)
 
 /* Prompts over F16 / BF16 weights (ed_float_gemm_fn): the activations come as float32 rows holding their
- * f16 / bf16 values (exact), so only the weights are converted: a 2 x 6 tile, 4 conversions per 24 FMAs
- * (the 2 x 4 tile above converts both sides: 12 per 16). The same operations on the same float values as
- * vec_dot, so its bits. */
+ * f16 / bf16 values (exact), so only the weights are converted. vec_dot's two accumulators per output
+ * are independent chains (elements 16h..16h+15 of every 32-element step, the last 16-element step in the
+ * first), so a tile runs them one after the other, a pass each: one register per output lets a tile hold
+ * 3 weight rows x 8 activation rows, 3 conversions and 8 loads per 24 FMAs. Each accumulator sees the
+ * same FMAs in the same order as in vec_dot, then a0 + a1 and hsum_f32x16's tree (hsum16_f32x16): its
+ * bits. */
+#define GEMM_NR 3 /* weight rows of a tile */
+#define GEMM_NC 8 /* activation rows of a tile (8 rows of k floats stay in L1 while weight rows pass) */
 #define FLOAT_GEMM512(name, T, LOAD, CONV)                                                                 \
-    FLOAT_TILE512(name##_gemm_tile, T, LOAD, CONV, float, LOAD_F32, IDENT, 6)                               \
+    ED_ALWAYS_INLINE void name##_gemm_tile(int n, float *s, size_t bs, const uint8_t *vx, size_t bx,         \
+                                           const float *y, size_t ly, const int nr, const int nc) {         \
+        const int n32 = n & ~31, n16 = n & ~15; /* n16 - n32: the last 16-element step, if any */          \
+        __m512 part[GEMM_NR][GEMM_NC];                                                                      \
+        for (int h = 0; h < 2; h++) {                                                                       \
+            __m512 a[GEMM_NR][GEMM_NC];                                                                     \
+            for (int r = 0; r < nr; r++)                                                                    \
+                for (int c = 0; c < nc; c++) a[r][c] = _mm512_setzero_ps();                                 \
+            for (int i = 16 * h; i < (h ? n32 : n16); i += 32) {                                            \
+                __m512 w[GEMM_NR];                                                                          \
+                for (int r = 0; r < nr; r++) w[r] = LOAD((const T *)(vx + r * bx) + i);                     \
+                for (int c = 0; c < nc; c++) {                                                              \
+                    __m512 v = _mm512_loadu_ps(y + c * ly + i);                                             \
+                    ED_IN_REGISTER(v);                                                                      \
+                    for (int r = 0; r < nr; r++) a[r][c] = _mm512_fmadd_ps(w[r], v, a[r][c]);               \
+                }                                                                                           \
+            }                                                                                               \
+            for (int r = 0; r < nr; r++)                                                                    \
+                for (int c = 0; c < nc; c++) part[r][c] = h ? _mm512_add_ps(part[r][c], a[r][c]) : a[r][c]; \
+        }                                                                                                   \
+        float sums[2][16];                                                                                  \
+        for (int half = 0; half < 2; half++) {                                                              \
+            if (16 * half >= nr * nc) break;                                                                \
+            __m512 v[16];                                                                                   \
+            for (int j = 0; j < 16; j++) {                                                                  \
+                const int o = 16 * half + j; /* output o: activation row o / nr, weight row o % nr */        \
+                v[j] = o < nr * nc ? part[o % nr][o / nr] : _mm512_setzero_ps();                            \
+            }                                                                                               \
+            _mm512_storeu_ps(sums[half], hsum16_f32x16(v));                                                 \
+        }                                                                                                   \
+        for (int c = 0; c < nc; c++)                                                                        \
+            for (int r = 0; r < nr; r++) {                                                                  \
+                const T *x = (const T *)(vx + r * bx);                                                      \
+                const int o = c * nr + r, j = o % 16;                                                       \
+                float sumf = sums[o / 16][4 * (j % 4) + j / 4];                                             \
+                for (int i = n16; i < n; i++) sumf += CONV(x[i]) * y[c * ly + i];                           \
+                s[c * bs + r] = sumf;                                                                       \
+            }                                                                                               \
+    }                                                                                                       \
+    /* activation rows GEMM_NC at a time (outer: they stay in L1), weight rows GEMM_NR at a time */         \
     static void name##_gemm(int n, float *s, size_t bs, const void *vx, size_t bx, int nr, const float *y,     \
                             size_t ly, int nc) {                                                            \
-        const uint8_t *vy = (const uint8_t *)y;                                                             \
-        const size_t by = ly * sizeof(float);                                                               \
-        for (; nc > 0; nc -= 6, s += 6 * bs, vy += 6 * by) {                                                \
-            const int c = nc < 6 ? nc : 6;                                                                  \
-            if (nr == 2) {                                                                                  \
-                switch (c) {                                                                                \
-                case 6: name##_gemm_tile(n, s, bs, vx, bx, vy, by, 2, 6); break;                            \
-                case 5: name##_gemm_tile(n, s, bs, vx, bx, vy, by, 2, 5); break;                            \
-                case 4: name##_gemm_tile(n, s, bs, vx, bx, vy, by, 2, 4); break;                            \
-                case 3: name##_gemm_tile(n, s, bs, vx, bx, vy, by, 2, 3); break;                            \
-                case 2: name##_gemm_tile(n, s, bs, vx, bx, vy, by, 2, 2); break;                            \
-                default: name##_gemm_tile(n, s, bs, vx, bx, vy, by, 2, 1); break;                           \
-                }                                                                                           \
-            } else {                                                                                        \
-                switch (c) {                                                                                \
-                case 6: name##_gemm_tile(n, s, bs, vx, bx, vy, by, 1, 6); break;                            \
-                case 5: name##_gemm_tile(n, s, bs, vx, bx, vy, by, 1, 5); break;                            \
-                case 4: name##_gemm_tile(n, s, bs, vx, bx, vy, by, 1, 4); break;                            \
-                case 3: name##_gemm_tile(n, s, bs, vx, bx, vy, by, 1, 3); break;                            \
-                case 2: name##_gemm_tile(n, s, bs, vx, bx, vy, by, 1, 2); break;                            \
-                default: name##_gemm_tile(n, s, bs, vx, bx, vy, by, 1, 1); break;                           \
+        for (int c0 = 0; c0 < nc; c0 += GEMM_NC) {                                                          \
+            const int cn = nc - c0 < GEMM_NC ? nc - c0 : GEMM_NC;                                           \
+            const float *yc = y + (size_t)c0 * ly;                                                          \
+            for (int r0 = 0; r0 < nr; r0 += GEMM_NR) {                                                      \
+                const uint8_t *x = (const uint8_t *)vx + (size_t)r0 * bx;                                   \
+                float *sc = s + (size_t)c0 * bs + r0;                                                       \
+                const int rn = nr - r0 < GEMM_NR ? nr - r0 : GEMM_NR;                                       \
+                switch (rn * 16 + cn) { /* constant shapes: the tile's registers are fixed */               \
+                    GEMM_CASES(name, 3) GEMM_CASES(name, 2) GEMM_CASES(name, 1)                             \
                 }                                                                                           \
             }                                                                                               \
         }                                                                                                   \
     }
+
+#define GEMM_CASE(name, R, C)                                                                               \
+    case R * 16 + C: name##_gemm_tile(n, sc, bs, x, bx, yc, ly, R, C); break;
+#define GEMM_CASES(name, R)                                                                                 \
+    GEMM_CASE(name, R, 1) GEMM_CASE(name, R, 2) GEMM_CASE(name, R, 3) GEMM_CASE(name, R, 4)                 \
+    GEMM_CASE(name, R, 5) GEMM_CASE(name, R, 6) GEMM_CASE(name, R, 7) GEMM_CASE(name, R, 8)
 
 FLOAT_GEMM512(f16, uint16_t, LOAD_F16, F16)
 FLOAT_GEMM512(bf16, uint16_t, LOAD_BF16, ed_bf16_to_f32)

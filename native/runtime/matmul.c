@@ -133,13 +133,8 @@ void ed_matmul(const ed_op *op, int phase, ed_ctx *ctx) {
         }
         return;
     }
-    if (yf) { /* blocks of 6 activation rows (in L1) against the chunk's weight rows, two at a time */
-        for (int64_t i = 0; i < n; i += 6) {
-            const int nc = (int)(n - i < 6 ? n - i : 6);
-            for (int64_t j = c0; j < c1; j += 2)
-                tk->float_gemm((int)k, &y[i * m + j], (size_t)m, w + j * wrow, wrow, c1 - j < 2 ? 1 : 2, yf + i * k,
-                               (size_t)k, nc);
-        }
+    if (yf) { /* the chunk's weight rows against every activation row (the kernel blocks them for its tile) */
+        tk->float_gemm((int)k, &y[c0], (size_t)m, w + c0 * wrow, wrow, (int)(c1 - c0), yf, (size_t)k, (int)n);
         return;
     }
     if (scratch) { /* (out of memory: the dots below, which need none, give the same bits) */

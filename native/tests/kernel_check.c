@@ -188,18 +188,20 @@ static int check_2nx(const ed_kernel_table *k, const test_case *c, uint8_t *acts
     return fails;
 }
 
-/* float_gemm (F16 / BF16 prompts), where the level has it: the 2nx rows (nr = 1 and 2) against nc =
- * 1..NX_ROWS-1 activation rows given as float32 (their f16 / bf16 values), strides bs = 5; every output
- * vec_dot's bits */
+/* float_gemm (F16 / BF16 prompts), where the level has it: GEMM_ROWS weight rows (the case's, its blocks
+ * reversed, then rotated by 2.. blocks), nr = 1..GEMM_ROWS of them, against nc = 1..NX_ROWS-1 activation
+ * rows given as float32 (their f16 / bf16 values), strides bs = GEMM_ROWS; every output vec_dot's bits */
+#define GEMM_ROWS 7
 static int check_float_gemm(const ed_kernel_table *k, const test_case *c, uint8_t *acts) {
     const ed_type_kernels *t = &k->types[c->wtype];
     if (!t->float_gemm) return 0;
-    const size_t ab = c->abytes, n = c->n;
-    uint8_t *w2 = malloc(2 * c->wbytes);
-    const size_t bb = (size_t)t->block_bytes, nb = c->wbytes / bb;
-    memcpy(w2, c->w, c->wbytes);
-    for (size_t b = 0; b < nb; b++) memcpy(w2 + c->wbytes + b * bb, c->w + (nb - 1 - b) * bb, bb);
-    float *yf = malloc(sizeof(float) * NX_ROWS * n), want[2][NX_ROWS], got[5 * NX_ROWS];
+    const size_t ab = c->abytes, n = c->n, wb = c->wbytes;
+    const size_t bb = (size_t)t->block_bytes, nb = wb / bb;
+    uint8_t *w = malloc(GEMM_ROWS * wb);
+    for (size_t r = 0; r < GEMM_ROWS; r++)
+        for (size_t b = 0; b < nb; b++)
+            memcpy(w + r * wb + b * bb, c->w + (r == 1 ? nb - 1 - b : (b + r) % nb) * bb, bb);
+    float *yf = malloc(sizeof(float) * NX_ROWS * n), want[GEMM_ROWS][NX_ROWS], got[GEMM_ROWS * NX_ROWS];
     for (int i = 0; i < NX_ROWS; i++)
         for (size_t j = 0; j < n; j++) {
             uint16_t h;
@@ -209,23 +211,23 @@ static int check_float_gemm(const ed_kernel_table *k, const test_case *c, uint8_
             memcpy(&v, &bits, 4);
             yf[i * n + j] = c->wtype == ED_F16 ? ed_f16_table[h] : v;
         }
-    for (int r = 0; r < 2; r++)
-        for (int i = 0; i < NX_ROWS; i++) t->vec_dot((int)n, &want[r][i], w2 + r * c->wbytes, acts + i * ab);
+    for (int r = 0; r < GEMM_ROWS; r++)
+        for (int i = 0; i < NX_ROWS; i++) t->vec_dot((int)n, &want[r][i], w + r * wb, acts + i * ab);
     int fails = 0;
-    for (int nr = 1; nr <= 2 && !fails; nr++)
+    for (int nr = 1; nr <= GEMM_ROWS && !fails; nr++)
         for (int nc = 1; nc < NX_ROWS && !fails; nc++) {
-            for (int i = 0; i < 5 * NX_ROWS; i++) got[i] = NAN;
-            t->float_gemm((int)n, got, 5, w2, c->wbytes, nr, yf + n, n, nc);
+            for (int i = 0; i < GEMM_ROWS * NX_ROWS; i++) got[i] = NAN;
+            t->float_gemm((int)n, got, GEMM_ROWS, w, wb, nr, yf + n, n, nc);
             for (int i = 0; i < nc && !fails; i++)
                 for (int r = 0; r < nr; r++)
-                    if (memcmp(&got[5 * i + r], &want[r][1 + i], sizeof(float))) {
+                    if (memcmp(&got[GEMM_ROWS * i + r], &want[r][1 + i], sizeof(float))) {
                         printf("FAIL %-7s %s: float_gemm (nr %d, nc %d) weight row %d, row %d gives %.9g, vec_dot %.9g\n",
-                               level_name(k->level), c->name, nr, nc, r, 1 + i, got[5 * i + r], want[r][1 + i]);
+                               level_name(k->level), c->name, nr, nc, r, 1 + i, got[GEMM_ROWS * i + r], want[r][1 + i]);
                         fails = 1;
                         break;
                     }
         }
-    free(w2);
+    free(w);
     free(yf);
     return fails;
 }
