@@ -123,6 +123,8 @@ int ed_cpu_level(void);
 int ed_cpu_has_dotprod(void);
 /* Whether AVX-512 VNNI (vpdpbusd) is present; the AVX-512 table then uses it (0 elsewhere). */
 int ed_cpu_has_avx512vnni(void);
+/* Whether AVX-512 BF16 (vdpbf16ps) is present; the AVX-512 table then takes BF16 weights with it. */
+int ed_cpu_has_avx512bf16(void);
 /* Whether AMX int8 tiles are usable: amx_tile + amx_int8, the OS saving tile state, and Linux granting
  * this process the tile data (arch_prctl ARCH_REQ_XCOMP_PERM); EDGELLM_AMX=0 switches them off. */
 int ed_cpu_has_amx(void);

@@ -254,8 +254,8 @@ def test_kernels_match_numpy_on_every_host_level(case_file, tmp_path, compiler):
 
 @pytest.mark.parametrize("vnni", ["1", "0"])
 def test_avx512_kernels_match_numpy_under_simde_emulation(case_file, tmp_path, vnni):
-    """The AVX-512 code (VNNI and BW variants) compiled against SIMDe's portable intrinsics, so it is
-    checked on machines without AVX-512 too."""
+    """The AVX-512 code (VNNI and BW variants; BF16 weights by vdpbf16ps with VNNI, by FMAs without)
+    compiled against SIMDe's portable intrinsics, so it is checked on machines without AVX-512 too."""
     cc = _compiler("cc")
     if cc is None or platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("needs an x86-64 C compiler")
@@ -269,10 +269,10 @@ def test_avx512_kernels_match_numpy_under_simde_emulation(case_file, tmp_path, v
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "ED_EMULATE_VNNI": vnni},
+        env={**os.environ, "ED_EMULATE_VNNI": vnni, "ED_EMULATE_BF16": vnni},
     )
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr
-    assert f"avx512vnni {vnni}" in res.stdout and "\navx512 " in res.stdout, res.stdout
+    assert f"avx512vnni {vnni}, avx512bf16 {vnni}" in res.stdout and "\navx512 " in res.stdout, res.stdout
 
 
 @pytest.mark.parametrize(

@@ -331,6 +331,68 @@ FLOAT_GEMM512(bf16, uint16_t, LOAD_BF16, ed_bf16_to_f32)
 
 ED_TARGET_POP
 
+/* ------------------------------------------------- BF16 weights where the CPU has AVX512_BF16 */
+
+/* vdpbf16ps: per float lane j, acc += x[2j+1] * y[2j+1], then acc += x[2j] * y[2j] (each product of two
+ * bf16 values exact in float, each sum rounded; denormals flushed), 32 products per instruction where
+ * the FMA kernels above do 16. vec_dot_bf16 here is two accumulators over 64-element steps (the second
+ * for elements 32..63), a last 32-element step into the first, their sum's hsum, then the scalar tail;
+ * the 2 x 4 tile (vec_dot_nx, vec_dot_2nx: prompts) computes every output by those operations, so its
+ * bits. Activations are bf16 rows as for the FMA kernels (llama.cpp's vec_dot_type for BF16), so the
+ * values multiplied are the same; only the summation order and the flushing of denormal products differ
+ * (within the contract's tolerance). Mirrors the instruction's use in ggml-cpu's ggml_vec_dot_bf16
+ * (ggml-org/llama.cpp, ggml/src/ggml-cpu/vec.cpp), not its code. */
+#if defined(ED_EMULATE_AVX512)
+#define BH_T simde__m512i
+#define BH_LOAD(p) simde_mm512_loadu_si512((const void *)(p))
+#define DPBF16(acc, a, b) ed_emu_dpbf16_ps(acc, a, b)
+#else
+#define BH_T __m512bh
+#define BH_LOAD(p) ((__m512bh)_mm512_loadu_si512((const void *)(p)))
+#define DPBF16(acc, a, b) _mm512_dpbf16_ps(acc, a, b)
+#endif
+
+ED_TARGET_PUSH("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16")
+ED_ALWAYS_INLINE void bf16dp_mn(int n, float *s, size_t bs, const uint8_t *vx, size_t bx, const uint8_t *vy,
+                                size_t by, const int nr, const int nc) {
+    __m512 a0[2][4], a1[2][4];
+    for (int r = 0; r < nr; r++)
+        for (int c = 0; c < nc; c++) a0[r][c] = a1[r][c] = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 64 <= n; i += 64) {
+        BH_T w0[2], w1[2];
+        for (int r = 0; r < nr; r++) {
+            const uint16_t *x = (const uint16_t *)(vx + r * bx);
+            w0[r] = BH_LOAD(x + i), w1[r] = BH_LOAD(x + i + 32);
+        }
+        for (int c = 0; c < nc; c++) {
+            const uint16_t *y = (const uint16_t *)(vy + c * by);
+            const BH_T y0 = BH_LOAD(y + i), y1 = BH_LOAD(y + i + 32);
+            for (int r = 0; r < nr; r++) a0[r][c] = DPBF16(a0[r][c], w0[r], y0), a1[r][c] = DPBF16(a1[r][c], w1[r], y1);
+        }
+    }
+    for (; i + 32 <= n; i += 32)
+        for (int c = 0; c < nc; c++) {
+            const BH_T y0 = BH_LOAD((const uint16_t *)(vy + c * by) + i);
+            for (int r = 0; r < nr; r++) a0[r][c] = DPBF16(a0[r][c], BH_LOAD((const uint16_t *)(vx + r * bx) + i), y0);
+        }
+    __m512 v[16];
+    for (int o = 0; o < 16; o++)
+        v[o] = o % 2 < nr && o / 2 < nc ? _mm512_add_ps(a0[o % 2][o / 2], a1[o % 2][o / 2]) : _mm512_setzero_ps();
+    float sums[16];
+    _mm512_storeu_ps(sums, hsum16_f32x16(v));
+    for (int r = 0; r < nr; r++)
+        for (int c = 0; c < nc; c++) {
+            const uint16_t *x = (const uint16_t *)(vx + r * bx), *y = (const uint16_t *)(vy + c * by);
+            const int o = 2 * c + r;
+            float sumf = sums[4 * (o % 4) + o / 4];
+            for (int j = i; j < n; j++) sumf += ed_bf16_to_f32(x[j]) * ed_bf16_to_f32(y[j]);
+            s[c * bs + r] = sumf;
+        }
+}
+ED_MN_ENTRIES(bf16dp_mn, bf16dp_1n, vec_dot_bf16dp, vec_dot_nx_bf16dp, vec_dot_2nx_bf16dp)
+ED_TARGET_POP
+
 /* ----------------------------------------------------------- legacy blocks: AVX-512 VNNI variant */
 
 ED_TARGET_PUSH("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
@@ -371,6 +433,10 @@ int ed_fill_avx512(ed_kernel_table *t) {
     t->types[ED_F16].vec_dot_2nx = vec_dot_2nx_f16, t->types[ED_F16].float_gemm = f16_gemm;
     t->types[ED_BF16].vec_dot = vec_dot_bf16, t->types[ED_BF16].vec_dot_nx = vec_dot_nx_bf16;
     t->types[ED_BF16].vec_dot_2nx = vec_dot_2nx_bf16, t->types[ED_BF16].float_gemm = bf16_gemm;
+    if (ed_cpu_has_avx512bf16()) { /* prompts take the 2 x 4 tile over the bf16 rows: no float32 copies */
+        t->types[ED_BF16].vec_dot = vec_dot_bf16dp, t->types[ED_BF16].vec_dot_nx = vec_dot_nx_bf16dp;
+        t->types[ED_BF16].vec_dot_2nx = vec_dot_2nx_bf16dp, t->types[ED_BF16].float_gemm = NULL;
+    }
     t->types[ED_F32].vec_dot = vec_dot_f32, t->types[ED_F32].vec_dot_nx = vec_dot_nx_f32;
     t->types[ED_F32].vec_dot_2nx = vec_dot_2nx_f32;
     return 1;

@@ -1,6 +1,6 @@
 /* Runtime selection of the kernel level: CPU feature detection and one lazily built table per level.
  *
- * x86-64: cpuid for AVX2/FMA/F16C and AVX-512 F/BW/VL(/VNNI), with XGETBV confirming the OS saves the
+ * x86-64: cpuid for AVX2/FMA/F16C and AVX-512 F/BW/VL(/VNNI/BF16), with XGETBV confirming the OS saves the
  * YMM/ZMM state (ggml-cpu/arch/x86/cpu-feats.cpp does the same checks). aarch64: NEON is baseline;
  * the dot-product extension (sdot) comes from getauxval(AT_HWCAP) & HWCAP_ASIMDDP (sysctl on Apple).
  */
@@ -22,7 +22,7 @@
 
 /* ------------------------------------------------------------------------------ CPU features */
 
-enum { F_AVX2 = 1, F_AVX512 = 2, F_AVX512VNNI = 4, F_DOTPROD = 8, F_AMX = 16, F_KNOWN = 1 << 30 };
+enum { F_AVX2 = 1, F_AVX512 = 2, F_AVX512VNNI = 4, F_DOTPROD = 8, F_AMX = 16, F_AVX512BF16 = 32, F_KNOWN = 1 << 30 };
 static int g_features;
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -60,6 +60,7 @@ static int detect(void) {
     const int os_zmm = (xcr0 & 0xE6) == 0xE6;    /* + opmask, ZMM0-15 upper halves, ZMM16-31 */
     if (__get_cpuid_max(0, 0) < 7) return 0;
     __cpuid_count(7, 0, a, b, c, d);
+    const unsigned leaf7_subleaves = a; /* subleaf 1 holds AVX512_BF16 (EAX bit 5) */
     const int avx2 = (b >> 5) & 1, avx512f = (b >> 16) & 1, avx512bw = (b >> 30) & 1;
     const int avx512vl = (b >> 31) & 1, avx512vnni = (c >> 11) & 1;
     if (os_ymm && avx2 && fma && f16c) f |= F_AVX2;
@@ -67,12 +68,18 @@ static int detect(void) {
         f |= F_AVX512;
         if (avx512vnni) f |= F_AVX512VNNI;
         if (avx512vnni && amx_usable(d, xcr0)) f |= F_AMX;
+        if (leaf7_subleaves >= 1) {
+            __cpuid_count(7, 1, a, b, c, d);
+            if ((a >> 5) & 1) f |= F_AVX512BF16;
+        }
     }
 #if defined(ED_EMULATE_AVX512) /* tests: avx512.c runs on SIMDe; ED_EMULATE_VNNI=0 picks the BW variant */
     if (f & F_AVX2) { /* assigned, not OR-ed: =0 must switch off a real VNNI bit too, so both variants
                        * run on every x86 host (an AVX-512 + VNNI Xeon included) */
         const char *vnni = getenv("ED_EMULATE_VNNI");
-        f = (f & ~(F_AVX512VNNI | F_AMX)) | F_AVX512 | (vnni && vnni[0] == '0' ? 0 : F_AVX512VNNI);
+        f = (f & ~(F_AVX512VNNI | F_AMX | F_AVX512BF16)) | F_AVX512 | (vnni && vnni[0] == '0' ? 0 : F_AVX512VNNI);
+        const char *bf16 = getenv("ED_EMULATE_BF16"); /* =0: the FMA kernels for BF16 */
+        if (!(bf16 && bf16[0] == '0')) f |= F_AVX512BF16;
     }
 #endif
 #elif defined(__aarch64__) && defined(__linux__)
@@ -102,6 +109,8 @@ int ed_cpu_has_dotprod(void) { return (features() & F_DOTPROD) != 0; }
 int ed_cpu_has_avx512vnni(void) { return (features() & F_AVX512VNNI) != 0; }
 
 int ed_cpu_has_amx(void) { return (features() & F_AMX) != 0; }
+
+int ed_cpu_has_avx512bf16(void) { return (features() & F_AVX512BF16) != 0; }
 
 /* ------------------------------------------------------------------------------------- tables */
 

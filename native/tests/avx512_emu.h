@@ -6,6 +6,7 @@
 #define ED_AVX512_EMU_H
 
 #include <math.h>
+#include <string.h>
 
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
@@ -40,6 +41,25 @@ static inline simde__m512 ed_emu_fmadd_ps(simde__m512 a, simde__m512 b, simde__m
 }
 static inline simde__m512 ed_emu_fnmadd_ps(simde__m512 a, simde__m512 b, simde__m512 c) {
     return ed_emu_fmadd_ps(simde_mm512_sub_ps(simde_mm512_setzero_ps(), a), b, c); /* -(a*b) + c, once */
+}
+/* vdpbf16ps as the instruction's pseudo-code orders it: per lane, + the odd pair's product, then + the
+ * even pair's (bf16 products are exact in float; denormal flushing not modelled) */
+static inline simde__m512 ed_emu_dpbf16_ps(simde__m512 acc, simde__m512i a, simde__m512i b) {
+    float z[16];
+    uint16_t x[32], y[32];
+    simde_mm512_storeu_ps(z, acc), simde_mm512_storeu_si512(x, a), simde_mm512_storeu_si512(y, b);
+    for (int j = 0; j < 16; j++) {
+        float p[2];
+        for (int h = 0; h < 2; h++) {
+            const uint32_t xb = (uint32_t)x[2 * j + h] << 16, yb = (uint32_t)y[2 * j + h] << 16;
+            float xf, yf;
+            memcpy(&xf, &xb, 4), memcpy(&yf, &yb, 4);
+            p[h] = xf * yf;
+        }
+        z[j] += p[1];
+        z[j] += p[0];
+    }
+    return simde_mm512_loadu_ps(z);
 }
 /* SIMDe 0.7 defines simde_mm512_shuffle_f32x4 but no native alias for it */
 #ifndef _mm512_shuffle_f32x4
