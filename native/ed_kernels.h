@@ -88,9 +88,10 @@ size_t ed_x16_side_bytes(int64_t n);
 size_t ed_x16_bytes(int t, int64_t rows, int64_t n);
 /* Repack `rows` rows (row_bytes apart) of type t into dst (ed_x16_bytes of it); 0 if t has no layout. */
 int ed_x16_repack(int t, const void *src, size_t row_bytes, int64_t rows, int64_t n, void *dst);
-/* F16 / BF16 weights in prompts: s[c * bs + r] = dot(vx + r * bx, activation row c) for r < nr (<= 2),
- * c < nc, the activation rows given as float32 (y + c * ly) holding their F16 / BF16 values exactly (the
- * vec_dot type's rows converted back), so that only the weights need converting; bit-identical to vec_dot. */
+/* F16 / BF16 weights in prompts: s[c * bs + r] = dot(vx + r * bx, activation row c) for r < nr, c < nc
+ * (any counts: the kernel blocks them for its register tile), the activation rows given as float32
+ * (y + c * ly) holding their F16 / BF16 values exactly (the vec_dot type's rows converted back), so that
+ * only the weights need converting; bit-identical to vec_dot. */
 typedef void (*ed_float_gemm_fn)(int n, float *s, size_t bs, const void *vx, size_t bx, int nr, const float *y,
                                  size_t ly, int nc);
 /* y = x (n floats) converted to an activation type (Q8_0, Q8_1, Q8_K, F16, BF16; F32 is a copy). */

@@ -756,7 +756,7 @@ static inline __m256 hsum8_f32x8(const __m256 v[8]) {
             for (int r = 0; r < nr; r++) a[r][c] = _mm256_fmadd_ps(w[r], v, a[r][c]);                       \
         }                                                                                                   \
     }
-/* accumulator q of every output over elements [k0, k0 + GEMM_KB) (pass 0 also takes the last 8-element
+/* accumulator q of every output over elements [k0, k0 + kb) (pass 0 also takes the last 8-element
  * steps), resumed from and kept in acc[q] (kb: a multiple of 32, or all of n) */
 #define GEMM_PASS(T, LOAD, q)                                                                               \
     for (int r = 0; r < nr; r++)                                                                            \
