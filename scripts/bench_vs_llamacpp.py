@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -205,11 +206,18 @@ def memory_bandwidth_gbs(threads: int, gib: float = 1.0, reps: int = 5) -> float
     return best
 
 
+def model_stem(path: Path) -> str:
+    """The file's name without its quantization suffix (SmolLM2-135M-Instruct.Q4_1.gguf ->
+    SmolLM2-135M-Instruct); Qwen2.5-Coder-0.5B-Instruct.gguf keeps its dots."""
+    head, _, tail = path.stem.rpartition(".")
+    return head if head and re.fullmatch(r"(?i)(I?Q\d\w*|B?F16|F32)", tail) else path.stem
+
+
 def make_variants(quantize: str, src: Path, types: list[str], out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for t in types:
-        dst = out_dir / f"{src.stem.rsplit('.', 1)[0]}.{t.upper()}.gguf"
+        dst = out_dir / f"{model_stem(src)}.{t.upper()}.gguf"
         if not dst.exists():
             tmp = dst.with_suffix(".partial")
             subprocess.run(
