@@ -12,6 +12,8 @@
 #include <simde/x86/avx512.h>
 #include <simde/x86/f16c.h>
 
+#include "../kernels/ed_blocks.h"
+
 static inline simde__m512i ed_emu_join(simde__m256i lo, simde__m256i hi) {
     return simde_mm512_inserti64x4(simde_mm512_castsi256_si512(lo), hi, 1);
 }
@@ -49,15 +51,8 @@ static inline simde__m512 ed_emu_dpbf16_ps(simde__m512 acc, simde__m512i a, simd
     uint16_t x[32], y[32];
     simde_mm512_storeu_ps(z, acc), simde_mm512_storeu_si512(x, a), simde_mm512_storeu_si512(y, b);
     for (int j = 0; j < 16; j++) {
-        float p[2];
-        for (int h = 0; h < 2; h++) {
-            const uint32_t xb = (uint32_t)x[2 * j + h] << 16, yb = (uint32_t)y[2 * j + h] << 16;
-            float xf, yf;
-            memcpy(&xf, &xb, 4), memcpy(&yf, &yb, 4);
-            p[h] = xf * yf;
-        }
-        z[j] += p[1];
-        z[j] += p[0];
+        z[j] += ed_bf16_to_f32(x[2 * j + 1]) * ed_bf16_to_f32(y[2 * j + 1]);
+        z[j] += ed_bf16_to_f32(x[2 * j]) * ed_bf16_to_f32(y[2 * j]);
     }
     return simde_mm512_loadu_ps(z);
 }
