@@ -740,60 +740,68 @@ static inline __m256 hsum8_f32x8(const __m256 v[8]) {
 /* Prompts over F16 / BF16 weights (ed_float_gemm_fn): float32 activation rows holding their f16 / bf16
  * values, so only the weights are converted. vec_dot's four accumulators per output are independent
  * chains (elements 8q..8q+7 of every 32-element step, the last 8-element steps in the first), so a tile
- * runs them one after the other, a pass each: one register per output lets a tile hold 2 weight rows x 6
- * activation rows in AVX2's 16 registers, 2 conversions and 6 loads per 12 FMAs. Each accumulator sees
- * vec_dot's FMAs in vec_dot's order, then (a0 + a1) + (a2 + a3) and hsum_f32x8's tree (hsum8_f32x8): its
- * bits. */
-#define GEMM_NR 2 /* weight rows of a tile */
-#define GEMM_NC 6 /* activation rows of a tile (they stay in L1 while weight rows pass) */
-#define GEMM_STEP(T, LOAD, i)                                                                               \
+ * of NR weight rows x NC activation rows runs CH of them at a time, a pass each, in AVX2's 16 registers:
+ * - F16, 3 x 2 x 2 chains (two passes): 3 conversions and 2 loads per 6 FMAs, and the tile's rows stay
+ *   in L1 up to 2048 elements, so rows of 1025..2048 take no K blocks (on a Zen 3, one thread, medians:
+ *   67 / 74 / 79 / 62 GFLOP/s at k 576 / 896 / 1536 / 4864, where 2 x 6 x 1 ran 68 / 73 / 60 / 59);
+ * - BF16, 2 x 6 x 1 chain (four passes): 2 conversions (a widening and a shift each) and 6 loads per 12
+ *   FMAs, as a bf16 conversion costs two instructions (3 x 2 x 2 ran 53 / 56 / 55 / 56 against 65 / 72 /
+ *   57 / 56).
+ * Each accumulator sees vec_dot's FMAs in vec_dot's order, then (a0 + a1) + (a2 + a3) and hsum_f32x8's
+ * tree (hsum8_f32x8): its bits. */
+#define GEMM_STEP(T, LOAD, NR, i, h)                                                                        \
     {                                                                                                       \
-        __m256 w[GEMM_NR];                                                                                  \
+        __m256 w[NR];                                                                                       \
         for (int r = 0; r < nr; r++) w[r] = LOAD((const T *)(vx + r * bx) + (i));                           \
         for (int c = 0; c < nc; c++) {                                                                      \
             __m256 v = _mm256_loadu_ps(y + c * ly + (i));                                                   \
             ED_IN_REGISTER(v);                                                                              \
-            for (int r = 0; r < nr; r++) a[r][c] = _mm256_fmadd_ps(w[r], v, a[r][c]);                       \
+            for (int r = 0; r < nr; r++) a[h][r][c] = _mm256_fmadd_ps(w[r], v, a[h][r][c]);                 \
         }                                                                                                   \
     }
-/* accumulator q of every output over elements [k0, k0 + kb) (pass 0 also takes the last 8-element
- * steps), resumed from and kept in acc[q] (kb: a multiple of 32, or all of n) */
-#define GEMM_PASS(T, LOAD, q)                                                                               \
-    for (int r = 0; r < nr; r++)                                                                            \
-        for (int c = 0; c < nc; c++) a[r][c] = acc[q][r][c];                                                \
-    for (int i = k0 + 8 * (q); i < kend32; i += 32) GEMM_STEP(T, LOAD, i)                                   \
-    if ((q) == 0)                                                                                           \
-        for (int i = n32; i < kend8; i += 8) GEMM_STEP(T, LOAD, i)                                        \
-    for (int r = 0; r < nr; r++)                                                                            \
-        for (int c = 0; c < nc; c++) acc[q][r][c] = a[r][c];
-/* elements of a K block: its activation rows stay in L1 for the four passes (rows up to 1024 are one
- * block: measured, splitting them costs more than it saves) */
-#define GEMM_KB(n) ((n) <= 1024 ? (n) : 512)
-#define FLOAT_GEMM(name, T, LOAD, CONV)                                                                     \
+/* accumulators q .. q + CH - 1 of every output over elements [k0, k0 + kb), resumed from and kept in acc
+ * (pass 0 also takes the last 8-element steps into accumulator 0; kb: a multiple of 32, or all of n) */
+#define GEMM_PASS(T, LOAD, NR, NC, CH, q)                                                                   \
+    {                                                                                                       \
+        __m256 a[CH][NR][NC];                                                                               \
+        for (int h = 0; h < (CH); h++)                                                                      \
+            for (int r = 0; r < nr; r++)                                                                    \
+                for (int c = 0; c < nc; c++) a[h][r][c] = acc[(q) + h][r][c];                               \
+        for (int i = k0 + 8 * (q); i < kend32; i += 32)                                                     \
+            for (int h = 0; h < (CH); h++) GEMM_STEP(T, LOAD, NR, i + 8 * h, h)                             \
+        if ((q) == 0)                                                                                       \
+            for (int i = n32 > k0 ? n32 : k0; i < kend8; i += 8) GEMM_STEP(T, LOAD, NR, i, 0)               \
+        for (int h = 0; h < (CH); h++)                                                                      \
+            for (int r = 0; r < nr; r++)                                                                    \
+                for (int c = 0; c < nc; c++) acc[(q) + h][r][c] = a[h][r][c];                               \
+    }
+/* NR x NC tiles of CH chains a pass, K in blocks of 512 past KMAX elements (a tile's rows stay in L1 for
+ * its passes); the weight rows in blocks of about GEMM_L2_BYTES (outer: a thread's share of a matrix can
+ * outgrow a 512 KiB L2), activation rows NC at a time (they stay in L1), the block's weight rows NR at a
+ * time */
+#define FLOAT_GEMM(name, T, LOAD, CONV, NR, NC, CH, KMAX, CASES)                                             \
     ED_ALWAYS_INLINE void name##_tile(int n, float *s, size_t bs, const uint8_t *vx, size_t bx, const float *y, \
                                       size_t ly, const int nr, const int nc) {                              \
         const int n32 = n & ~31, n8 = n & ~7; /* n8 - n32: the last 8-element steps */                      \
-        __m256 a[GEMM_NR][GEMM_NC], acc[4][GEMM_NR][GEMM_NC], a01[GEMM_NR][GEMM_NC];                        \
+        __m256 acc[4][NR][NC];                                                                              \
         for (int q = 0; q < 4; q++)                                                                         \
             for (int r = 0; r < nr; r++)                                                                    \
                 for (int c = 0; c < nc; c++) acc[q][r][c] = _mm256_setzero_ps();                            \
-        const int kb = GEMM_KB(n);                                                                          \
+        const int kb = n <= (KMAX) ? n : 512;                                                               \
         for (int k0 = 0; k0 < n8; k0 += kb) {                                                               \
             const int kend32 = k0 + kb < n32 ? k0 + kb : n32;                                               \
             const int kend8 = k0 + kb < n8 ? k0 + kb : n8;                                                  \
-            GEMM_PASS(T, LOAD, 0) GEMM_PASS(T, LOAD, 1) GEMM_PASS(T, LOAD, 2) GEMM_PASS(T, LOAD, 3)         \
+            for (int q = 0; q < 4; q += (CH)) GEMM_PASS(T, LOAD, NR, NC, CH, q)                             \
         }                                                                                                   \
-        for (int r = 0; r < nr; r++)                                                                        \
-            for (int c = 0; c < nc; c++)                                                                    \
-                a01[r][c] = _mm256_add_ps(_mm256_add_ps(acc[0][r][c], acc[1][r][c]),                        \
-                                          _mm256_add_ps(acc[2][r][c], acc[3][r][c]));                       \
         float sums[2][8];                                                                                   \
         for (int half = 0; half < 2; half++) {                                                              \
             if (8 * half >= nr * nc) break;                                                                 \
             __m256 v[8];                                                                                    \
             for (int j = 0; j < 8; j++) {                                                                   \
-                const int o = 8 * half + j; /* output o: activation row o / nr, weight row o % nr */         \
-                v[j] = o < nr * nc ? a01[o % nr][o / nr] : _mm256_setzero_ps();                             \
+                const int o = 8 * half + j, r = o % nr, c = o / nr; /* output o: row c, weight row r */      \
+                v[j] = o < nr * nc ? _mm256_add_ps(_mm256_add_ps(acc[0][r][c], acc[1][r][c]),               \
+                                                   _mm256_add_ps(acc[2][r][c], acc[3][r][c]))               \
+                                   : _mm256_setzero_ps();                                                   \
             }                                                                                               \
             _mm256_storeu_ps(sums[half], hsum8_f32x8(v));                                                   \
         }                                                                                                   \
@@ -806,30 +814,40 @@ static inline __m256 hsum8_f32x8(const __m256 v[8]) {
                 s[c * bs + r] = sumf;                                                                       \
             }                                                                                               \
     }                                                                                                       \
-    /* activation rows GEMM_NC at a time (outer: they stay in L1), weight rows GEMM_NR at a time */         \
-    static void name(int n, float *s, size_t bs, const void *vx, size_t bx, int nr, const float *y, size_t ly, \
-                     int nc) {                                                                              \
-        for (int c0 = 0; c0 < nc; c0 += GEMM_NC) {                                                          \
-            const int cn = nc - c0 < GEMM_NC ? nc - c0 : GEMM_NC;                                           \
+    static void name##_block(int n, float *s, size_t bs, const uint8_t *vx, size_t bx, int nr, const float *y, \
+                             size_t ly, int nc) {                                                           \
+        for (int c0 = 0; c0 < nc; c0 += (NC)) {                                                             \
+            const int cn = nc - c0 < (NC) ? nc - c0 : (NC);                                                 \
             const float *yc = y + (size_t)c0 * ly;                                                          \
-            for (int r0 = 0; r0 < nr; r0 += GEMM_NR) {                                                      \
-                const uint8_t *x = (const uint8_t *)vx + (size_t)r0 * bx;                                   \
+            for (int r0 = 0; r0 < nr; r0 += (NR)) {                                                         \
+                const uint8_t *x = vx + (size_t)r0 * bx;                                                    \
                 float *sc = s + (size_t)c0 * bs + r0;                                                       \
-                switch ((nr - r0 < GEMM_NR ? nr - r0 : GEMM_NR) * 16 + cn) { /* constant shapes */          \
-                    GEMM_CASES(name, 2) GEMM_CASES(name, 1)                                                 \
-                }                                                                                           \
+                switch ((nr - r0 < (NR) ? nr - r0 : (NR)) * 16 + cn) { CASES(name) } /* constant shapes */  \
             }                                                                                               \
         }                                                                                                   \
+    }                                                                                                       \
+    static void name(int n, float *s, size_t bs, const void *vx, size_t bx, int nr, const float *y, size_t ly, \
+                     int nc) {                                                                              \
+        const int rb = GEMM_L2_BYTES / bx >= (NR) ? (int)(GEMM_L2_BYTES / bx / (NR) * (NR)) : (NR);         \
+        for (int b0 = 0; b0 < nr; b0 += rb)                                                                 \
+            name##_block(n, s + b0, bs, (const uint8_t *)vx + (size_t)b0 * bx, bx, nr - b0 < rb ? nr - b0 : rb, \
+                         y, ly, nc);                                                                        \
     }
+#ifndef GEMM_L2_BYTES
+#define GEMM_L2_BYTES (192 * 1024)
+#endif
 
 #define GEMM_CASE(name, R, C)                                                                               \
     case R * 16 + C: name##_tile(n, sc, bs, x, bx, yc, ly, R, C); break;
-#define GEMM_CASES(name, R)                                                                                 \
+#define GEMM_CASES_NC2(name, R) GEMM_CASE(name, R, 1) GEMM_CASE(name, R, 2)
+#define GEMM_CASES_NC6(name, R)                                                                             \
     GEMM_CASE(name, R, 1) GEMM_CASE(name, R, 2) GEMM_CASE(name, R, 3) GEMM_CASE(name, R, 4)                 \
     GEMM_CASE(name, R, 5) GEMM_CASE(name, R, 6)
+#define GEMM_CASES_3X2(name) GEMM_CASES_NC2(name, 3) GEMM_CASES_NC2(name, 2) GEMM_CASES_NC2(name, 1)
+#define GEMM_CASES_2X6(name) GEMM_CASES_NC6(name, 2) GEMM_CASES_NC6(name, 1)
 
-FLOAT_GEMM(f16_gemm, uint16_t, LOAD_F16, f16)
-FLOAT_GEMM(bf16_gemm, uint16_t, LOAD_BF16, ed_bf16_to_f32)
+FLOAT_GEMM(f16_gemm, uint16_t, LOAD_F16, f16, 3, 2, 2, 2048, GEMM_CASES_3X2)
+FLOAT_GEMM(bf16_gemm, uint16_t, LOAD_BF16, ed_bf16_to_f32, 2, 6, 1, 1024, GEMM_CASES_2X6)
 
 #include "avx2_x16.h"
 
