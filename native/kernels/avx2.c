@@ -770,7 +770,7 @@ static inline __m256 hsum8_f32x8(const __m256 v[8]) {
         for (int i = k0 + 8 * (q); i < kend32; i += 32)                                                     \
             for (int h = 0; h < (CH); h++) GEMM_STEP(T, LOAD, NR, i + 8 * h, h)                             \
         if ((q) == 0)                                                                                       \
-            for (int i = n32 > k0 ? n32 : k0; i < kend8; i += 8) GEMM_STEP(T, LOAD, NR, i, 0)               \
+            for (int i = n32; i < kend8; i += 8) GEMM_STEP(T, LOAD, NR, i, 0) /* k0 <= n32 */             \
         for (int h = 0; h < (CH); h++)                                                                      \
             for (int r = 0; r < nr; r++)                                                                    \
                 for (int c = 0; c < nc; c++) acc[(q) + h][r][c] = a[h][r][c];                               \
