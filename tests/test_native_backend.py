@@ -353,12 +353,16 @@ def test_prompt_tiles_give_the_bits_of_one_token_at_a_time(nb, window, softcap, 
 
 @pytest.mark.parametrize("window,softcap", [(None, None), (280, None), (None, 30.0)])
 @pytest.mark.parametrize("heads", [(3, 3, 64), (1, 4, 256), (2, 7, 72)])
-def test_deep_decode_splits_its_keys_over_threads_with_the_bits_of_one_thread(nb, window, softcap, heads):
+@pytest.mark.parametrize("types", ["f16", "q8_0", "q8_0-K", "q8_0-V"])
+def test_deep_decode_splits_its_keys_over_threads_bit_for_bit(nb, window, softcap, heads, types):
     """A decode step hundreds of keys deep has fewer (token, kv head) pairs than threads: its keys are scored
     in blocks, each row softmaxed, the values weighed per column block, on every thread; the bits are those
     of one thread attending pair by pair. One token of one sequence, then a step of two sequences of
-    different depths (one too shallow to split alone)."""
+    different depths (one too shallow to split alone). Over f16 and q8_0 caches, K and V of either kind."""
     hkv, group, dh = heads
+    kv_types = {**KV_TYPES, "q8_0-V": dict(type_v="q8_0")}[types]
+    if kv_types and dh % 32:
+        pytest.skip("a q8_0 cache holds heads of whole 32-element blocks")
     deep, shallow = 300, 20
     r = np.random.default_rng(17)
     q = r.standard_normal((deep + shallow + 3, hkv * group, dh)).astype(np.float32)
@@ -372,7 +376,7 @@ def test_deep_decode_splits_its_keys_over_threads_with_the_bits_of_one_thread(nb
     outs, split_chunks = {}, {}
     for n_threads in (1, 2, 3):
         with threads(nb, n_threads):
-            kv = nb.new_kv_cache(1, hkv, dh, 512, 2, 16, 64)
+            kv = nb.new_kv_cache(1, hkv, dh, 512, 2, 16, 64, **kv_types)
             kv.block_table[:] = np.random.default_rng(3).permutation(64).astype(np.int32).reshape(2, 32)
             seen = []
 
@@ -407,13 +411,15 @@ import hashlib, sys
 import numpy as np
 from edgellm.backends.native import NativeBackend
 h = hashlib.sha256()
-for hkv, group, dh in [(3, 3, 64), (2, 7, 72), (1, 4, 256)]:
+q8 = dict(type_k="q8_0", type_v="q8_0")
+for hkv, group, dh, types in [(3, 3, 64, {}), (2, 7, 72, {}), (1, 4, 256, {}), (3, 3, 64, q8),
+                              (1, 4, 256, dict(type_v="q8_0"))]:
     r = np.random.default_rng(29)
     q = r.standard_normal((303, hkv * group, dh)).astype(np.float32)
     k, v = r.standard_normal((2, 303, hkv, dh)).astype(np.float32)
     for n_threads in (1, 2):
         nb = NativeBackend(threads=n_threads)
-        kv = nb.new_kv_cache(1, hkv, dh, 512, 2, 16, 64)
+        kv = nb.new_kv_cache(1, hkv, dh, 512, 2, 16, 64, **types)
         kv.block_table[:] = np.arange(64, dtype=np.int32).reshape(2, 32)
         for sl, seqs, pos in [(slice(0, 300), [0] * 300, range(300)), (slice(300, 301), [0], [300]),
                               (slice(301, 303), [0, 1], [301, 0])]:
@@ -427,7 +433,8 @@ print(NativeBackend(threads=1).level.split("+")[0], h.hexdigest())
 def test_attention_gives_the_same_bits_at_every_x86_level():
     """Attention's inner loops (portable C, AVX + F16C, AVX-512VL) do the same float operations in the same
     order: a 300-token prompt, a decode step deep enough to split its keys over 2 threads and a two-sequence
-    step give the same bits at each level this CPU runs (EDGELLM_NATIVE_LEVEL picks a lower one)."""
+    step give the same bits at each level this CPU runs (EDGELLM_NATIVE_LEVEL picks a lower one), over f16
+    and q8_0 caches."""
     digests = {}
     for level in ("scalar", "avx2", "avx512"):
         env = {**os.environ, "EDGELLM_NATIVE_LEVEL": level}

@@ -36,9 +36,6 @@ static int64_t slot_of(const ed_op *op, int64_t seq, int64_t pos) {
 
 typedef struct { uint16_t d; int8_t qs[32]; } kv_q8; /* ggml's block_q8_0 */
 
-/* the integer sum of one pair of q8_0 blocks: exact, so every build gets the same value */
-typedef int32_t (*q8_isum_fn)(const int8_t *a, const int8_t *b);
-
 /* The inner loops, in three builds with the same float operations in the same order (so the same bits):
  * portable C, AVX + F16C for x86 CPUs with the kernels' AVX2 level (which requires F16C), and at the
  * AVX-512 level the same with scores and values held in AVX-512VL's 32 vector registers.
@@ -59,16 +56,14 @@ typedef struct {
                    const int64_t *slots, int64_t t, float *kbuf, float *sc, int64_t ldsc);
     void (*values)(float *out, const float *w, int64_t ldw, int64_t group, int64_t dh, int64_t d0, int64_t d1,
                    const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t);
-    q8_isum_fn q8_isum;
-    /* out_h += w[h * wstride] * row[d] for the group's heads: pv's float steps on a float32 row */
-    void (*pv_f32)(float *out, const float *w, int64_t wstride, int64_t group, int64_t dh, const float *row);
-    /* Optional: all t keys / values of a (token, kv head) at once over q8_0 rows (rows of nb blocks at
-     * base + slots[j] * stride bytes), with q8_scores' and q8_values + pv_f32's bits: sc[h * t + j] =
-     * q_h . key j; out_h += w[h * t + j] * value j for j in order. */
+    /* All t keys / values of a (token, kv head) at once over q8_0 rows (runs of nb blocks at base +
+     * slots[j] * stride bytes): sc[h * ldsc + j] = q_h . key j with q8_scores' bits; out[h * ldo + d] +=
+     * w[h * ldw + j] * (d_b * q[d]) for j in order and d < nb * 32, multiply then add (pv's steps on the
+     * exact f32 value), where base and out may start past a row's first blocks (a column range). */
     void (*q8_scores_all)(const kv_q8 *q, int64_t group, int64_t nb, const char *base, int64_t stride,
-                          const int64_t *slots, int64_t t, float *sc);
-    void (*q8_values_all)(float *out, const float *w, int64_t group, int64_t nb, const char *base, int64_t stride,
-                          const int64_t *slots, int64_t t);
+                          const int64_t *slots, int64_t t, float *sc, int64_t ldsc);
+    void (*q8_values_all)(float *out, int64_t ldo, const float *w, int64_t ldw, int64_t group, int64_t nb,
+                          const char *base, int64_t stride, const int64_t *slots, int64_t t);
     /* softmax's elementwise steps: the largest of x[0..n) (NaN never wins: -inf if all are), x -= m,
      * x /= d, x *= s (exact per element, so any width gives the same bits) */
     float (*max_of)(const float *x, int64_t n);
@@ -79,7 +74,7 @@ typedef struct {
 
 static float combine(const float *l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
 
-
+/* the integer sum of one pair of q8_0 blocks: exact, so every build gets the same value */
 static int32_t q8_isum_c(const int8_t *a, const int8_t *b) {
     int32_t s = 0;
     for (int j = 0; j < 32; j++) s += (int32_t)a[j] * b[j];
@@ -87,24 +82,16 @@ static int32_t q8_isum_c(const int8_t *a, const int8_t *b) {
 }
 
 /* s[h] = q_h . key over nb q8_0 blocks for the group's heads (blocks of head h at q + h * nb) */
-static void q8_scores(const kv_q8 *q, int64_t group, int64_t nb, const kv_q8 *key, float *s, q8_isum_fn isum) {
+static void q8_scores(const kv_q8 *q, int64_t group, int64_t nb, const kv_q8 *key, float *s) {
     for (int64_t h = 0; h < group; h++) {
         const kv_q8 *qh = q + h * nb;
         float acc = 0.0f;
         for (int64_t b = 0; b < nb; b++) {
             const float d = ed_rt_f16_lut[key[b].d] * ed_rt_f16_lut[qh[b].d];
-            const float t = d * (float)isum(key[b].qs, qh[b].qs);
+            const float t = d * (float)q8_isum_c(key[b].qs, qh[b].qs);
             acc = acc + t;
         }
         s[h] = acc;
-    }
-}
-
-/* row = the values of nb q8_0 blocks (d * q, exact) */
-static void q8_values(const kv_q8 *v, int64_t nb, float *row) {
-    for (int64_t b = 0; b < nb; b++) {
-        const float d = ed_rt_f16_lut[v[b].d];
-        for (int j = 0; j < 32; j++) row[b * 32 + j] = d * (float)v[b].qs[j];
     }
 }
 
@@ -124,14 +111,6 @@ static void qk_c(const float *q, int64_t group, int64_t dh, const uint16_t *krow
 static void pv_c(float *out, const float *w, int64_t wstride, int64_t group, int64_t dh, const uint16_t *vrow,
                  float *row) {
     for (int64_t d = 0; d < dh; d++) row[d] = ed_rt_f16_lut[vrow[d]];
-    for (int64_t h = 0; h < group; h++) {
-        const float wh = w[h * wstride];
-        float *y = out + h * dh;
-        for (int64_t d = 0; d < dh; d++) y[d] += wh * row[d];
-    }
-}
-
-static void pv_f32_c(float *out, const float *w, int64_t wstride, int64_t group, int64_t dh, const float *row) {
     for (int64_t h = 0; h < group; h++) {
         const float wh = w[h * wstride];
         float *y = out + h * dh;
@@ -186,8 +165,31 @@ static void values_c(float *out, const float *w, int64_t ldw, int64_t group, int
     }
 }
 
-static const attn_loops loops_c = {qk_c, pv_c, round_f16_c, scores_c, values_c, q8_isum_c, pv_f32_c, NULL, NULL,
-                                   max_of_c, sub_c, div_c, mul_c};
+static void q8_scores_all_c(const kv_q8 *q, int64_t group, int64_t nb, const char *base, int64_t stride,
+                            const int64_t *slots, int64_t t, float *sc, int64_t ldsc) {
+    for (int64_t j = 0; j < t; j++) {
+        const kv_q8 *key = (const kv_q8 *)(base + slots[j] * stride);
+        for (int64_t h = 0; h < group; h++) q8_scores(q + h * nb, 1, nb, key, sc + h * ldsc + j);
+    }
+}
+
+static void q8_values_all_c(float *out, int64_t ldo, const float *w, int64_t ldw, int64_t group, int64_t nb,
+                            const char *base, int64_t stride, const int64_t *slots, int64_t t) {
+    for (int64_t j = 0; j < t; j++) {
+        const kv_q8 *v = (const kv_q8 *)(base + slots[j] * stride);
+        for (int64_t h = 0; h < group; h++) {
+            const float wh = w[h * ldw + j];
+            float *y = out + h * ldo;
+            for (int64_t b = 0; b < nb; b++) {
+                const float d = ed_rt_f16_lut[v[b].d];
+                for (int e = 0; e < 32; e++) y[b * 32 + e] += wh * (d * (float)v[b].qs[e]);
+            }
+        }
+    }
+}
+
+static const attn_loops loops_c = {qk_c,     pv_c,  round_f16_c, scores_c, values_c, q8_scores_all_c, q8_values_all_c,
+                                   max_of_c, sub_c, div_c,       mul_c};
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -440,27 +442,6 @@ ED_AVX512 static void values_avx512(float *out, const float *w, int64_t ldw, int
 }
 #undef ED_VT
 
-/* |a| . sign(b, a) as u8 x s8 pairs (maddubs: at most 2 * 127 * 127 per pair, no saturation), then int32 */
-__attribute__((target("avx2"))) static int32_t q8_isum_avx2(const int8_t *a, const int8_t *b) {
-    const __m256i x = _mm256_loadu_si256((const __m256i *)a), y = _mm256_loadu_si256((const __m256i *)b);
-    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)),
-                                        _mm256_set1_epi16(1));
-    const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-    const __m128i q = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-    return _mm_cvtsi128_si32(_mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1)));
-}
-
-ED_AVX static void pv_f32_avx(float *out, const float *w, int64_t wstride, int64_t group, int64_t dh, const float *row) {
-    const int64_t d8 = dh / 8 * 8;
-    for (int64_t h = 0; h < group; h++) {
-        const __m256 wh = _mm256_set1_ps(w[h * wstride]);
-        float *y = out + h * dh;
-        for (int64_t d = 0; d < d8; d += 8)
-            _mm256_storeu_ps(y + d, _mm256_add_ps(_mm256_loadu_ps(y + d), _mm256_mul_ps(wh, _mm256_loadu_ps(row + d))));
-        for (int64_t d = d8; d < dh; d++) y[d] += w[h * wstride] * row[d];
-    }
-}
-
 #define ED_AVX2 __attribute__((target("avx2,f16c")))
 
 /* the 8 int32 lanes of each of 8 vectors summed, vector k's sum in lane k (exact) */
@@ -471,7 +452,7 @@ ED_AVX2 static __m256i isum8(const __m256i *p) {
 }
 
 ED_AVX2 static void q8_scores_all_avx2(const kv_q8 *q, int64_t group, int64_t nb, const char *base, int64_t stride,
-                                       const int64_t *slots, int64_t t, float *sc) {
+                                       const int64_t *slots, int64_t t, float *sc, int64_t ldsc) {
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t j0 = 0; j0 < t; j0 += 8) {
         const int nk = t - j0 < 8 ? (int)(t - j0) : 8;
@@ -494,29 +475,67 @@ ED_AVX2 static void q8_scores_all_avx2(const kv_q8 *q, int64_t group, int64_t nb
             }
             float r[8];
             _mm256_storeu_ps(r, acc);
-            memcpy(sc + h * t + j0, r, sizeof(float) * (size_t)nk);
+            memcpy(sc + h * ldsc + j0, r, sizeof(float) * (size_t)nk);
         }
     }
 }
 
-ED_AVX2 static void q8_values_all_avx2(float *out, const float *w, int64_t group, int64_t nb, const char *base,
-                                       int64_t stride, const int64_t *slots, int64_t t) {
-    for (int64_t h0 = 0; h0 < group; h0 += 8) {
-        const int64_t nh = group - h0 < 8 ? group - h0 : 8;
-        for (int64_t b = 0; b < nb; b++)
-            for (int64_t e = 0; e < 32; e += 8) {
-                const int64_t d = b * 32 + e;
-                __m256 acc[8];
-                for (int64_t h = 0; h < nh; h++) acc[h] = _mm256_loadu_ps(out + (h0 + h) * nb * 32 + d);
-                for (int64_t j = 0; j < t; j++) {
-                    const kv_q8 *blk = (const kv_q8 *)(base + slots[j] * stride) + b;
-                    const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk->qs + e)));
-                    const __m256 v = _mm256_mul_ps(_mm256_set1_ps(ed_rt_f16_lut[blk->d]), _mm256_cvtepi32_ps(q));
-                    for (int64_t h = 0; h < nh; h++)
-                        acc[h] = _mm256_add_ps(acc[h], _mm256_mul_ps(_mm256_set1_ps(w[(h0 + h) * t + j]), v));
+/* out[h * ldo + d0 .. d0 + 16) += w[h * ldw + j] * value j for nh (<= 4, a constant where inlined) heads, j in
+ * order, over the q8_0 block b of each row (columns e0 .. e0 + 16 of it): values16_avx's steps, a value
+ * being d * q (exact). With pf_end > pf_begin, also prefetches row j + ED_VPF's bytes [pf_begin, pf_end). */
+ED_AVX2 static inline __attribute__((always_inline)) void q8_values16_avx2(float *out, int64_t ldo, const float *w,
+                                                                         int64_t ldw, const int nh, int64_t b,
+                                                                         int e0, const char *base, int64_t stride,
+                                                                         const int64_t *slots, int64_t t,
+                                                                         int64_t pf_begin, int64_t pf_end,
+                                                                         int64_t t_pf) {
+    const int64_t d0 = b * 32 + e0;
+    __m256 lo[4], hi[4];
+    for (int h = 0; h < nh; h++) {
+        lo[h] = _mm256_loadu_ps(out + h * ldo + d0);
+        hi[h] = _mm256_loadu_ps(out + h * ldo + d0 + 8);
+    }
+    for (int64_t j = 0; j < t; j++) {
+        if (pf_end > pf_begin && j + ED_VPF < t_pf)
+            for (int64_t e = pf_begin; e < pf_end; e += 64) __builtin_prefetch(base + slots[j + ED_VPF] * stride + e);
+        const kv_q8 *blk = (const kv_q8 *)(base + slots[j] * stride) + b;
+        const __m256 dv = _mm256_set1_ps(ed_rt_f16_lut[blk->d]);
+        const __m256 v0 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk->qs + e0)))));
+        const __m256 v1 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk->qs + e0 + 8)))));
+        for (int h = 0; h < nh; h++) {
+            const __m256 wj = _mm256_set1_ps(w[h * ldw + j]);
+            lo[h] = _mm256_add_ps(lo[h], _mm256_mul_ps(wj, v0));
+            hi[h] = _mm256_add_ps(hi[h], _mm256_mul_ps(wj, v1));
+        }
+    }
+    for (int h = 0; h < nh; h++) {
+        _mm256_storeu_ps(out + h * ldo + d0, lo[h]);
+        _mm256_storeu_ps(out + h * ldo + d0 + 8, hi[h]);
+    }
+}
+
+/* keys in blocks of ED_VBLOCK, heads 4 at a time, 16 columns a pass, as values_avx */
+ED_AVX2 static void q8_values_all_avx2(float *out, int64_t ldo, const float *w, int64_t ldw, int64_t group, int64_t nb,
+                                       const char *base, int64_t stride, const int64_t *slots, int64_t t) {
+    for (int64_t j0 = 0; j0 < t; j0 += ED_VBLOCK) {
+        const int64_t nj = t - j0 < ED_VBLOCK ? t - j0 : ED_VBLOCK;
+        for (int64_t h0 = 0; h0 < group; h0 += 4) {
+            const int64_t nh = group - h0 < 4 ? group - h0 : 4;
+            float *o = out + h0 * ldo;
+            const float *wh = w + h0 * ldw + j0;
+            const int64_t *sl = slots + j0;
+            for (int64_t b = 0; b < nb; b++)
+                for (int e0 = 0; e0 < 32; e0 += 16) {
+                    const int first = h0 == 0 && b == 0 && e0 == 0; /* prefetches the next rows' blocks */
+                    const int64_t pe = first ? nb * (int64_t)sizeof(kv_q8) : 0, tp = t - j0;
+                    switch (nh) {
+                    case 4: q8_values16_avx2(o, ldo, wh, ldw, 4, b, e0, base, stride, sl, nj, 0, pe, tp); break;
+                    case 3: q8_values16_avx2(o, ldo, wh, ldw, 3, b, e0, base, stride, sl, nj, 0, pe, tp); break;
+                    case 2: q8_values16_avx2(o, ldo, wh, ldw, 2, b, e0, base, stride, sl, nj, 0, pe, tp); break;
+                    default: q8_values16_avx2(o, ldo, wh, ldw, 1, b, e0, base, stride, sl, nj, 0, pe, tp); break;
+                    }
                 }
-                for (int64_t h = 0; h < nh; h++) _mm256_storeu_ps(out + (h0 + h) * nb * 32 + d, acc[h]);
-            }
+        }
     }
 }
 
@@ -551,10 +570,10 @@ ED_AVX static void mul_avx(float *x, int64_t n, float s) {
 }
 
 static const attn_loops loops_avx = {qk_avx,       pv_avx,     round_f16_avx,      scores_avx,         values_avx,
-                                     q8_isum_avx2, pv_f32_avx, q8_scores_all_avx2, q8_values_all_avx2, max_of_avx,
+                                     q8_scores_all_avx2, q8_values_all_avx2, max_of_avx,
                                      sub_avx,      div_avx,    mul_avx};
 static const attn_loops loops_avx512 = {qk_avx,       pv_avx,     round_f16_avx,      scores_avx512,      values_avx512,
-                                        q8_isum_avx2, pv_f32_avx, q8_scores_all_avx2, q8_values_all_avx2, max_of_avx,
+                                        q8_scores_all_avx2, q8_values_all_avx2, max_of_avx,
                                         sub_avx,      div_avx,    mul_avx};
 #endif
 
@@ -661,53 +680,30 @@ static void attend_q8(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_t
                       float *out) {
     const int64_t n_head = op->m, hkv = op->i0, dh = op->k, group = n_head / hkv, nb = dh / 32;
     const int k8 = kind_of(op, 0) == ED_Q8_0, v8 = kind_of(op, 1) == ED_Q8_0;
-    const float scale = op->f0, softcap = op->f1;
-    /* scratch: slots (t), q as f32 (group, dh) and as q8_0 (group * nb blocks), one row (dh), scores
-     * (group, t), one key's scores (group) */
+    /* scratch: slots (t), q as q8_0 (group * nb blocks) or f16-rounded floats (group, dh), 8 converted keys
+     * (8, dh), scores (group, t) */
     const size_t qbytes = (sizeof(kv_q8) * (size_t)(group * nb) + 7) / 8 * 8;
-    int64_t *slots = ed_thread_scratch(ctx, sizeof(int64_t) * t + qbytes + sizeof(float) * (group * dh + dh + group * t + group));
+    int64_t *slots = ed_thread_scratch(ctx, sizeof(int64_t) * t + qbytes + sizeof(float) * (group * dh + 8 * dh + group * t));
     if (!slots) return;
     kv_q8 *qq = (kv_q8 *)(slots + t);
-    float *qh = (float *)((char *)qq + qbytes), *row = qh + group * dh, *sc = row + dh, *s1 = sc + group * t;
+    float *qh = (float *)((char *)qq + qbytes), *kbuf = qh + group * dh, *sc = kbuf + 8 * dh;
     if (!key_slots(op, (const int32_t *)op->src5 + ((const int64_t *)op->src6)[r] * op->i2, lo, t, slots))
         return;
     const float *q = (const float *)op->src0 + (r * n_head + g * group) * dh;
-    if (k8) {
+    const int64_t krow = hkv * (k8 ? nb * (int64_t)sizeof(kv_q8) : dh * 2), vrow = hkv * (v8 ? nb * (int64_t)sizeof(kv_q8) : dh * 2);
+    const char *kc = (const char *)op->src3 + g * (krow / hkv), *vc = (const char *)op->src4 + g * (vrow / hkv);
+    if (k8) { /* every key at once: raw scores, then scale and softcap */
         ctx->kt->from_float[ED_Q8_0](q, qq, group * dh);
+        L->q8_scores_all(qq, group, nb, kc, krow, slots, t, sc, t);
     } else {
         memcpy(qh, q, sizeof(float) * group * dh);
         L->round_f16(qh, group * dh);
+        L->scores(qh, group, dh, (const uint16_t *)kc, hkv * dh, slots, t, kbuf, sc, t);
     }
-    const int64_t krow = hkv * (k8 ? nb * (int64_t)sizeof(kv_q8) : dh * 2), vrow = hkv * (v8 ? nb * (int64_t)sizeof(kv_q8) : dh * 2);
-    const char *kc = (const char *)op->src3 + g * (krow / hkv), *vc = (const char *)op->src4 + g * (vrow / hkv);
-    if (k8 && L->q8_scores_all) { /* every key at once: raw scores, then scale and softcap */
-        L->q8_scores_all(qq, group, nb, kc, krow, slots, t, sc);
-        scale_scores(op, sc, group * t, L);
-    }
-    for (int64_t j = 0; j < t && !(k8 && L->q8_scores_all); j++) {
-        const char *key = kc + slots[j] * krow;
-        if (k8) q8_scores(qq, group, nb, (const kv_q8 *)key, s1, L->q8_isum);
-        else L->qk(qh, group, dh, (const uint16_t *)key, row, s1);
-        for (int64_t h = 0; h < group; h++) {
-            float x = s1[h] * scale;
-            if (softcap > 0) x = ed_softcap(x, softcap);
-            sc[h * t + j] = x;
-        }
-    }
+    scale_scores(op, sc, group * t, L);
     softmax(sc, group, t, t, !v8, L, ctx->kt);
-    if (v8 && L->q8_values_all) {
-        L->q8_values_all(out, sc, group, nb, vc, vrow, slots, t);
-        return;
-    }
-    for (int64_t j = 0; j < t; j++) {
-        const char *val = vc + slots[j] * vrow;
-        if (v8) {
-            q8_values((const kv_q8 *)val, nb, row);
-            L->pv_f32(out, sc + j, t, group, dh, row);
-        } else {
-            L->pv(out, sc + j, t, group, dh, (const uint16_t *)val, row);
-        }
-    }
+    if (v8) L->q8_values_all(out, dh, sc, t, group, nb, vc, vrow, slots, t);
+    else L->values(out, sc, t, group, dh, 0, dh, (const uint16_t *)vc, hkv * dh, slots, t);
 }
 
 /* the first position a token at p attends to */
@@ -781,7 +777,7 @@ static int attend_tile(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_
  * 2048 keys deep on 2 threads of a Zen 4, ~197 -> ~175 us a layer, tg 77 -> 83 tok/s. Scores take runs of
  * ED_SPLIT_SCORE_RUN keys while the next run's whole rows are prefetched (~9% less time in attention than
  * runs of 64 without). (One thread keeps the pair-by-pair path: through these phases it measured ~10%
- * slower.) */
+ * slower.) A q8_0 K or V takes the same phases with q8_scores_all / q8_values_all over the runs. */
 #define ED_SPLIT_MIN_KEYS 256 /* the most keys of a token in the step, at least */
 #define ED_SPLIT_MIN_BLOCK 128 /* keys per block, at least */
 #define ED_SPLIT_RUN 64 /* keys per run of the values: the run's rows of the chunk's columns stay in L1 */
@@ -791,7 +787,8 @@ typedef struct {
     int64_t tmax;           /* the most keys of one token */
     int64_t ld;             /* row stride of the scores and slots: tmax padded off a power of two */
     int64_t kblock, kblocks; /* key blocks of a token: keys [kb * kblock, (kb + 1) * kblock) */
-    int64_t dblock, dblocks; /* column blocks of a token's cache row of hkv * dh (multiples of 16) */
+    int64_t dblock, dblocks; /* column blocks of a token's cache row of hkv * dh (multiples of 16; of 32, whole
+                              * blocks, over a q8_0 V) */
 } split_plan;
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -815,11 +812,9 @@ static int split_candidate(const ed_op *op, int nth) {
 }
 
 /* whether the op's phase 1 splits over keys for nth threads, and how (0: it attends per pair) */
-static int split_plan_of(const ed_op *op, int nth, const ed_kernel_table *kt, split_plan *sp) {
+static int split_plan_of(const ed_op *op, int nth, split_plan *sp) {
     const int64_t hkv = op->i0, dh = op->k, bs = op->i1;
-    if (!split_candidate(op, nth) || kind_of(op, 0) != ED_F16 || kind_of(op, 1) != ED_F16 || dh % 8 ||
-        !loops(kt)->scores)
-        return 0;
+    if (!split_candidate(op, nth) || dh % 8) return 0;
     const int64_t tmax = max_keys(op);
     if (tmax < ED_SPLIT_MIN_KEYS) return 0;
     const int64_t *seq = (const int64_t *)op->src6, *pos = (const int64_t *)op->src7;
@@ -843,8 +838,9 @@ static int split_plan_of(const ed_op *op, int nth, const ed_kernel_table *kt, sp
         const int64_t c = a % b;
         a = b, b = c;
     }
-    const int64_t width = hkv * dh, wantd = nth / a, db = wantd < cdiv(width, 16) ? wantd : cdiv(width, 16);
-    sp->dblock = cdiv(cdiv(width, db), 16) * 16;
+    const int64_t width = hkv * dh, unit = kind_of(op, 1) == ED_Q8_0 ? 32 : 16; /* whole q8_0 blocks */
+    const int64_t wantd = nth / a, db = wantd < cdiv(width, unit) ? wantd : cdiv(width, unit);
+    sp->dblock = cdiv(cdiv(width, db), unit) * unit;
     sp->dblocks = cdiv(width, sp->dblock);
     return 1;
 }
@@ -861,30 +857,43 @@ static int64_t *split_slots(const ed_op *op, ed_ctx *ctx, const split_plan *sp) 
 
 /* phase 1: chunk = (token r, key block kb): raw scores of every head, scaled and softcapped */
 static void split_scores(const ed_op *op, ed_ctx *ctx, const attn_loops *L, const split_plan *sp) {
-    const int64_t n_head = op->m, hkv = op->i0, dh = op->k, group = n_head / hkv;
+    const int64_t n_head = op->m, hkv = op->i0, dh = op->k, group = n_head / hkv, nb = dh / 32;
+    const int k8 = kind_of(op, 0) == ED_Q8_0;
     const int64_t r = ctx->chunk / sp->kblocks, kb = ctx->chunk % sp->kblocks;
     const int64_t *seq = (const int64_t *)op->src6, *pos = (const int64_t *)op->src7;
     const int64_t lo = first_key(op, pos[r]), t = pos[r] + 1 - lo, j0 = kb * sp->kblock;
     const int64_t nk = t - j0 < sp->kblock ? t - j0 : sp->kblock;
     if (nk <= 0) return;
-    /* scratch: this block's slots (nk), q (n_head, dh), 8 converted keys (8, dh) */
+    /* scratch: this block's slots (nk), q (n_head, dh) as f16-rounded floats or q8_0 blocks, 8 converted
+     * keys (8, dh) */
     int64_t *slots = ed_thread_scratch(ctx, sizeof(int64_t) * nk + sizeof(float) * (n_head * dh + 8 * dh));
     if (!slots) return;
     float *qh = (float *)(slots + nk), *kbuf = qh + n_head * dh;
     if (!key_slots(op, (const int32_t *)op->src5 + seq[r] * op->i2, lo + j0, nk, slots)) return;
     memcpy(split_slots(op, ctx, sp) + r * sp->ld + j0, slots, sizeof(int64_t) * nk);
-    memcpy(qh, (const float *)op->src0 + r * n_head * dh, sizeof(float) * n_head * dh);
-    L->round_f16(qh, n_head * dh);
+    const float *q = (const float *)op->src0 + r * n_head * dh;
+    if (k8) { /* the blocks of q (34 bytes per 32 floats) fit where its floats would */
+        ctx->kt->from_float[ED_Q8_0](q, qh, n_head * dh);
+    } else {
+        memcpy(qh, q, sizeof(float) * n_head * dh);
+        L->round_f16(qh, n_head * dh);
+    }
     float *sc = (float *)ed_shared_scratch(ctx) + r * n_head * sp->ld + j0;
     const char *keys = (const char *)op->src3;
-    const int64_t row_bytes = hkv * dh * 2;
+    const int64_t head_bytes = k8 ? nb * (int64_t)sizeof(kv_q8) : dh * 2, row_bytes = hkv * head_bytes;
     for (int64_t u = 0; u < nk; u += ED_SPLIT_SCORE_RUN) {
         const int64_t nu = nk - u < ED_SPLIT_SCORE_RUN ? nk - u : ED_SPLIT_SCORE_RUN;
         for (int64_t j = u + ED_SPLIT_SCORE_RUN; j < u + 2 * ED_SPLIT_SCORE_RUN && j < nk; j++) /* next run */
             for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(keys + slots[j] * row_bytes + b);
-        for (int64_t g = 0; g < hkv; g++)
-            L->scores(qh + g * group * dh, group, dh, (const uint16_t *)op->src3 + g * dh, hkv * dh, slots + u, nu,
-                      kbuf, sc + g * group * sp->ld + u, sp->ld);
+        for (int64_t g = 0; g < hkv; g++) {
+            float *scg = sc + g * group * sp->ld + u;
+            if (k8)
+                L->q8_scores_all((const kv_q8 *)qh + g * group * nb, group, nb, keys + g * head_bytes, row_bytes,
+                                 slots + u, nu, scg, sp->ld);
+            else
+                L->scores(qh + g * group * dh, group, dh, (const uint16_t *)op->src3 + g * dh, hkv * dh, slots + u, nu,
+                          kbuf, scg, sp->ld);
+        }
     }
     for (int64_t h = 0; h < n_head; h++) scale_scores(op, sc + h * sp->ld, nk, L);
 }
@@ -899,7 +908,7 @@ static void split_softmax(const ed_op *op, ed_ctx *ctx, const attn_loops *L, con
     const int64_t rr = split_rows(op, ctx->nth), per = cdiv(op->m, rr), r = ctx->chunk / per, h0 = ctx->chunk % per * rr;
     const int64_t p = ((const int64_t *)op->src7)[r], nr = op->m - h0 < rr ? op->m - h0 : rr;
     float *sc = (float *)ed_shared_scratch(ctx) + (r * op->m + h0) * sp->ld;
-    softmax(sc, nr, sp->ld, p + 1 - first_key(op, p), 1, L, ctx->kt);
+    softmax(sc, nr, sp->ld, p + 1 - first_key(op, p), kind_of(op, 1) != ED_Q8_0, L, ctx->kt);
 }
 
 /* phase 3: chunk = (token r, column block [c0, c1) of the cache row): for each kv head g the block
@@ -910,6 +919,7 @@ static void split_values(const ed_op *op, ed_ctx *ctx, const attn_loops *L, cons
     const int64_t r = ctx->chunk / sp->dblocks, p = ((const int64_t *)op->src7)[r], t = p + 1 - first_key(op, p);
     const int64_t c0 = ctx->chunk % sp->dblocks * sp->dblock, c1 = c0 + sp->dblock < hkv * dh ? c0 + sp->dblock : hkv * dh;
     const int64_t g0 = c0 / dh, g1 = (c1 - 1) / dh;
+    const int v8 = kind_of(op, 1) == ED_Q8_0;
     for (int64_t g = g0; g <= g1; g++) {
         const int64_t d0 = g == g0 ? c0 - g * dh : 0, d1 = g == g1 ? c1 - g * dh : dh;
         float *out = (float *)op->dst + (r * n_head + g * group) * dh;
@@ -921,16 +931,23 @@ static void split_values(const ed_op *op, ed_ctx *ctx, const attn_loops *L, cons
         const int64_t nu = t - u < ED_SPLIT_RUN ? t - u : ED_SPLIT_RUN;
         for (int64_t g = g0; g <= g1; g++) {
             const int64_t d0 = g == g0 ? c0 - g * dh : 0, d1 = g == g1 ? c1 - g * dh : dh;
-            L->values((float *)op->dst + (r * n_head + g * group) * dh, w + g * group * sp->ld + u, sp->ld, group, dh,
-                      d0, d1, (const uint16_t *)op->src4 + g * dh, hkv * dh, slots + u, nu);
+            float *out = (float *)op->dst + (r * n_head + g * group) * dh;
+            if (v8)
+                L->q8_values_all(out + d0, dh, w + g * group * sp->ld + u, sp->ld, group, (d1 - d0) / 32,
+                                 (const char *)op->src4 + (g * dh + d0) / 32 * (int64_t)sizeof(kv_q8),
+                                 hkv * dh / 32 * (int64_t)sizeof(kv_q8), slots + u, nu);
+            else
+                L->values(out, w + g * group * sp->ld + u, sp->ld, group, dh, d0, d1, (const uint16_t *)op->src4 + g * dh,
+                          hkv * dh, slots + u, nu);
         }
     }
 }
 
 int64_t ed_attention_chunks(const ed_op *op, int phase, int nth, const ed_kernel_table *kt) {
+    (void)kt;                                          /* the split and the tiles take every level */
     if (phase == 0) return ed_row_chunks(op->n, nth); /* stores */
     split_plan sp;
-    const int split = split_plan_of(op, nth, kt, &sp);
+    const int split = split_plan_of(op, nth, &sp);
     if (phase == 2) return split ? op->n * cdiv(op->m, split_rows(op, nth)) : 0;
     if (phase == 3) return split ? op->n * sp.dblocks : 0;
     if (split) return op->n * sp.kblocks;
@@ -947,7 +964,7 @@ void ed_attention(const ed_op *op, int phase, ed_ctx *ctx) {
     }
     const attn_loops *L = loops(ctx->kt);
     split_plan sp;
-    if (split_plan_of(op, ctx->nth, ctx->kt, &sp)) {
+    if (split_plan_of(op, ctx->nth, &sp)) {
         if (phase == 1) split_scores(op, ctx, L, &sp);
         else if (phase == 2) split_softmax(op, ctx, L, &sp);
         else split_values(op, ctx, L, &sp);
