@@ -311,10 +311,11 @@ def test_attention_gives_the_same_bits_on_1_and_3_threads(nb, types):
 
 @pytest.mark.parametrize("window,softcap", [(None, None), (5, None), (40, 30.0)])
 @pytest.mark.parametrize("shape", ["one sequence", "two sequences"])
-def test_prompt_tiles_give_the_bits_of_one_token_at_a_time(nb, window, softcap, shape):
+@pytest.mark.parametrize("types", KV_TYPES)
+def test_prompt_tiles_give_the_bits_of_one_token_at_a_time(nb, window, softcap, shape, types):
     """A long prompt attends in tiles of up to 16 tokens (each key converted once per tile): the same bits
     as feeding the tokens one by one, where tiles do not apply; a batch holding two sequences, and the
-    last partial tile, included."""
+    last partial tile, included; over f16 and q8_0 caches."""
     n = 70
     seqs = [0] * n if shape == "one sequence" else [0] * 37 + [1] * (n - 37)
     pos = list(range(n)) if shape == "one sequence" else list(range(37)) + list(range(n - 37))
@@ -322,7 +323,7 @@ def test_prompt_tiles_give_the_bits_of_one_token_at_a_time(nb, window, softcap, 
     q = r.standard_normal((n, 6, 64)).astype(np.float32)
     k, v = r.standard_normal((2, n, 2, 64)).astype(np.float32)
     args = (0.125, window, softcap)
-    whole_kv, one_kv = (nb.new_kv_cache(2, 2, 64, 96, 2, 8, 24) for _ in range(2))
+    whole_kv, one_kv = (nb.new_kv_cache(2, 2, 64, 96, 2, 8, 24, **KV_TYPES[types]) for _ in range(2))
     for kv in (whole_kv, one_kv):
         kv.block_table[:] = np.random.default_rng(3).permutation(24).astype(np.int32).reshape(2, 12)
     whole = nb.attention(q, k, v, whole_kv, 1, np.array(seqs), np.array(pos), *args)
@@ -343,7 +344,7 @@ def test_prompt_tiles_give_the_bits_of_one_token_at_a_time(nb, window, softcap, 
     )
     assert np.array_equal(whole, one)
     ref = ReferenceBackend()
-    ref_kv = ref.new_kv_cache(2, 2, 64, 96, 2, 8, 24)
+    ref_kv = ref.new_kv_cache(2, 2, 64, 96, 2, 8, 24, **KV_TYPES[types])
     ref_kv.block_table[:] = whole_kv.block_table
     expect = ref.attention(q, k, v, ref_kv, 1, np.array(seqs), np.array(pos), *args)
     # a score differing in its last bit (summation order) can round its weight to the neighbouring f16:

@@ -47,7 +47,7 @@ typedef struct {
     void (*pv)(float *out, const float *w, int64_t wstride, int64_t group, int64_t dh, const uint16_t *vrow,
                float *row);
     void (*round_f16)(float *x, int64_t n); /* x = f16(x), nearest even */
-    /* Optional, for dh a multiple of 8 and every key mapped: the same sums over all t keys of a (token,
+    /* For dh a multiple of 8 and every key mapped: the same sums over all t keys of a (token,
      * kv head) at once, keys at kv + slots[j] * stride. scores: sc[h * ldsc + j] = q_h . f16(key j) (qk's
      * bits; keys 8 at a time, their lane sums reduced together); values: out_h[d] += w[h * ldw + j] *
      * f16(value j)[d] for j = 0..t-1 in order and d in [d0, d1) (multiples of 8) (pv's bits; the sums held
@@ -729,12 +729,14 @@ static int64_t tile_rows(const ed_op *op) {
     return rows >= ED_TILE_MAX ? ED_TILE_MAX : rows < 2 ? 1 : rows;
 }
 
-/* tokens r0 .. r0+nt-1 with f16 K and V over kv head g; 0 where the tile does not qualify (the caller
- * then attends token by token): one sequence, consecutive positions, every key mapped */
+/* tokens r0 .. r0+nt-1 over kv head g (f16 or q8_0 K and V, as attend_token and attend_q8 per token); 0
+ * where the tile does not qualify (the caller then attends token by token): one sequence, consecutive
+ * positions, every key mapped */
 static int attend_tile(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_t r0, int64_t nt, int64_t g) {
     const int64_t n_head = op->m, hkv = op->i0, dh = op->k, group = n_head / hkv;
     const int64_t *seq = (const int64_t *)op->src6, *pos = (const int64_t *)op->src7;
-    if (kind_of(op, 0) != ED_F16 || kind_of(op, 1) != ED_F16 || !L->scores || dh % 8) return 0;
+    const int k8 = kind_of(op, 0) == ED_Q8_0, v8 = kind_of(op, 1) == ED_Q8_0;
+    if (dh % 8) return 0;
     for (int64_t i = 0; i < nt; i++)
         if (seq[r0 + i] != seq[r0] || pos[r0 + i] != pos[r0] + i || slot_of(op, seq[r0], pos[r0 + i]) < 0) return 0;
     const int64_t lo = first_key(op, pos[r0]), t = pos[r0] + nt - lo, rows = nt * group;
@@ -746,20 +748,31 @@ static int attend_tile(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_
     for (int64_t i = 0; i < nt; i++)
         memcpy(qh + i * group * dh, (const float *)op->src0 + ((r0 + i) * n_head + g * group) * dh,
                sizeof(float) * group * dh);
-    L->round_f16(qh, rows * dh);
-    L->scores(qh, rows, dh, (const uint16_t *)op->src3 + g * dh, hkv * dh, slots, t, kbuf, sc, t);
+    if (k8) { /* q8_0 blocks of q (one token's heads after another: the blocks of each alone) in acc's room */
+        const int64_t nb = dh / 32, krow = hkv * nb * (int64_t)sizeof(kv_q8);
+        ctx->kt->from_float[ED_Q8_0](qh, acc, rows * dh);
+        L->q8_scores_all((const kv_q8 *)acc, rows, nb, (const char *)op->src3 + g * (krow / hkv), krow, slots, t, sc, t);
+    } else {
+        L->round_f16(qh, rows * dh);
+        L->scores(qh, rows, dh, (const uint16_t *)op->src3 + g * dh, hkv * dh, slots, t, kbuf, sc, t);
+    }
     for (int64_t i = 0; i < nt; i++) {
         const int64_t a = first_key(op, pos[r0] + i) - lo, b = i + (t - nt) + 1; /* this token's keys: a .. b-1 */
         float *e = sc + i * group * t;
         for (int64_t h = 0; h < group; h++) scale_scores(op, e + h * t + a, b - a, L);
-        softmax(e + a, group, t, b - a, 1, L, ctx->kt);
+        softmax(e + a, group, t, b - a, !v8, L, ctx->kt);
         for (int64_t h = 0; h < group; h++) {
             memset(e + h * t, 0, sizeof(float) * (size_t)a);
             memset(e + h * t + b, 0, sizeof(float) * (size_t)(t - b));
         }
     }
     memset(acc, 0, sizeof(float) * rows * dh);
-    L->values(acc, sc, t, rows, dh, 0, dh, (const uint16_t *)op->src4 + g * dh, hkv * dh, slots, t);
+    if (v8) {
+        const int64_t nb = dh / 32, vrow = hkv * nb * (int64_t)sizeof(kv_q8);
+        L->q8_values_all(acc, dh, sc, t, rows, nb, (const char *)op->src4 + g * (vrow / hkv), vrow, slots, t);
+    } else {
+        L->values(acc, sc, t, rows, dh, 0, dh, (const uint16_t *)op->src4 + g * dh, hkv * dh, slots, t);
+    }
     for (int64_t i = 0; i < nt; i++)
         memcpy((float *)op->dst + ((r0 + i) * n_head + g * group) * dh, acc + i * group * dh, sizeof(float) * group * dh);
     return 1;
@@ -1001,7 +1014,7 @@ static void attend_token(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int6
         memcpy(qh, (const float *)op->src0 + (r * n_head + g * group) * dh, sizeof(float) * group * dh);
         L->round_f16(qh, group * dh);
         const int32_t *blocks = table + s * op->i2;
-        if (L->scores && dh % 8 == 0 && key_slots(op, blocks, lo, t, slots)) { /* all keys at once */
+        if (dh % 8 == 0 && key_slots(op, blocks, lo, t, slots)) { /* all keys at once */
             L->scores(qh, group, dh, kc + g * dh, hkv * dh, slots, t, kbuf, sc, t);
             scale_scores(op, sc, group * t, L);
             softmax(sc, group, t, t, 1, L, ctx->kt);
