@@ -322,26 +322,38 @@ ED_AVX512 static void scores_avx512(const float *q, int64_t group, int64_t dh, c
     }
 }
 
-/* out_h[d0..d0+16) += w[h * ldw + j] * value j for nh (<= 4, a constant where inlined) heads, j in order:
- * 2 * nh independent sums. With pf_end > pf_begin, also prefetches value row j + ED_VPF's columns
- * [pf_begin, pf_end) while at key j (up to key t_pf). */
+/* out[h * ldo + d0 .. d0 + 16) += w[h * ldw + j] * value j for nh (<= 4, a constant where inlined) heads, j
+ * in order: 2 * nh independent sums. Value rows at kv + slots[j] * stride bytes, f16 or (q8, a constant
+ * where inlined) q8_0 blocks, a value then being d * q (exact). With pf_end > pf_begin, also prefetches
+ * value row j + ED_VPF's bytes [pf_begin, pf_end) while at key j (up to key t_pf). */
 #define ED_VPF 8
-ED_AVX static inline __attribute__((always_inline)) void values16_avx(float *out, const float *w, int64_t ldw,
-                                                                    const int nh, int64_t dh, int64_t d0,
-                                                                    const uint16_t *kv, int64_t stride,
-                                                                    const int64_t *slots, int64_t t,
-                                                                    int64_t pf_begin, int64_t pf_end, int64_t t_pf) {
+#define ED_AVX2 __attribute__((target("avx2,f16c")))
+ED_AVX2 static inline __attribute__((always_inline)) void values16_avx(float *out, int64_t ldo, const float *w,
+                                                                     int64_t ldw, const int nh, const int q8,
+                                                                     int64_t d0, const char *kv, int64_t stride,
+                                                                     const int64_t *slots, int64_t t,
+                                                                     int64_t pf_begin, int64_t pf_end, int64_t t_pf) {
     __m256 lo[4], hi[4];
     for (int h = 0; h < nh; h++) {
-        lo[h] = _mm256_loadu_ps(out + h * dh + d0);
-        hi[h] = _mm256_loadu_ps(out + h * dh + d0 + 8);
+        lo[h] = _mm256_loadu_ps(out + h * ldo + d0);
+        hi[h] = _mm256_loadu_ps(out + h * ldo + d0 + 8);
     }
     for (int64_t j = 0; j < t; j++) {
         if (pf_end > pf_begin && j + ED_VPF < t_pf)
-            for (int64_t e = pf_begin; e < pf_end; e += 32) __builtin_prefetch(kv + slots[j + ED_VPF] * stride + e);
-        const uint16_t *src = kv + slots[j] * stride + d0;
-        const __m256 v0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)src));
-        const __m256 v1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + 8)));
+            for (int64_t e = pf_begin; e < pf_end; e += 64) __builtin_prefetch(kv + slots[j + ED_VPF] * stride + e);
+        const char *row = kv + slots[j] * stride;
+        __m256 v0, v1;
+        if (q8) {
+            const kv_q8 *blk = (const kv_q8 *)row + d0 / 32;
+            const int8_t *qs = blk->qs + d0 % 32;
+            const __m256 d = _mm256_set1_ps(ed_rt_f16_lut[blk->d]);
+            v0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)qs))));
+            v1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8)))));
+        } else {
+            const uint16_t *src = (const uint16_t *)row + d0;
+            v0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)src));
+            v1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + 8)));
+        }
         for (int h = 0; h < nh; h++) {
             const __m256 wj = _mm256_set1_ps(w[h * ldw + j]);
             lo[h] = _mm256_add_ps(lo[h], _mm256_mul_ps(wj, v0));
@@ -349,8 +361,8 @@ ED_AVX static inline __attribute__((always_inline)) void values16_avx(float *out
         }
     }
     for (int h = 0; h < nh; h++) {
-        _mm256_storeu_ps(out + h * dh + d0, lo[h]);
-        _mm256_storeu_ps(out + h * dh + d0 + 8, hi[h]);
+        _mm256_storeu_ps(out + h * ldo + d0, lo[h]);
+        _mm256_storeu_ps(out + h * ldo + d0 + 8, hi[h]);
     }
 }
 
@@ -358,7 +370,7 @@ ED_AVX static inline __attribute__((always_inline)) void values16_avx(float *out
  * (which prefetches the lines of the rows ED_VPF keys ahead) and from L1 in the others; each sum's terms
  * are still added in key order (an accumulator goes to out and back between blocks, exactly). */
 #define ED_VBLOCK 32
-ED_AVX static void values_avx(float *out, const float *w, int64_t ldw, int64_t group, int64_t dh, int64_t d0,
+ED_AVX2 static void values_avx(float *out, const float *w, int64_t ldw, int64_t group, int64_t dh, int64_t d0,
                               int64_t d1, const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t) {
     for (int64_t j0 = 0; j0 < t; j0 += ED_VBLOCK) {
         const int64_t nj = t - j0 < ED_VBLOCK ? t - j0 : ED_VBLOCK;
@@ -372,10 +384,10 @@ ED_AVX static void values_avx(float *out, const float *w, int64_t ldw, int64_t g
                 const int first = h0 == 0 && d == d0; /* prefetches the next rows' [d0, d1) */
                 const int64_t pb = first ? d0 : 0, pe = first ? d1 : 0, tp = t - j0;
                 switch (nh) {
-                case 4: values16_avx(o, wh, ldw, 4, dh, d, kv, stride, sl, nj, pb, pe, tp); break;
-                case 3: values16_avx(o, wh, ldw, 3, dh, d, kv, stride, sl, nj, pb, pe, tp); break;
-                case 2: values16_avx(o, wh, ldw, 2, dh, d, kv, stride, sl, nj, pb, pe, tp); break;
-                default: values16_avx(o, wh, ldw, 1, dh, d, kv, stride, sl, nj, pb, pe, tp); break;
+                case 4: values16_avx(o, dh, wh, ldw, 4, 0, d, (const char *)kv, 2 * stride, sl, nj, 2 * pb, 2 * pe, tp); break;
+                case 3: values16_avx(o, dh, wh, ldw, 3, 0, d, (const char *)kv, 2 * stride, sl, nj, 2 * pb, 2 * pe, tp); break;
+                case 2: values16_avx(o, dh, wh, ldw, 2, 0, d, (const char *)kv, 2 * stride, sl, nj, 2 * pb, 2 * pe, tp); break;
+                default: values16_avx(o, dh, wh, ldw, 1, 0, d, (const char *)kv, 2 * stride, sl, nj, 2 * pb, 2 * pe, tp); break;
                 }
             }
             for (; d < d1; d += 8) { /* an odd block of 8 */
@@ -442,8 +454,6 @@ ED_AVX512 static void values_avx512(float *out, const float *w, int64_t ldw, int
 }
 #undef ED_VT
 
-#define ED_AVX2 __attribute__((target("avx2,f16c")))
-
 /* the 8 int32 lanes of each of 8 vectors summed, vector k's sum in lane k (exact) */
 ED_AVX2 static __m256i isum8(const __m256i *p) {
     const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
@@ -480,40 +490,6 @@ ED_AVX2 static void q8_scores_all_avx2(const kv_q8 *q, int64_t group, int64_t nb
     }
 }
 
-/* out[h * ldo + d0 .. d0 + 16) += w[h * ldw + j] * value j for nh (<= 4, a constant where inlined) heads, j in
- * order, over the q8_0 block b of each row (columns e0 .. e0 + 16 of it): values16_avx's steps, a value
- * being d * q (exact). With pf_end > pf_begin, also prefetches row j + ED_VPF's bytes [pf_begin, pf_end). */
-ED_AVX2 static inline __attribute__((always_inline)) void q8_values16_avx2(float *out, int64_t ldo, const float *w,
-                                                                         int64_t ldw, const int nh, int64_t b,
-                                                                         int e0, const char *base, int64_t stride,
-                                                                         const int64_t *slots, int64_t t,
-                                                                         int64_t pf_begin, int64_t pf_end,
-                                                                         int64_t t_pf) {
-    const int64_t d0 = b * 32 + e0;
-    __m256 lo[4], hi[4];
-    for (int h = 0; h < nh; h++) {
-        lo[h] = _mm256_loadu_ps(out + h * ldo + d0);
-        hi[h] = _mm256_loadu_ps(out + h * ldo + d0 + 8);
-    }
-    for (int64_t j = 0; j < t; j++) {
-        if (pf_end > pf_begin && j + ED_VPF < t_pf)
-            for (int64_t e = pf_begin; e < pf_end; e += 64) __builtin_prefetch(base + slots[j + ED_VPF] * stride + e);
-        const kv_q8 *blk = (const kv_q8 *)(base + slots[j] * stride) + b;
-        const __m256 dv = _mm256_set1_ps(ed_rt_f16_lut[blk->d]);
-        const __m256 v0 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk->qs + e0)))));
-        const __m256 v1 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk->qs + e0 + 8)))));
-        for (int h = 0; h < nh; h++) {
-            const __m256 wj = _mm256_set1_ps(w[h * ldw + j]);
-            lo[h] = _mm256_add_ps(lo[h], _mm256_mul_ps(wj, v0));
-            hi[h] = _mm256_add_ps(hi[h], _mm256_mul_ps(wj, v1));
-        }
-    }
-    for (int h = 0; h < nh; h++) {
-        _mm256_storeu_ps(out + h * ldo + d0, lo[h]);
-        _mm256_storeu_ps(out + h * ldo + d0 + 8, hi[h]);
-    }
-}
-
 /* keys in blocks of ED_VBLOCK, heads 4 at a time, 16 columns a pass, as values_avx */
 ED_AVX2 static void q8_values_all_avx2(float *out, int64_t ldo, const float *w, int64_t ldw, int64_t group, int64_t nb,
                                        const char *base, int64_t stride, const int64_t *slots, int64_t t) {
@@ -524,17 +500,15 @@ ED_AVX2 static void q8_values_all_avx2(float *out, int64_t ldo, const float *w, 
             float *o = out + h0 * ldo;
             const float *wh = w + h0 * ldw + j0;
             const int64_t *sl = slots + j0;
-            for (int64_t b = 0; b < nb; b++)
-                for (int e0 = 0; e0 < 32; e0 += 16) {
-                    const int first = h0 == 0 && b == 0 && e0 == 0; /* prefetches the next rows' blocks */
-                    const int64_t pe = first ? nb * (int64_t)sizeof(kv_q8) : 0, tp = t - j0;
-                    switch (nh) {
-                    case 4: q8_values16_avx2(o, ldo, wh, ldw, 4, b, e0, base, stride, sl, nj, 0, pe, tp); break;
-                    case 3: q8_values16_avx2(o, ldo, wh, ldw, 3, b, e0, base, stride, sl, nj, 0, pe, tp); break;
-                    case 2: q8_values16_avx2(o, ldo, wh, ldw, 2, b, e0, base, stride, sl, nj, 0, pe, tp); break;
-                    default: q8_values16_avx2(o, ldo, wh, ldw, 1, b, e0, base, stride, sl, nj, 0, pe, tp); break;
-                    }
+            for (int64_t d = 0; d < nb * 32; d += 16) {
+                const int64_t pe = h0 == 0 && d == 0 ? nb * (int64_t)sizeof(kv_q8) : 0, tp = t - j0; /* prefetch */
+                switch (nh) {
+                case 4: values16_avx(o, ldo, wh, ldw, 4, 1, d, base, stride, sl, nj, 0, pe, tp); break;
+                case 3: values16_avx(o, ldo, wh, ldw, 3, 1, d, base, stride, sl, nj, 0, pe, tp); break;
+                case 2: values16_avx(o, ldo, wh, ldw, 2, 1, d, base, stride, sl, nj, 0, pe, tp); break;
+                default: values16_avx(o, ldo, wh, ldw, 1, 1, d, base, stride, sl, nj, 0, pe, tp); break;
                 }
+            }
         }
     }
 }
