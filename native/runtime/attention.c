@@ -370,38 +370,50 @@ ED_AVX2 static inline __attribute__((always_inline)) void values16_avx(float *ou
  * (which prefetches the lines of the rows ED_VPF keys ahead) and from L1 in the others; each sum's terms
  * are still added in key order (an accumulator goes to out and back between blocks, exactly). */
 #define ED_VBLOCK 32
-ED_AVX2 static void values_avx(float *out, const float *w, int64_t ldw, int64_t group, int64_t dh, int64_t d0,
-                              int64_t d1, const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t) {
+/* values_avx and q8_values_all_avx2: out[h * ldo + d] += w[h * ldw + j] * value j [d] for d in [d0, d1), value
+ * rows at kv + slots[j] * stride bytes of kind q8 (a constant where inlined; q8_0 columns come in whole
+ * blocks); the first column pass of a key block prefetches the rows' bytes [pf_begin, pf_end) */
+ED_AVX2 static inline __attribute__((always_inline)) void values_blocks(float *out, int64_t ldo, const float *w,
+                                                                      int64_t ldw, int64_t group, const int q8,
+                                                                      int64_t d0, int64_t d1, const char *kv,
+                                                                      int64_t stride, int64_t pf_begin,
+                                                                      int64_t pf_end, const int64_t *slots, int64_t t) {
     for (int64_t j0 = 0; j0 < t; j0 += ED_VBLOCK) {
         const int64_t nj = t - j0 < ED_VBLOCK ? t - j0 : ED_VBLOCK;
         for (int64_t h0 = 0; h0 < group; h0 += 4) {
             const int64_t nh = group - h0 < 4 ? group - h0 : 4;
-            float *o = out + h0 * dh;
+            float *o = out + h0 * ldo;
             const float *wh = w + h0 * ldw + j0;
             const int64_t *sl = slots + j0;
             int64_t d = d0;
             for (; d + 16 <= d1; d += 16) {
-                const int first = h0 == 0 && d == d0; /* prefetches the next rows' [d0, d1) */
-                const int64_t pb = first ? d0 : 0, pe = first ? d1 : 0, tp = t - j0;
+                const int first = h0 == 0 && d == d0; /* prefetches the next rows' [pf_begin, pf_end) */
+                const int64_t pb = first ? pf_begin : 0, pe = first ? pf_end : 0, tp = t - j0;
                 switch (nh) {
-                case 4: values16_avx(o, dh, wh, ldw, 4, 0, d, (const char *)kv, 2 * stride, sl, nj, 2 * pb, 2 * pe, tp); break;
-                case 3: values16_avx(o, dh, wh, ldw, 3, 0, d, (const char *)kv, 2 * stride, sl, nj, 2 * pb, 2 * pe, tp); break;
-                case 2: values16_avx(o, dh, wh, ldw, 2, 0, d, (const char *)kv, 2 * stride, sl, nj, 2 * pb, 2 * pe, tp); break;
-                default: values16_avx(o, dh, wh, ldw, 1, 0, d, (const char *)kv, 2 * stride, sl, nj, 2 * pb, 2 * pe, tp); break;
+                case 4: values16_avx(o, ldo, wh, ldw, 4, q8, d, kv, stride, sl, nj, pb, pe, tp); break;
+                case 3: values16_avx(o, ldo, wh, ldw, 3, q8, d, kv, stride, sl, nj, pb, pe, tp); break;
+                case 2: values16_avx(o, ldo, wh, ldw, 2, q8, d, kv, stride, sl, nj, pb, pe, tp); break;
+                default: values16_avx(o, ldo, wh, ldw, 1, q8, d, kv, stride, sl, nj, pb, pe, tp); break;
                 }
             }
-            for (; d < d1; d += 8) { /* an odd block of 8 */
+            for (; d < d1; d += 8) { /* an odd block of 8 (f16 rows only) */
                 __m256 acc[4];
-                for (int64_t h = 0; h < nh; h++) acc[h] = _mm256_loadu_ps(o + h * dh + d);
+                for (int64_t h = 0; h < nh; h++) acc[h] = _mm256_loadu_ps(o + h * ldo + d);
                 for (int64_t j = 0; j < nj; j++) {
-                    const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kv + sl[j] * stride + d)));
+                    const uint16_t *src = (const uint16_t *)(kv + sl[j] * stride) + d;
+                    const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)src));
                     for (int64_t h = 0; h < nh; h++)
                         acc[h] = _mm256_add_ps(acc[h], _mm256_mul_ps(_mm256_set1_ps(wh[h * ldw + j]), v));
                 }
-                for (int64_t h = 0; h < nh; h++) _mm256_storeu_ps(o + h * dh + d, acc[h]);
+                for (int64_t h = 0; h < nh; h++) _mm256_storeu_ps(o + h * ldo + d, acc[h]);
             }
         }
     }
+}
+
+ED_AVX2 static void values_avx(float *out, const float *w, int64_t ldw, int64_t group, int64_t dh, int64_t d0,
+                               int64_t d1, const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t) {
+    values_blocks(out, dh, w, ldw, group, 0, d0, d1, (const char *)kv, 2 * stride, 2 * d0, 2 * d1, slots, t);
 }
 
 /* values_avx's bits with AVX-512VL's 32 registers: up to 3 heads x 8 vectors of 8 columns held over all
@@ -490,27 +502,9 @@ ED_AVX2 static void q8_scores_all_avx2(const kv_q8 *q, int64_t group, int64_t nb
     }
 }
 
-/* keys in blocks of ED_VBLOCK, heads 4 at a time, 16 columns a pass, as values_avx */
 ED_AVX2 static void q8_values_all_avx2(float *out, int64_t ldo, const float *w, int64_t ldw, int64_t group, int64_t nb,
                                        const char *base, int64_t stride, const int64_t *slots, int64_t t) {
-    for (int64_t j0 = 0; j0 < t; j0 += ED_VBLOCK) {
-        const int64_t nj = t - j0 < ED_VBLOCK ? t - j0 : ED_VBLOCK;
-        for (int64_t h0 = 0; h0 < group; h0 += 4) {
-            const int64_t nh = group - h0 < 4 ? group - h0 : 4;
-            float *o = out + h0 * ldo;
-            const float *wh = w + h0 * ldw + j0;
-            const int64_t *sl = slots + j0;
-            for (int64_t d = 0; d < nb * 32; d += 16) {
-                const int64_t pe = h0 == 0 && d == 0 ? nb * (int64_t)sizeof(kv_q8) : 0, tp = t - j0; /* prefetch */
-                switch (nh) {
-                case 4: values16_avx(o, ldo, wh, ldw, 4, 1, d, base, stride, sl, nj, 0, pe, tp); break;
-                case 3: values16_avx(o, ldo, wh, ldw, 3, 1, d, base, stride, sl, nj, 0, pe, tp); break;
-                case 2: values16_avx(o, ldo, wh, ldw, 2, 1, d, base, stride, sl, nj, 0, pe, tp); break;
-                default: values16_avx(o, ldo, wh, ldw, 1, 1, d, base, stride, sl, nj, 0, pe, tp); break;
-                }
-            }
-        }
-    }
+    values_blocks(out, ldo, w, ldw, group, 1, 0, nb * 32, base, stride, 0, nb * (int64_t)sizeof(kv_q8), slots, t);
 }
 
 /* max(x, m) keeps m where x is NaN or equal (vmaxps returns its second operand then), as x > m ? x : m */
