@@ -642,21 +642,21 @@ static void softmax(float *sc, int64_t rows, int64_t ld, int64_t t, int round, c
     }
 }
 
-/* one (token r, kv head g) pair over a cache with q8_0 K and/or V rows: positions lo .. lo+t-1, every key
- * mapped (the caller checked: an unmapped one leaves the output zero) */
-static void attend_q8(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_t r, int64_t g, int64_t lo, int64_t t,
-                      float *out) {
+/* one (token r, kv head g) pair, all keys at once, over f16 or q8_0 K and V rows: positions lo .. lo+t-1;
+ * 0 (nothing written) unless every key is mapped */
+static int attend_keys(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_t r, int64_t g, int64_t lo, int64_t t,
+                       float *out) {
     const int64_t n_head = op->m, hkv = op->i0, dh = op->k, group = n_head / hkv, nb = dh / 32;
     const int k8 = kind_of(op, 0) == ED_Q8_0, v8 = kind_of(op, 1) == ED_Q8_0;
     /* scratch: slots (t), q as q8_0 (group * nb blocks) or f16-rounded floats (group, dh), 8 converted keys
      * (8, dh), scores (group, t) */
     const size_t qbytes = (sizeof(kv_q8) * (size_t)(group * nb) + 7) / 8 * 8;
     int64_t *slots = ed_thread_scratch(ctx, sizeof(int64_t) * t + qbytes + sizeof(float) * (group * dh + 8 * dh + group * t));
-    if (!slots) return;
+    if (!slots) return 0;
     kv_q8 *qq = (kv_q8 *)(slots + t);
     float *qh = (float *)((char *)qq + qbytes), *kbuf = qh + group * dh, *sc = kbuf + 8 * dh;
     if (!key_slots(op, (const int32_t *)op->src5 + ((const int64_t *)op->src6)[r] * op->i2, lo, t, slots))
-        return;
+        return 0;
     const float *q = (const float *)op->src0 + (r * n_head + g * group) * dh;
     const int64_t krow = hkv * (k8 ? nb * (int64_t)sizeof(kv_q8) : dh * 2), vrow = hkv * (v8 ? nb * (int64_t)sizeof(kv_q8) : dh * 2);
     const char *kc = (const char *)op->src3 + g * (krow / hkv), *vc = (const char *)op->src4 + g * (vrow / hkv);
@@ -672,6 +672,7 @@ static void attend_q8(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_t
     softmax(sc, group, t, t, !v8, L, ctx->kt);
     if (v8) L->q8_values_all(out, dh, sc, t, group, nb, vc, vrow, slots, t);
     else L->values(out, sc, t, group, dh, 0, dh, (const uint16_t *)vc, hkv * dh, slots, t);
+    return 1;
 }
 
 /* the first position a token at p attends to */
@@ -697,7 +698,7 @@ static int64_t tile_rows(const ed_op *op) {
     return rows >= ED_TILE_MAX ? ED_TILE_MAX : rows < 2 ? 1 : rows;
 }
 
-/* tokens r0 .. r0+nt-1 over kv head g (f16 or q8_0 K and V, as attend_token and attend_q8 per token); 0
+/* tokens r0 .. r0+nt-1 over kv head g (f16 or q8_0 K and V, as attend_keys per token); 0
  * where the tile does not qualify (the caller then attends token by token): one sequence, consecutive
  * positions, every key mapped */
 static int attend_tile(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_t r0, int64_t nt, int64_t g) {
@@ -970,25 +971,17 @@ static void attend_token(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int6
         const int64_t lo = first_key(op, p), t = p + 1 - lo;
         memset(out, 0, sizeof(float) * group * dh);
         if (t <= 0 || slot_of(op, s, p) < 0) return; /* the caller checked: not expected */
-        /* scratch: the keys' slots (t), q (group, dh), one key/value row (dh), scores (group, t), one
-         * step's scores (group), 8 converted keys (8, dh); the output accumulates in out */
-        if (kind_of(op, 0) == ED_Q8_0 || kind_of(op, 1) == ED_Q8_0) {
-            attend_q8(op, ctx, L, r, g, lo, t, out);
-            return;
-        }
-        int64_t *slots = ed_thread_scratch(ctx, sizeof(int64_t) * t + sizeof(float) * (group * dh + 9 * dh + group * t + group));
+        if (dh % 8 == 0 && attend_keys(op, ctx, L, r, g, lo, t, out)) return;
+        /* an unmapped key (the caller checked: not expected) leaves a q8_0 cache's output zero; over f16 it
+         * weighs 0, key by key. Scratch: the keys' slots (t), q (group, dh), one key/value row (dh), scores
+         * (group, t), one step's scores (group); the output accumulates in out */
+        if (kind_of(op, 0) == ED_Q8_0 || kind_of(op, 1) == ED_Q8_0) return;
+        int64_t *slots = ed_thread_scratch(ctx, sizeof(int64_t) * t + sizeof(float) * (group * dh + dh + group * t + group));
         if (!slots) return;
-        float *qh = (float *)(slots + t), *row = qh + group * dh, *sc = row + dh, *s1 = sc + group * t, *kbuf = s1 + group;
+        float *qh = (float *)(slots + t), *row = qh + group * dh, *sc = row + dh, *s1 = sc + group * t;
         memcpy(qh, (const float *)op->src0 + (r * n_head + g * group) * dh, sizeof(float) * group * dh);
         L->round_f16(qh, group * dh);
         const int32_t *blocks = table + s * op->i2;
-        if (dh % 8 == 0 && key_slots(op, blocks, lo, t, slots)) { /* all keys at once */
-            L->scores(qh, group, dh, kc + g * dh, hkv * dh, slots, t, kbuf, sc, t);
-            scale_scores(op, sc, group * t, L);
-            softmax(sc, group, t, t, 1, L, ctx->kt);
-            L->values(out, sc, t, group, dh, 0, dh, vc + g * dh, hkv * dh, slots, t);
-            return;
-        }
         for (int pass = 0; pass < 2; pass++) { /* scores, softmax, then the weighted values */
             /* positions lo..p, a run within one block at a time: slot = blocks[b] * bs + offset */
             for (int64_t j = 0; j < t;) {
