@@ -49,8 +49,10 @@ done
 ls -la $models
 export EDGELLM_HOME=/tmp/cuda_home
 
-say "contract and cuda tests on the device"
-timeout 200 python3 -m pytest -q -x -p no:cacheprovider -k cuda tests/test_backend_contract.py tests/test_cuda_backend.py tests/test_cuda_blocks.py
+if [ "${CHECK_TESTS:-1}" = 1 ]; then  # CHECK_TESTS=0: models only (a second call, once a model has arrived)
+    say "contract and cuda tests on the device"
+    timeout 200 python3 -m pytest -q -x -p no:cacheprovider -k cuda tests/test_backend_contract.py tests/test_cuda_backend.py tests/test_cuda_blocks.py
+fi
 
 say "greedy tokens: cuda against native (to the first near-tie)"
 for m in $models/SmolLM2*.gguf $models/gemma-3*.gguf; do
