@@ -121,3 +121,27 @@ def test_auto_on_the_native_backend_never_imports_numba(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, model], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["native", "False", "False"]
+
+
+def test_a_numba_cuda_that_does_not_load_with_this_numpy_is_refused_by_name(tmp_path, monkeypatch):
+    """numba-cuda 0.30 under numpy 2.5 (an H100 machine's image) failed at the first kernel compile with
+    numpy's AttributeError; the backend now refuses before it loads anything, in one line."""
+    from edgellm.backends import cuda as cuda_backend
+
+    code = "from edgellm.backends.cuda import registries_refusal; print(registries_refusal())"
+    out = subprocess.run(  # the numba-cuda and numpy installed here load (the simulator has no registries)
+        [sys.executable, "-c", code],
+        env=_env_without_simulator(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert (out.returncode, out.stdout.strip()) == (0, "None"), out.stderr[-2000:]
+    (tmp_path / "clashing_registries.py").write_text(
+        "raise AttributeError(\"module 'numpy' has no attribute 'row_stack'\")\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(cuda_backend, "REGISTRIES", "clashing_registries")
+    why = cuda_backend.registries_refusal()
+    assert why is not None and why.startswith("cuda: numba-cuda")
+    assert "numpy" in why and "row_stack" in why and "\n" not in why

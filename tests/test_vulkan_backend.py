@@ -197,3 +197,13 @@ def test_a_batch_decodes_each_sequence_as_it_decodes_alone(llms):
     together = [c.tokens for c in llm.generate(prompts, max_tokens=6, temperature=0.0)]
     alone = [llm.generate(p, max_tokens=6, temperature=0.0).tokens for p in prompts]
     assert together == alone
+
+
+def test_vulkan_without_wgpu_is_refused_by_name(monkeypatch):
+    """Where a GPU device node exists but wgpu is not installed (an H100 machine), asking for vulkan raised
+    ModuleNotFoundError from the backend's constructor; it is refused by name like every other gap."""
+    monkeypatch.setitem(sys.modules, "wgpu", None)  # `import wgpu` raises ImportError
+    with pytest.raises(
+        BackendUnavailable, match=r"vulkan: wgpu is not installed \(pip install 'edgellm\[gpu\]'"
+    ):
+        get_backend("vulkan")

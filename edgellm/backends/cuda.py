@@ -63,6 +63,33 @@ def _simulator_on() -> bool:
     return os.environ.get("NUMBA_ENABLE_CUDASIM", "0").strip() not in ("", "0")
 
 
+# the module whose import loads numba-cuda's lowering registries (numpy's functions among them), which
+# numba-cuda otherwise loads at the first kernel compile
+REGISTRIES = "numba.cuda.cudaimpl"
+
+
+def registries_refusal() -> str | None:
+    """Why numba-cuda cannot compile a kernel with this numpy (one line), or None. numba-cuda 0.30 overloads
+    np.row_stack, which numpy 2.5 removed: refused here by name rather than at the first matmul."""
+    import importlib
+
+    try:
+        importlib.import_module(REGISTRIES)
+    except Exception as e:  # noqa: BLE001 - whatever the version clash raises, summed up in one line
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            have = f"numba-cuda {version('numba-cuda')}"
+        except PackageNotFoundError:
+            have = "numba-cuda"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return (
+            f"cuda: {have} does not load with numpy {np.__version__} ({first}); "
+            "install the numpy it supports (pip install 'edgellm[cuda]' pins numpy<2.5)"
+        )
+    return None
+
+
 def refusal() -> str | None:
     """Why the cuda backend cannot run here (one line), or None. Cheap where there is no NVIDIA device."""
     simulated = _simulator_on()
@@ -78,6 +105,8 @@ def refusal() -> str | None:
         return str(e)
     if simulated:
         return None
+    if (why := registries_refusal()) is not None:
+        return why
     try:
         dev = cuda.get_current_device()
     except Exception as e:  # noqa: BLE001 - the driver's own error, summed up in one line

@@ -357,11 +357,11 @@ class WebGPUBackend(RecordedSteps, Backend):
     weight_types = frozenset(LAYOUT)  # what matmul and get_rows run on the device (no device needed to ask)
 
     def __init__(self, threads: int | None = None):
+        self.adapter = adapter = find_adapter(self.kind)  # first: it refuses by name where wgpu is missing
         import wgpu
 
         self.wgpu = wgpu
         self.name = self.kind
-        self.adapter = adapter = find_adapter(self.kind)
         info = adapter.info
         self.device_name = info.get("device", "?")
         # lavapipe (llvmpipe) and other software drivers: right for tests, never faster than the CPU backends

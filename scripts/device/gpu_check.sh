@@ -16,12 +16,15 @@ exec > >(tee "$OUT/gpu_check.log") 2>&1
 say() { printf '\n== %s\n' "$*"; }
 
 say "Vulkan loader and driver"
-if ! ldconfig -p | grep -q 'libvulkan.so.1'; then
-    for f in .gl/*.deb; do [ -f "$f" ] && dpkg -x "$f" /; done
-    ldconfig
-fi
+# the loader and glvnd (NVIDIA's Vulkan ICD is libGLX_nvidia, which needs glvnd's libraries): on an H100
+# machine (2026-12-05) libvulkan1 alone found no Vulkan adapter; unpacking is idempotent
+for f in .gl/*.deb; do [ -f "$f" ] && dpkg -x "$f" /; done
+ldconfig
 nv_icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+nv_egl=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
 [ -f "$nv_icd" ] && export VK_DRIVER_FILES="$nv_icd"
+[ -f "$nv_egl" ] && export __EGL_VENDOR_LIBRARY_FILENAMES="$nv_egl"
+ls /usr/local/nvidia/share/vulkan/icd.d /usr/share/vulkan/icd.d /etc/vulkan/icd.d 2>/dev/null
 ldconfig -p | grep 'libvulkan.so.1' || { echo "no Vulkan loader: carry .gl (libvulkan1)"; exit 2; }
 
 say "Python packages"
