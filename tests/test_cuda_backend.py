@@ -145,3 +145,21 @@ def test_a_numba_cuda_that_does_not_load_with_this_numpy_is_refused_by_name(tmp_
     why = cuda_backend.registries_refusal()
     assert why is not None and why.startswith("cuda: numba-cuda")
     assert "numpy" in why and "row_stack" in why and "\n" not in why
+
+
+def test_numba_cuda_loads_on_a_numpy_without_row_stack():
+    """numpy 2.5 removed np.row_stack, which numba-cuda 0.30's registries overload: every kernel compile
+    failed on an H100 machine's numpy 2.5.2. The cuda kernels' package puts the alias back (np.vstack, as
+    numpy had it); here numpy's own alias is deleted first, as 2.5 has it."""
+    code = (
+        "import numpy as np; del np.row_stack; import edgellm.backends.cuda_kernels; "
+        "import numba.cuda.cudaimpl; print(np.row_stack is np.vstack)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=_env_without_simulator(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert (out.returncode, out.stdout.strip()) == (0, "True"), out.stderr[-2000:]

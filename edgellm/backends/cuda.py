@@ -50,6 +50,9 @@ def _import_cuda() -> Any:
         raise BackendUnavailable(
             f"cuda: numba-cuda is not installed (pip install 'edgellm[cuda]'): {e}"
         ) from e
+    # numpy's np.row_stack alias, back before the first compile loads numba-cuda's registries (its docstring)
+    import edgellm.backends.cuda_kernels  # noqa: F401
+
     return cuda
 
 
@@ -69,8 +72,9 @@ REGISTRIES = "numba.cuda.cudaimpl"
 
 
 def registries_refusal() -> str | None:
-    """Why numba-cuda cannot compile a kernel with this numpy (one line), or None. numba-cuda 0.30 overloads
-    np.row_stack, which numpy 2.5 removed: refused here by name rather than at the first matmul."""
+    """Why numba-cuda cannot compile a kernel with this numpy (one line), or None: a clash between the two
+    (numba-cuda 0.30 needs np.row_stack, which numpy 2.5 removed and cuda_kernels puts back) is refused
+    here by name rather than at the first matmul."""
     import importlib
 
     try:
