@@ -150,9 +150,9 @@ def test_a_numba_cuda_that_does_not_load_with_this_numpy_is_refused_by_name(tmp_
 def test_numba_cuda_loads_on_a_numpy_without_row_stack():
     """numpy 2.5 removed np.row_stack, which numba-cuda 0.30's registries overload: every kernel compile
     failed on an H100 machine's numpy 2.5.2. The cuda kernels' package puts the alias back (np.vstack, as
-    numpy had it); here numpy's own alias is deleted first, as 2.5 has it."""
+    numpy had it); here numpy's own alias (2.4 and older) is removed first, as 2.5 has it."""
     code = (
-        "import numpy as np; del np.row_stack; import edgellm.backends.cuda_kernels; "
+        "import numpy as np; vars(np).pop('row_stack', None); import edgellm.backends.cuda_kernels; "
         "import numba.cuda.cudaimpl; print(np.row_stack is np.vstack)"
     )
     out = subprocess.run(

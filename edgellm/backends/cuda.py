@@ -77,6 +77,8 @@ def registries_refusal() -> str | None:
     here by name rather than at the first matmul."""
     import importlib
 
+    import edgellm.backends.cuda_kernels  # noqa: F401 - the np.row_stack alias first, as _import_cuda
+
     try:
         importlib.import_module(REGISTRIES)
     except Exception as e:  # noqa: BLE001 - whatever the version clash raises, summed up in one line
@@ -89,7 +91,7 @@ def registries_refusal() -> str | None:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return (
             f"cuda: {have} does not load with numpy {np.__version__} ({first}); "
-            "install the numpy it supports (pip install 'edgellm[cuda]' pins numpy<2.5)"
+            "install a numba-cuda and numpy that load together (pip install 'edgellm[cuda]')"
         )
     return None
 
