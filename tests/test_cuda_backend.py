@@ -34,6 +34,17 @@ def _env_without_simulator() -> dict:
     return env
 
 
+def _python_without_simulator(code: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """`python -c code` with numba-cuda's real target (what loads its lowering registries)."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env=_env_without_simulator(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def test_auto_never_takes_the_simulator(cb):
     assert get_backend("auto").name != "cuda"
 
@@ -81,13 +92,7 @@ def test_every_kernel_compiles_to_ptx_for_turing_to_hopper():
     """numba-cuda's compile_ptx (NVVM, no GPU) for sm_75, 80, 86, 89 and 90: every kernel the backend
     launches, with the argument types its launches pass."""
     code = "from edgellm.backends.cuda_kernels.compile import compile_all; print(sorted(compile_all()))"
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env=_env_without_simulator(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    out = _python_without_simulator(code, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "[(7, 5), (8, 0), (8, 6), (8, 9), (9, 0)]"
 
@@ -124,19 +129,15 @@ def test_auto_on_the_native_backend_never_imports_numba(tmp_path):
 
 
 def test_a_numba_cuda_that_does_not_load_with_this_numpy_is_refused_by_name(tmp_path, monkeypatch):
-    """numba-cuda 0.30 under numpy 2.5 (an H100 machine's image) failed at the first kernel compile with
-    numpy's AttributeError; the backend now refuses before it loads anything, in one line."""
+    """A numba-cuda and numpy that clash fail at the first kernel compile (on an H100 machine: numpy 2.5's
+    missing np.row_stack, now put back); the backend refuses such a pair before it loads anything, in one
+    line. A module raising that error stands in for the registries."""
     from edgellm.backends import cuda as cuda_backend
 
-    code = "from edgellm.backends.cuda import registries_refusal; print(registries_refusal())"
-    out = subprocess.run(  # the numba-cuda and numpy installed here load (the simulator has no registries)
-        [sys.executable, "-c", code],
-        env=_env_without_simulator(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    out = _python_without_simulator(
+        "from edgellm.backends.cuda import registries_refusal; print(registries_refusal())"
     )
-    assert (out.returncode, out.stdout.strip()) == (0, "None"), out.stderr[-2000:]
+    assert (out.returncode, out.stdout.strip()) == (0, "None"), out.stderr[-2000:]  # the pair installed here
     (tmp_path / "clashing_registries.py").write_text(
         "raise AttributeError(\"module 'numpy' has no attribute 'row_stack'\")\n"
     )
@@ -155,11 +156,5 @@ def test_numba_cuda_loads_on_a_numpy_without_row_stack():
         "import numpy as np; vars(np).pop('row_stack', None); import edgellm.backends.cuda_kernels; "
         "import numba.cuda.cudaimpl; print(np.row_stack is np.vstack)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env=_env_without_simulator(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = _python_without_simulator(code)
     assert (out.returncode, out.stdout.strip()) == (0, "True"), out.stderr[-2000:]
