@@ -46,7 +46,8 @@ RANDOM_SHAPES = {
     T.Q4_K: (256, 1024),
     T.Q5_K: (256, 1024),
     T.Q6_K: (256, 2048),
-    T.F16: (1, 7, 33, 48, 576, 1027, 1043, 2059),  # 48, 1043: a 16-element step after the 32s; 2059: K blocks
+    # 48, 1043: a 16-element step after the 32s; 2059: K blocks; 24, 2059: AVX2's 8-element step after its 16s
+    T.F16: (1, 7, 24, 33, 48, 576, 1027, 1043, 2059),
     T.BF16: (1, 9, 64, 80, 577, 2600),
     T.F32: (3, 31, 576, 1030),
 }

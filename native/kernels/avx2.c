@@ -691,7 +691,8 @@ ED_ALWAYS_INLINE void vec_dot_nx_q6_K_n(int n, float *s, size_t bs, const block_
 }
 NX_ENTRY(vec_dot_nx_q6_K, vec_dot_q6_K)
 
-/* ---------------------------------------------------------- float types: 4 x 8 f32 lanes, FMA */
+/* ---------------------------------------------------------- float types: 8 f32 lanes, FMA (F32 and BF16
+ * four chains, F16 two) */
 
 #define FLOAT_DOT(name, T, LOAD, CONV)                                                    \
     static void name(int n, float *s, const void *vx, const void *vy) {                  \
@@ -717,7 +718,24 @@ NX_ENTRY(vec_dot_nx_q6_K, vec_dot_q6_K)
 #define IDENT(v) (v)
 
 FLOAT_DOT(vec_dot_f32, float, LOAD_F32, IDENT)
-FLOAT_DOT(vec_dot_f16, uint16_t, LOAD_F16, f16)
+
+/* F16: two chains (elements 16q..16q+7 and 16q+8..16q+15; the last 8-element step in the first), then
+ * hsum_f32x8 of their sum, then the tail in order. Two, not the four above, so that f16_gemm below keeps
+ * these bits in one pass over K, each weight row's conversion serving three activation rows; decode
+ * reads a row as quickly with two chains as with four (DEVELOPERS.md, "Attention and float weights"). */
+static void vec_dot_f16(int n, float *s, const void *vx, const void *vy) {
+    const uint16_t *x = vx, *y = vy;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_fmadd_ps(LOAD_F16(x + i), LOAD_F16(y + i), a0);
+        a1 = _mm256_fmadd_ps(LOAD_F16(x + i + 8), LOAD_F16(y + i + 8), a1);
+    }
+    if (i + 8 <= n) a0 = _mm256_fmadd_ps(LOAD_F16(x + i), LOAD_F16(y + i), a0), i += 8;
+    float sumf = hsum_f32x8(_mm256_add_ps(a0, a1));
+    for (; i < n; i++) sumf += f16(x[i]) * f16(y[i]);
+    *s = sumf;
+}
 FLOAT_DOT(vec_dot_bf16, uint16_t, LOAD_BF16, ed_bf16_to_f32)
 
 /* hsum_f32x8 of 8 vectors at once: the same tree (lane i plus lane i + 4, then + 2, + 1), several
@@ -738,17 +756,14 @@ static inline __m256 hsum8_f32x8(const __m256 v[8]) {
 #define ED_IN_REGISTER(v) __asm__("" : "+x"(v))
 
 /* Prompts over F16 / BF16 weights (ed_float_gemm_fn): float32 activation rows holding their f16 / bf16
- * values, so only the weights are converted. vec_dot's four accumulators per output are independent
+ * values, so only the weights are converted. BF16's vec_dot has four accumulators per output, independent
  * chains (elements 8q..8q+7 of every 32-element step, the last 8-element steps in the first), so a tile
  * of NR weight rows x NC activation rows runs CH of them at a time, a pass each, in AVX2's 16 registers:
- * - F16, 3 x 2 x 2 chains (two passes): 3 conversions and 2 loads per 6 FMAs, and the tile's rows stay
- *   in L1 up to 2048 elements, so rows of 1025..2048 take no K blocks (on a Zen 3, one thread, medians:
- *   67 / 74 / 79 / 62 GFLOP/s at k 576 / 896 / 1536 / 4864, where 2 x 6 x 1 ran 68 / 73 / 60 / 59);
- * - BF16, 2 x 6 x 1 chain (four passes): 2 conversions (a widening and a shift each) and 6 loads per 12
- *   FMAs, as a bf16 conversion costs two instructions (3 x 2 x 2 ran 53 / 56 / 55 / 56 against 65 / 72 /
- *   57 / 56).
- * Each accumulator sees vec_dot's FMAs in vec_dot's order, then (a0 + a1) + (a2 + a3) and hsum_f32x8's
- * tree (hsum8_f32x8): its bits. */
+ * BF16, 2 x 6 x 1 chain (four passes): 2 conversions (a widening and a shift each) and 6 loads per 12
+ * FMAs, as a bf16 conversion costs two instructions (3 x 2 x 2 ran 53 / 56 / 55 / 56 against 65 / 72 /
+ * 57 / 56 GFLOP/s at k 576 / 896 / 1536 / 4864 on a Zen 3, one thread). Each accumulator sees vec_dot's
+ * FMAs in vec_dot's order, then (a0 + a1) + (a2 + a3) and hsum_f32x8's tree (hsum8_f32x8): its bits.
+ * F16 (two chains, one pass: f16_gemm below) has its own tile. */
 #define GEMM_STEP(T, LOAD, NR, i, h)                                                                        \
     {                                                                                                       \
         __m256 w[NR];                                                                                       \
@@ -814,6 +829,9 @@ static inline __m256 hsum8_f32x8(const __m256 v[8]) {
                 s[c * bs + r] = sumf;                                                                       \
             }                                                                                               \
     }                                                                                                       \
+    FLOAT_GEMM_DRIVER(name, NR, NC, CASES)
+/* the GEMM over a level's tiles (name##_tile, NR x NC at most) */
+#define FLOAT_GEMM_DRIVER(name, NR, NC, CASES)                                                              \
     static void name##_block(int n, float *s, size_t bs, const uint8_t *vx, size_t bx, int nr, const float *y, \
                              size_t ly, int nc) {                                                           \
         for (int c0 = 0; c0 < nc; c0 += (NC)) {                                                             \
@@ -839,14 +857,55 @@ static inline __m256 hsum8_f32x8(const __m256 v[8]) {
 
 #define GEMM_CASE(name, R, C)                                                                               \
     case R * 16 + C: name##_tile(n, sc, bs, x, bx, yc, ly, R, C); break;
-#define GEMM_CASES_NC2(name, R) GEMM_CASE(name, R, 1) GEMM_CASE(name, R, 2)
 #define GEMM_CASES_NC6(name, R)                                                                             \
     GEMM_CASE(name, R, 1) GEMM_CASE(name, R, 2) GEMM_CASE(name, R, 3) GEMM_CASE(name, R, 4)                 \
     GEMM_CASE(name, R, 5) GEMM_CASE(name, R, 6)
-#define GEMM_CASES_3X2(name) GEMM_CASES_NC2(name, 3) GEMM_CASES_NC2(name, 2) GEMM_CASES_NC2(name, 1)
 #define GEMM_CASES_2X6(name) GEMM_CASES_NC6(name, 2) GEMM_CASES_NC6(name, 1)
 
-FLOAT_GEMM(f16_gemm, uint16_t, LOAD_F16, f16, 3, 2, 2, 2048, GEMM_CASES_3X2)
+/* F16: vec_dot_f16's two chains an output in one pass over K, 2 weight rows x 3 activation rows: per
+ * 8-element step 2 conversions and 3 loads for 6 FMAs in 15 registers (the two weight vectors, then each
+ * activation vector loaded once for both); each accumulator sees vec_dot_f16's FMAs in its order, then
+ * a0 + a1 and hsum_f32x8's tree (hsum8_f32x8): its bits. */
+#define F16_STEP(i, h)                                                                                      \
+    {                                                                                                       \
+        __m256 w[2];                                                                                        \
+        for (int r = 0; r < nr; r++) w[r] = LOAD_F16((const uint16_t *)(vx + r * bx) + (i));               \
+        for (int c = 0; c < nc; c++) {                                                                      \
+            __m256 v = _mm256_loadu_ps(y + c * ly + (i));                                                   \
+            ED_IN_REGISTER(v);                                                                              \
+            for (int r = 0; r < nr; r++) a[h][r][c] = _mm256_fmadd_ps(w[r], v, a[h][r][c]);                 \
+        }                                                                                                   \
+    }
+ED_ALWAYS_INLINE void f16_gemm_tile(int n, float *s, size_t bs, const uint8_t *vx, size_t bx, const float *y,
+                                    size_t ly, const int nr, const int nc) {
+    const int n16 = n & ~15, n8 = n & ~7;
+    __m256 a[2][2][3];
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < nr; r++)
+            for (int c = 0; c < nc; c++) a[h][r][c] = _mm256_setzero_ps();
+    for (int i = 0; i < n16; i += 16) {
+        F16_STEP(i, 0)
+        F16_STEP(i + 8, 1)
+    }
+    if (n8 > n16) F16_STEP(n16, 0)
+    __m256 v[8];
+    for (int o = 0; o < 8; o++) /* output o: activation row o / nr, weight row o % nr */
+        v[o] = o < nr * nc ? _mm256_add_ps(a[0][o % nr][o / nr], a[1][o % nr][o / nr]) : _mm256_setzero_ps();
+    float sums[8];
+    _mm256_storeu_ps(sums, hsum8_f32x8(v));
+    for (int c = 0; c < nc; c++)
+        for (int r = 0; r < nr; r++) {
+            const uint16_t *x = (const uint16_t *)(vx + r * bx);
+            const int o = c * nr + r;
+            float sumf = sums[4 * (o % 2) + o / 2];
+            for (int i = n8; i < n; i++) sumf += f16(x[i]) * y[c * ly + i];
+            s[c * bs + r] = sumf;
+        }
+}
+#define GEMM_CASES_2X3(name)                                                                                \
+    GEMM_CASE(name, 2, 1) GEMM_CASE(name, 2, 2) GEMM_CASE(name, 2, 3) GEMM_CASE(name, 1, 1)                 \
+    GEMM_CASE(name, 1, 2) GEMM_CASE(name, 1, 3)
+FLOAT_GEMM_DRIVER(f16_gemm, 2, 3, GEMM_CASES_2X3)
 FLOAT_GEMM(bf16_gemm, uint16_t, LOAD_BF16, ed_bf16_to_f32, 2, 6, 1, 1024, GEMM_CASES_2X6)
 
 #include "avx2_x16.h"
