@@ -864,18 +864,8 @@ static inline __m256 hsum8_f32x8(const __m256 v[8]) {
 
 /* F16: vec_dot_f16's two chains an output in one pass over K, 2 weight rows x 3 activation rows: per
  * 8-element step 2 conversions and 3 loads for 6 FMAs in 15 registers (the two weight vectors, then each
- * activation vector loaded once for both); each accumulator sees vec_dot_f16's FMAs in its order, then
- * a0 + a1 and hsum_f32x8's tree (hsum8_f32x8): its bits. */
-#define F16_STEP(i, h)                                                                                      \
-    {                                                                                                       \
-        __m256 w[2];                                                                                        \
-        for (int r = 0; r < nr; r++) w[r] = LOAD_F16((const uint16_t *)(vx + r * bx) + (i));               \
-        for (int c = 0; c < nc; c++) {                                                                      \
-            __m256 v = _mm256_loadu_ps(y + c * ly + (i));                                                   \
-            ED_IN_REGISTER(v);                                                                              \
-            for (int r = 0; r < nr; r++) a[h][r][c] = _mm256_fmadd_ps(w[r], v, a[h][r][c]);                 \
-        }                                                                                                   \
-    }
+ * activation vector loaded once for both: GEMM_STEP); each accumulator sees vec_dot_f16's FMAs in its
+ * order, then a0 + a1 and hsum_f32x8's tree (hsum8_f32x8): its bits. */
 ED_ALWAYS_INLINE void f16_gemm_tile(int n, float *s, size_t bs, const uint8_t *vx, size_t bx, const float *y,
                                     size_t ly, const int nr, const int nc) {
     const int n16 = n & ~15, n8 = n & ~7;
@@ -884,10 +874,10 @@ ED_ALWAYS_INLINE void f16_gemm_tile(int n, float *s, size_t bs, const uint8_t *v
         for (int r = 0; r < nr; r++)
             for (int c = 0; c < nc; c++) a[h][r][c] = _mm256_setzero_ps();
     for (int i = 0; i < n16; i += 16) {
-        F16_STEP(i, 0)
-        F16_STEP(i + 8, 1)
+        GEMM_STEP(uint16_t, LOAD_F16, 2, i, 0)
+        GEMM_STEP(uint16_t, LOAD_F16, 2, i + 8, 1)
     }
-    if (n8 > n16) F16_STEP(n16, 0)
+    if (n8 > n16) GEMM_STEP(uint16_t, LOAD_F16, 2, n16, 0)
     __m256 v[8];
     for (int o = 0; o < 8; o++) /* output o: activation row o / nr, weight row o % nr */
         v[o] = o < nr * nc ? _mm256_add_ps(a[0][o % nr][o / nr], a[1][o % nr][o / nr]) : _mm256_setzero_ps();
