@@ -48,7 +48,7 @@ RANDOM_SHAPES = {
     T.Q6_K: (256, 2048),
     # 48, 1043: a 16-element step after the 32s; 2059: K blocks; 24, 2059: AVX2's 8-element step after its 16s
     T.F16: (1, 7, 24, 33, 48, 576, 1027, 1043, 2059),
-    T.BF16: (1, 9, 64, 80, 577, 2600),
+    T.BF16: (1, 9, 24, 64, 80, 577, 1000, 2600),  # 24, 1000, 2600: AVX2's 8-element step (1000: 2 x 6)
     T.F32: (3, 31, 576, 1030),
 }
 

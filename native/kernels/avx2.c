@@ -691,8 +691,8 @@ ED_ALWAYS_INLINE void vec_dot_nx_q6_K_n(int n, float *s, size_t bs, const block_
 }
 NX_ENTRY(vec_dot_nx_q6_K, vec_dot_q6_K)
 
-/* ---------------------------------------------------------- float types: 8 f32 lanes, FMA (F32 and BF16
- * four chains, F16 two) */
+/* ---------------------------------------------------------- float types: 8 f32 lanes, FMA (F32: four
+ * chains, F16 and BF16: two) */
 
 #define FLOAT_DOT(name, T, LOAD, CONV)                                                    \
     static void name(int n, float *s, const void *vx, const void *vy) {                  \
@@ -719,24 +719,27 @@ NX_ENTRY(vec_dot_nx_q6_K, vec_dot_q6_K)
 
 FLOAT_DOT(vec_dot_f32, float, LOAD_F32, IDENT)
 
-/* F16: two chains (elements 16q..16q+7 and 16q+8..16q+15; the last 8-element step in the first), then
- * hsum_f32x8 of their sum, then the tail in order. Two, not the four above, so that f16_gemm below keeps
- * these bits in one pass over K, each weight row's conversion serving three activation rows; decode
- * reads a row as quickly with two chains as with four (DEVELOPERS.md, "Attention and float weights"). */
-static void vec_dot_f16(int n, float *s, const void *vx, const void *vy) {
-    const uint16_t *x = vx, *y = vy;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        a0 = _mm256_fmadd_ps(LOAD_F16(x + i), LOAD_F16(y + i), a0);
-        a1 = _mm256_fmadd_ps(LOAD_F16(x + i + 8), LOAD_F16(y + i + 8), a1);
+/* F16 and BF16: two chains (elements 16q..16q+7 and 16q+8..16q+15; the last 8-element step in the
+ * first), then hsum_f32x8 of their sum, then the tail in order. Two, not four as F32's, so that their
+ * GEMMs keep these bits with few passes over K (f16_gemm in one, each weight row's conversion serving
+ * three activation rows); decode reads a row about as quickly with two chains as with four
+ * (DEVELOPERS.md, "Attention and float weights"). */
+#define FLOAT_DOT2(name, T, LOAD, CONV)                                                                     \
+    static void name(int n, float *s, const void *vx, const void *vy) {                                    \
+        const T *x = vx, *y = vy;                                                                           \
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0;                                                           \
+        int i = 0;                                                                                          \
+        for (; i + 16 <= n; i += 16) {                                                                      \
+            a0 = _mm256_fmadd_ps(LOAD(x + i), LOAD(y + i), a0);                                             \
+            a1 = _mm256_fmadd_ps(LOAD(x + i + 8), LOAD(y + i + 8), a1);                                     \
+        }                                                                                                   \
+        if (i + 8 <= n) a0 = _mm256_fmadd_ps(LOAD(x + i), LOAD(y + i), a0), i += 8;                         \
+        float sumf = hsum_f32x8(_mm256_add_ps(a0, a1));                                                     \
+        for (; i < n; i++) sumf += CONV(x[i]) * CONV(y[i]);                                                 \
+        *s = sumf;                                                                                          \
     }
-    if (i + 8 <= n) a0 = _mm256_fmadd_ps(LOAD_F16(x + i), LOAD_F16(y + i), a0), i += 8;
-    float sumf = hsum_f32x8(_mm256_add_ps(a0, a1));
-    for (; i < n; i++) sumf += f16(x[i]) * f16(y[i]);
-    *s = sumf;
-}
-FLOAT_DOT(vec_dot_bf16, uint16_t, LOAD_BF16, ed_bf16_to_f32)
+FLOAT_DOT2(vec_dot_f16, uint16_t, LOAD_F16, f16)
+FLOAT_DOT2(vec_dot_bf16, uint16_t, LOAD_BF16, ed_bf16_to_f32)
 
 /* hsum_f32x8 of 8 vectors at once: the same tree (lane i plus lane i + 4, then + 2, + 1), several
  * vectors' partial sums side by side in one register, so the same bits; hsum_f32x8(v[o]) lands in lane
@@ -756,14 +759,11 @@ static inline __m256 hsum8_f32x8(const __m256 v[8]) {
 #define ED_IN_REGISTER(v) __asm__("" : "+x"(v))
 
 /* Prompts over F16 / BF16 weights (ed_float_gemm_fn): float32 activation rows holding their f16 / bf16
- * values, so only the weights are converted. BF16's vec_dot has four accumulators per output, independent
- * chains (elements 8q..8q+7 of every 32-element step, the last 8-element steps in the first), so a tile
- * of NR weight rows x NC activation rows runs CH of them at a time, a pass each, in AVX2's 16 registers:
- * BF16, 2 x 6 x 1 chain (four passes): 2 conversions (a widening and a shift each) and 6 loads per 12
- * FMAs, as a bf16 conversion costs two instructions (3 x 2 x 2 ran 53 / 56 / 55 / 56 against 65 / 72 /
- * 57 / 56 GFLOP/s at k 576 / 896 / 1536 / 4864 on a Zen 3, one thread). Each accumulator sees vec_dot's
- * FMAs in vec_dot's order, then (a0 + a1) + (a2 + a3) and hsum_f32x8's tree (hsum8_f32x8): its bits.
- * F16 (two chains, one pass: f16_gemm below) has its own tile. */
+ * values, so only the weights are converted. vec_dot's two accumulators per output are independent
+ * chains, so a tile of NR weight rows x NC activation rows runs CH of them at a time, a pass each, in
+ * AVX2's 16 registers (FLOAT_GEMM: BF16's 2 x 6 x 1 chain, two passes, 2 conversions of two instructions
+ * each and 6 loads per 12 FMAs), or both in one pass (FLOAT_GEMM_2CH: 2 x 3 x 2). Each accumulator sees
+ * vec_dot's FMAs in vec_dot's order, then a0 + a1 and hsum_f32x8's tree (hsum8_f32x8): its bits. */
 #define GEMM_STEP(T, LOAD, NR, i, h)                                                                        \
     {                                                                                                       \
         __m256 w[NR];                                                                                       \
@@ -782,31 +782,31 @@ static inline __m256 hsum8_f32x8(const __m256 v[8]) {
         for (int h = 0; h < (CH); h++)                                                                      \
             for (int r = 0; r < nr; r++)                                                                    \
                 for (int c = 0; c < nc; c++) a[h][r][c] = acc[(q) + h][r][c];                               \
-        for (int i = k0 + 8 * (q); i < kend32; i += 32)                                                     \
+        for (int i = k0 + 8 * (q); i < kend16; i += 16)                                                     \
             for (int h = 0; h < (CH); h++) GEMM_STEP(T, LOAD, NR, i + 8 * h, h)                             \
         if ((q) == 0)                                                                                       \
-            for (int i = n32; i < kend8; i += 8) GEMM_STEP(T, LOAD, NR, i, 0) /* k0 <= n32 */             \
+            for (int i = n16; i < kend8; i += 8) GEMM_STEP(T, LOAD, NR, i, 0) /* k0 <= n16 */             \
         for (int h = 0; h < (CH); h++)                                                                      \
             for (int r = 0; r < nr; r++)                                                                    \
                 for (int c = 0; c < nc; c++) acc[(q) + h][r][c] = a[h][r][c];                               \
     }
-/* NR x NC tiles of CH chains a pass, K in blocks of 512 past KMAX elements (a tile's rows stay in L1 for
+/* NR x NC tiles of CH of the two chains a pass, K in blocks of 512 past KMAX elements (a tile's rows stay in L1 for
  * its passes); the weight rows in blocks of about GEMM_L2_BYTES (outer: a thread's share of a matrix can
  * outgrow a 512 KiB L2), activation rows NC at a time (they stay in L1), the block's weight rows NR at a
  * time */
 #define FLOAT_GEMM(name, T, LOAD, CONV, NR, NC, CH, KMAX, CASES)                                             \
     ED_ALWAYS_INLINE void name##_tile(int n, float *s, size_t bs, const uint8_t *vx, size_t bx, const float *y, \
                                       size_t ly, const int nr, const int nc) {                              \
-        const int n32 = n & ~31, n8 = n & ~7; /* n8 - n32: the last 8-element steps */                      \
-        __m256 acc[4][NR][NC];                                                                              \
-        for (int q = 0; q < 4; q++)                                                                         \
+        const int n16 = n & ~15, n8 = n & ~7; /* n8 - n16: the last 8-element step */                      \
+        __m256 acc[2][NR][NC];                                                                              \
+        for (int q = 0; q < 2; q++)                                                                         \
             for (int r = 0; r < nr; r++)                                                                    \
                 for (int c = 0; c < nc; c++) acc[q][r][c] = _mm256_setzero_ps();                            \
         const int kb = n <= (KMAX) ? n : 512;                                                               \
         for (int k0 = 0; k0 < n8; k0 += kb) {                                                               \
-            const int kend32 = k0 + kb < n32 ? k0 + kb : n32;                                               \
+            const int kend16 = k0 + kb < n16 ? k0 + kb : n16;                                               \
             const int kend8 = k0 + kb < n8 ? k0 + kb : n8;                                                  \
-            for (int q = 0; q < 4; q += (CH)) GEMM_PASS(T, LOAD, NR, NC, CH, q)                             \
+            for (int q = 0; q < 2; q += (CH)) GEMM_PASS(T, LOAD, NR, NC, CH, q)                             \
         }                                                                                                   \
         float sums[2][8];                                                                                   \
         for (int half = 0; half < 2; half++) {                                                              \
@@ -814,9 +814,7 @@ static inline __m256 hsum8_f32x8(const __m256 v[8]) {
             __m256 v[8];                                                                                    \
             for (int j = 0; j < 8; j++) {                                                                   \
                 const int o = 8 * half + j, r = o % nr, c = o / nr; /* output o: row c, weight row r */      \
-                v[j] = o < nr * nc ? _mm256_add_ps(_mm256_add_ps(acc[0][r][c], acc[1][r][c]),               \
-                                                   _mm256_add_ps(acc[2][r][c], acc[3][r][c]))               \
-                                   : _mm256_setzero_ps();                                                   \
+                v[j] = o < nr * nc ? _mm256_add_ps(acc[0][r][c], acc[1][r][c]) : _mm256_setzero_ps();                                                   \
             }                                                                                               \
             _mm256_storeu_ps(sums[half], hsum8_f32x8(v));                                                   \
         }                                                                                                   \
@@ -862,41 +860,50 @@ static inline __m256 hsum8_f32x8(const __m256 v[8]) {
     GEMM_CASE(name, R, 5) GEMM_CASE(name, R, 6)
 #define GEMM_CASES_2X6(name) GEMM_CASES_NC6(name, 2) GEMM_CASES_NC6(name, 1)
 
-/* F16: vec_dot_f16's two chains an output in one pass over K, 2 weight rows x 3 activation rows: per
- * 8-element step 2 conversions and 3 loads for 6 FMAs in 15 registers (the two weight vectors, then each
- * activation vector loaded once for both: GEMM_STEP); each accumulator sees vec_dot_f16's FMAs in its
- * order, then a0 + a1 and hsum_f32x8's tree (hsum8_f32x8): its bits. */
-ED_ALWAYS_INLINE void f16_gemm_tile(int n, float *s, size_t bs, const uint8_t *vx, size_t bx, const float *y,
-                                    size_t ly, const int nr, const int nc) {
-    const int n16 = n & ~15, n8 = n & ~7;
-    __m256 a[2][2][3];
-    for (int h = 0; h < 2; h++)
-        for (int r = 0; r < nr; r++)
-            for (int c = 0; c < nc; c++) a[h][r][c] = _mm256_setzero_ps();
-    for (int i = 0; i < n16; i += 16) {
-        GEMM_STEP(uint16_t, LOAD_F16, 2, i, 0)
-        GEMM_STEP(uint16_t, LOAD_F16, 2, i + 8, 1)
-    }
-    if (n8 > n16) GEMM_STEP(uint16_t, LOAD_F16, 2, n16, 0)
-    __m256 v[8];
-    for (int o = 0; o < 8; o++) /* output o: activation row o / nr, weight row o % nr */
-        v[o] = o < nr * nc ? _mm256_add_ps(a[0][o % nr][o / nr], a[1][o % nr][o / nr]) : _mm256_setzero_ps();
-    float sums[8];
-    _mm256_storeu_ps(sums, hsum8_f32x8(v));
-    for (int c = 0; c < nc; c++)
-        for (int r = 0; r < nr; r++) {
-            const uint16_t *x = (const uint16_t *)(vx + r * bx);
-            const int o = c * nr + r;
-            float sumf = sums[4 * (o % 2) + o / 2];
-            for (int i = n8; i < n; i++) sumf += f16(x[i]) * y[c * ly + i];
-            s[c * bs + r] = sumf;
-        }
-}
+/* Both chains an output in one pass over K, 2 weight rows x 3 activation rows: per 8-element step 2
+ * conversions and 3 loads for 6 FMAs in 15 registers (the two weight vectors, then each activation vector
+ * loaded once for both: GEMM_STEP). */
 #define GEMM_CASES_2X3(name)                                                                                \
     GEMM_CASE(name, 2, 1) GEMM_CASE(name, 2, 2) GEMM_CASE(name, 2, 3) GEMM_CASE(name, 1, 1)                 \
     GEMM_CASE(name, 1, 2) GEMM_CASE(name, 1, 3)
-FLOAT_GEMM_DRIVER(f16_gemm, 2, 3, GEMM_CASES_2X3)
-FLOAT_GEMM(bf16_gemm, uint16_t, LOAD_BF16, ed_bf16_to_f32, 2, 6, 1, 1024, GEMM_CASES_2X6)
+#define FLOAT_GEMM_2CH(name, T, LOAD, CONV)                                                             \
+ED_ALWAYS_INLINE void name##_tile(int n, float *s, size_t bs, const uint8_t *vx, size_t bx, const float *y, \
+                                    size_t ly, const int nr, const int nc) {                            \
+    const int n16 = n & ~15, n8 = n & ~7;                                                               \
+    __m256 a[2][2][3];                                                                                  \
+    for (int h = 0; h < 2; h++)                                                                         \
+        for (int r = 0; r < nr; r++)                                                                    \
+            for (int c = 0; c < nc; c++) a[h][r][c] = _mm256_setzero_ps();                              \
+    for (int i = 0; i < n16; i += 16) {                                                                 \
+        GEMM_STEP(T, LOAD, 2, i, 0)                                                                     \
+        GEMM_STEP(T, LOAD, 2, i + 8, 1)                                                                 \
+    }                                                                                                   \
+    if (n8 > n16) GEMM_STEP(T, LOAD, 2, n16, 0)                                                         \
+    __m256 v[8];                                                                                        \
+    for (int o = 0; o < 8; o++) /* output o: activation row o / nr, weight row o % nr */                \
+        v[o] = o < nr * nc ? _mm256_add_ps(a[0][o % nr][o / nr], a[1][o % nr][o / nr]) : _mm256_setzero_ps(); \
+    float sums[8];                                                                                      \
+    _mm256_storeu_ps(sums, hsum8_f32x8(v));                                                             \
+    for (int c = 0; c < nc; c++)                                                                        \
+        for (int r = 0; r < nr; r++) {                                                                  \
+            const T *x = (const T *)(vx + r * bx);                                                      \
+            const int o = c * nr + r;                                                                   \
+            float sumf = sums[4 * (o % 2) + o / 2];                                                     \
+            for (int i = n8; i < n; i++) sumf += CONV(x[i]) * y[c * ly + i];                            \
+            s[c * bs + r] = sumf;                                                                       \
+        }                                                                                               \
+}                                                                                                       \
+    FLOAT_GEMM_DRIVER(name, 2, 3, GEMM_CASES_2X3)
+FLOAT_GEMM_2CH(f16_gemm, uint16_t, LOAD_F16, f16)
+FLOAT_GEMM_2CH(bf16_gemm_1, uint16_t, LOAD_BF16, ed_bf16_to_f32)
+FLOAT_GEMM(bf16_gemm_2, uint16_t, LOAD_BF16, ed_bf16_to_f32, 2, 6, 1, 1024, GEMM_CASES_2X6)
+/* BF16: rows up to 1024 elements in 2 x 6 tiles, a pass per chain (2 conversions and 6 loads per 12
+ * FMAs); longer rows in f16_gemm's 2 x 3 tiles, one pass (a Zen 3 thread, GFLOP/s, k 576 / 896 / 1536 /
+ * 4864: 2 x 6 70 / 73 / 54 / 52, 2 x 3 62 / 66 / 66 / 66; the same bits) */
+static void bf16_gemm(int n, float *s, size_t bs, const void *vx, size_t bx, int nr, const float *y, size_t ly,
+                      int nc) {
+    (n <= 1024 ? bf16_gemm_2 : bf16_gemm_1)(n, s, bs, vx, bx, nr, y, ly, nc);
+}
 
 #include "avx2_x16.h"
 
