@@ -790,8 +790,8 @@ static inline __m256 hsum8_f32x8(const __m256 v[8]) {
             for (int r = 0; r < nr; r++)                                                                    \
                 for (int c = 0; c < nc; c++) acc[(q) + h][r][c] = a[h][r][c];                               \
     }
-/* NR x NC tiles of CH of the two chains a pass, K in blocks of 512 past KMAX elements (a tile's rows stay in L1 for
- * its passes); the weight rows in blocks of about GEMM_L2_BYTES (outer: a thread's share of a matrix can
+/* NR x NC tiles of CH of the two chains a pass, K in blocks of 512 past KMAX elements (a tile's rows stay
+ * in L1 for its passes); the weight rows in blocks of about GEMM_L2_BYTES (outer: a thread's share of a matrix can
  * outgrow a 512 KiB L2), activation rows NC at a time (they stay in L1), the block's weight rows NR at a
  * time */
 #define FLOAT_GEMM(name, T, LOAD, CONV, NR, NC, CH, KMAX, CASES)                                             \
@@ -814,7 +814,7 @@ static inline __m256 hsum8_f32x8(const __m256 v[8]) {
             __m256 v[8];                                                                                    \
             for (int j = 0; j < 8; j++) {                                                                   \
                 const int o = 8 * half + j, r = o % nr, c = o / nr; /* output o: row c, weight row r */      \
-                v[j] = o < nr * nc ? _mm256_add_ps(acc[0][r][c], acc[1][r][c]) : _mm256_setzero_ps();                                                   \
+                v[j] = o < nr * nc ? _mm256_add_ps(acc[0][r][c], acc[1][r][c]) : _mm256_setzero_ps();         \
             }                                                                                               \
             _mm256_storeu_ps(sums[half], hsum8_f32x8(v));                                                   \
         }                                                                                                   \
@@ -860,39 +860,40 @@ static inline __m256 hsum8_f32x8(const __m256 v[8]) {
     GEMM_CASE(name, R, 5) GEMM_CASE(name, R, 6)
 #define GEMM_CASES_2X6(name) GEMM_CASES_NC6(name, 2) GEMM_CASES_NC6(name, 1)
 
-/* Both chains an output in one pass over K, 2 weight rows x 3 activation rows: per 8-element step 2
- * conversions and 3 loads for 6 FMAs in 15 registers (the two weight vectors, then each activation vector
- * loaded once for both: GEMM_STEP). */
 #define GEMM_CASES_2X3(name)                                                                                \
     GEMM_CASE(name, 2, 1) GEMM_CASE(name, 2, 2) GEMM_CASE(name, 2, 3) GEMM_CASE(name, 1, 1)                 \
     GEMM_CASE(name, 1, 2) GEMM_CASE(name, 1, 3)
-#define FLOAT_GEMM_2CH(name, T, LOAD, CONV)                                                             \
-ED_ALWAYS_INLINE void name##_tile(int n, float *s, size_t bs, const uint8_t *vx, size_t bx, const float *y, \
-                                    size_t ly, const int nr, const int nc) {                            \
-    const int n16 = n & ~15, n8 = n & ~7;                                                               \
-    __m256 a[2][2][3];                                                                                  \
-    for (int h = 0; h < 2; h++)                                                                         \
-        for (int r = 0; r < nr; r++)                                                                    \
-            for (int c = 0; c < nc; c++) a[h][r][c] = _mm256_setzero_ps();                              \
-    for (int i = 0; i < n16; i += 16) {                                                                 \
-        GEMM_STEP(T, LOAD, 2, i, 0)                                                                     \
-        GEMM_STEP(T, LOAD, 2, i + 8, 1)                                                                 \
-    }                                                                                                   \
-    if (n8 > n16) GEMM_STEP(T, LOAD, 2, n16, 0)                                                         \
-    __m256 v[8];                                                                                        \
-    for (int o = 0; o < 8; o++) /* output o: activation row o / nr, weight row o % nr */                \
-        v[o] = o < nr * nc ? _mm256_add_ps(a[0][o % nr][o / nr], a[1][o % nr][o / nr]) : _mm256_setzero_ps(); \
-    float sums[8];                                                                                      \
-    _mm256_storeu_ps(sums, hsum8_f32x8(v));                                                             \
-    for (int c = 0; c < nc; c++)                                                                        \
-        for (int r = 0; r < nr; r++) {                                                                  \
-            const T *x = (const T *)(vx + r * bx);                                                      \
-            const int o = c * nr + r;                                                                   \
-            float sumf = sums[4 * (o % 2) + o / 2];                                                     \
-            for (int i = n8; i < n; i++) sumf += CONV(x[i]) * y[c * ly + i];                            \
-            s[c * bs + r] = sumf;                                                                       \
-        }                                                                                               \
-}                                                                                                       \
+/* Both chains an output in one pass over K, 2 weight rows x 3 activation rows: per 8-element step 2
+ * conversions and 3 loads for 6 FMAs in 15 registers (the two weight vectors, then each activation vector
+ * loaded once for both: GEMM_STEP). */
+#define FLOAT_GEMM_2CH(name, T, LOAD, CONV)                                                                 \
+    ED_ALWAYS_INLINE void name##_tile(int n, float *s, size_t bs, const uint8_t *vx, size_t bx, const float *y, \
+                                      size_t ly, const int nr, const int nc) {                              \
+        const int n16 = n & ~15, n8 = n & ~7;                                                               \
+        __m256 a[2][2][3];                                                                                  \
+        for (int h = 0; h < 2; h++)                                                                         \
+            for (int r = 0; r < nr; r++)                                                                    \
+                for (int c = 0; c < nc; c++) a[h][r][c] = _mm256_setzero_ps();                              \
+        for (int i = 0; i < n16; i += 16) {                                                                 \
+            GEMM_STEP(T, LOAD, 2, i, 0)                                                                     \
+            GEMM_STEP(T, LOAD, 2, i + 8, 1)                                                                 \
+        }                                                                                                   \
+        if (n8 > n16) GEMM_STEP(T, LOAD, 2, n16, 0)                                                         \
+        __m256 v[8];                                                                                        \
+        for (int o = 0; o < 8; o++) /* output o: activation row o / nr, weight row o % nr */                \
+            v[o] = o < nr * nc ? _mm256_add_ps(a[0][o % nr][o / nr], a[1][o % nr][o / nr])                  \
+                               : _mm256_setzero_ps();                                                       \
+        float sums[8];                                                                                      \
+        _mm256_storeu_ps(sums, hsum8_f32x8(v));                                                             \
+        for (int c = 0; c < nc; c++)                                                                        \
+            for (int r = 0; r < nr; r++) {                                                                  \
+                const T *x = (const T *)(vx + r * bx);                                                      \
+                const int o = c * nr + r;                                                                   \
+                float sumf = sums[4 * (o % 2) + o / 2];                                                     \
+                for (int i = n8; i < n; i++) sumf += CONV(x[i]) * y[c * ly + i];                            \
+                s[c * bs + r] = sumf;                                                                       \
+            }                                                                                               \
+    }                                                                                                       \
     FLOAT_GEMM_DRIVER(name, 2, 3, GEMM_CASES_2X3)
 FLOAT_GEMM_2CH(f16_gemm, uint16_t, LOAD_F16, f16)
 FLOAT_GEMM_2CH(bf16_gemm_1, uint16_t, LOAD_BF16, ed_bf16_to_f32)
