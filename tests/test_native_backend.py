@@ -415,7 +415,7 @@ from edgellm.backends.native import NativeBackend
 h = hashlib.sha256()
 q8 = dict(type_k="q8_0", type_v="q8_0")
 for hkv, group, dh, types in [(3, 3, 64, {}), (2, 7, 72, {}), (1, 4, 256, {}), (3, 3, 64, q8),
-                              (1, 4, 256, dict(type_v="q8_0"))]:
+                              (1, 4, 256, dict(type_v="q8_0")), (1, 5, 40, {}), (2, 6, 24, {})]:
     r = np.random.default_rng(29)
     q = r.standard_normal((303, hkv * group, dh)).astype(np.float32)
     k, v = r.standard_normal((2, 303, hkv, dh)).astype(np.float32)
@@ -436,7 +436,8 @@ def test_attention_gives_the_same_bits_at_every_x86_level():
     """Attention's inner loops (portable C, AVX + F16C, AVX-512VL) do the same float operations in the same
     order: a 300-token prompt, a decode step deep enough to split its keys over 2 threads and a two-sequence
     step give the same bits at each level this CPU runs (EDGELLM_NATIVE_LEVEL picks a lower one), over f16
-    and q8_0 caches."""
+    and q8_0 caches, for groups of query heads that take each of the AVX level's score tiles (4 x 2, 3 x 2,
+    2 x 4 and 1 x 8 heads x keys)."""
     digests = {}
     for level in ("scalar", "avx2", "avx512"):
         env = {**os.environ, "EDGELLM_NATIVE_LEVEL": level}
