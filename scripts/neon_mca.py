@@ -113,7 +113,10 @@ def main() -> int:
         nx = best(funcs, f"vec_dot_{t}_nx_{sfx}", args.cpu)
         x16 = {dots: c for dots, c in loops(funcs, f"x16n_gemm_{t}", args.cpu)}  # nc = 2 does twice nc = 1's
         cells = [one, nx, x16[min(x16)] if x16 else None, x16[max(x16)] if len(x16) > 1 else None]
-        print(f"| {t} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in cells) + " |")
+        text = ["-" if v is None else f"{v:.2f}" for v in cells]
+        if len(x16) == 1:
+            text[3] = "(1 row at a time)"  # the K-quants' x16 kernels take prompt rows one by one
+        print(f"| {t} | " + " | ".join(text) + " |")
     return 0
 
 

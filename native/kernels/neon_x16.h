@@ -16,13 +16,31 @@
  */
 #define ED_X16N_NC 2 /* activation rows per pass: 2 x 4 int and 2 x 4 float accumulators + 8 weight vectors */
 
-enum { X16N_Q4_0, X16N_IQ4_NL, X16N_Q8_0, X16N_Q4_1 }; /* Q4_1: against Q8_1, its mins after the scales */
+enum { X16N_Q4_0, X16N_IQ4_NL, X16N_Q8_0, X16N_Q4_1, X16N_Q5_0 }; /* Q4_1: against Q8_1, its mins after the scales */
+
+/* Q5_0's fifth bits for rows 4k..4k+3 of step t, inverted: 0xFF in each byte whose bit is clear. inv: the
+ * 64-bit masks 2t and 2t + 1 (ed_kernels.h / x16.c's lane_q5_0: bit 4r + i is byte i of row r), inverted */
+ED_INLINE void x16n_fifth_clear(const uint8x16_t inv, const int k, uint8x16_t *lo, uint8x16_t *hi) {
+    static const uint8_t bit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const uint8x16_t m = vld1q_u8(bit);
+    /* byte 2k of a mask holds rows 4k, 4k + 1, byte 2k + 1 rows 4k + 2, 4k + 3: each spread over 8 bytes */
+    const uint8x16_t idx = vcombine_u8(vdup_n_u8((uint8_t)(2 * k)), vdup_n_u8((uint8_t)(2 * k + 1)));
+    *lo = vtstq_u8(vqtbl1q_u8(inv, idx), m);
+    *hi = vtstq_u8(vqtbl1q_u8(inv, vaddq_u8(idx, vdupq_n_u8(8))), m);
+}
 
 /* step t (0..3) of a group block's quants (q: after the 16 scales, and Q4_1's 16 mins) as signed bytes: lo[k] (rows 4k..4k+3)
  * meets the activation's bytes 4t..4t+3, hi[k] its bytes 16 + 4t..16 + 4t + 3 */
 ED_INLINE void x16n_step(const int kind, const uint8_t *q, const int t, int8x16_t lo[4], int8x16_t hi[4]) {
     for (int k = 0; k < 4; k++) {
-        if (kind == X16N_Q8_0) { /* chunk t: quants 4t.., chunk t + 4: quants 16 + 4t.. */
+        if (kind == X16N_Q5_0) { /* 64 bytes of masks, then Q4_0's nibbles: q - 16 is the nibble, less 16
+                                  * (0xF0 above it) where the fifth bit is clear */
+            const uint8x16_t v = vld1q_u8(q + 64 + 64 * t + 16 * k);
+            uint8x16_t cl, ch;
+            x16n_fifth_clear(vmvnq_u8(vld1q_u8(q + 16 * t)), k, &cl, &ch);
+            lo[k] = vreinterpretq_s8_u8(vsliq_n_u8(v, cl, 4));  /* cl << 4 | v & 15 */
+            hi[k] = vreinterpretq_s8_u8(vsriq_n_u8(ch, v, 4)); /* ch & 0xF0 | v >> 4 */
+        } else if (kind == X16N_Q8_0) { /* chunk t: quants 4t.., chunk t + 4: quants 16 + 4t.. */
             const uint8x16_t x80 = vdupq_n_u8(0x80);
             lo[k] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(q + 64 * t + 16 * k), x80));
             hi[k] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(q + 64 * (t + 4) + 16 * k), x80));
@@ -56,8 +74,9 @@ ED_INLINE void x16n_step(const int kind, const uint8_t *q, const int t, int8x16_
 ED_INLINE void x16n_gemm_nc(const int kind, int n, float *s, size_t bs, const uint8_t *vx, int nr,
                             const uint8_t *vy, size_t by, const uint8_t *side, size_t side_row, const int nc) {
     const int nb = n / QK, q41 = kind == X16N_Q4_1;
-    const int off = kind == X16N_Q4_0 ? 8 : 0;
-    const size_t gb = ED_X16_ROWS * (2 + (kind == X16N_Q8_0 ? QK : q41 ? QK / 2 + 2 : QK / 2));
+    const int off = kind == X16N_Q4_0 ? 8 : 0; /* Q5_0's quants come signed */
+    const int block = kind == X16N_Q8_0 ? 34 : kind == X16N_Q5_0 ? 22 : q41 ? 20 : 18; /* the file's block bytes */
+    const size_t gb = (size_t)ED_X16_ROWS * block;
     const size_t yb = q41 ? sizeof(block_q8_1) : sizeof(block_q8_0);
     float32x4_t acc[ED_X16N_NC][4];
     for (int c = 0; c < nc; c++)
@@ -113,11 +132,170 @@ ED_X16N_ENTRY(q4_0, X16N_Q4_0)
 ED_X16N_ENTRY(q4_1, X16N_Q4_1)
 ED_X16N_ENTRY(iq4_nl, X16N_IQ4_NL)
 ED_X16N_ENTRY(q8_0, X16N_Q8_0)
+ED_X16N_ENTRY(q5_0, X16N_Q5_0)
 #undef ED_X16N_ENTRY
+
+/* ---- K-quants: one super-block of 16 rows against one activation row at a time (prompts included: two
+ * rows at once spill registers and model slower per dot than one, scripts/neon_mca.py). The float steps per
+ * super-block are those of kernel_check's x16_ref_q4_K / x16_ref_q6_K and of the AVX2 and AVX-512 kernels
+ * (avx2_x16.h) on exact integer sums, so the bits are theirs. A sub-block's 16 row dots are 4 int32 vectors
+ * of sdot by element; each row's scale then multiplies its lane (mla): a row's sum is the same integer in
+ * any order. */
+
+/* bytes 4k..4k+3 of v (rows 4k..4k+3) widened to int32 lanes, unsigned or signed */
+ED_INLINE int32x4_t x16n_u8_rows(const uint8x16_t v, const int k) {
+    const uint16x8_t h = k < 2 ? vmovl_u8(vget_low_u8(v)) : vmovl_high_u8(v);
+    return vreinterpretq_s32_u32(k & 1 ? vmovl_high_u16(h) : vmovl_u16(vget_low_u16(h)));
+}
+
+ED_INLINE int32x4_t x16n_s8_rows(const int8x16_t v, const int k) {
+    const int16x8_t h = k < 2 ? vmovl_s8(vget_low_s8(v)) : vmovl_high_s8(v);
+    return k & 1 ? vmovl_high_s16(h) : vmovl_s16(vget_low_s16(h));
+}
+
+/* Q4_K: the layout's offsets Q4K_* (x16.c lane_q4_K): pair p's chunk j holds 4 quant bytes of each row, low
+ * nibbles sub-block 2p, high 2p + 1; isum = Σ_j sc_j * dot_j, msum = Σ_j m_j * (the activation's sum over
+ * sub-block j), then acc = fma(d * d_y, isum, acc), acc = acc - (dmin * d_y) * msum (one rounding each).
+ * Each loaded vector gives both sub-blocks of its pair. */
+
+/* the 4 lanes of an activation vector take immediates: chunk 4i + t of the pair meets lane t */
+#define X16N_Q4K_PAIR(t)                                                                                     \
+    for (int k = 0; k < 4; k++) {                                                                            \
+        const uint8x16_t v = vld1q_u8(q + 64 * (4 * i + (t)) + 16 * k);                                      \
+        dl[k] = vdotq_laneq_s32(dl[k], vreinterpretq_s8_u8(vandq_u8(v, m4)), yl, t);                        \
+        dh[k] = vdotq_laneq_s32(dh[k], vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), yh, t);                       \
+    }
+
+static void x16n_q4_K_1(int n, float *s, const uint8_t *vx, int nr, const block_q8_K *yb) {
+    const uint8x16_t m4 = vdupq_n_u8(0x0F);
+    float32x4_t acc[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *g = vx + (size_t)b * Q4K_GROUP;
+        const block_q8_K *y = yb + b;
+        int32x4_t isum[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
+        for (int p = 0; p < 4; p++) {
+            const uint8_t *q = g + Q4K_QS + 512 * p;
+            int32x4_t dl[4], dh[4];
+            for (int k = 0; k < 4; k++) dl[k] = dh[k] = vdupq_n_s32(0);
+            for (int i = 0; i < 2; i++) {
+                const int8x16_t yl = vld1q_s8(y->qs + 64 * p + 16 * i), yh = vld1q_s8(y->qs + 64 * p + 32 + 16 * i);
+                X16N_Q4K_PAIR(0)
+                X16N_Q4K_PAIR(1)
+                X16N_Q4K_PAIR(2)
+                X16N_Q4K_PAIR(3)
+            }
+            const uint8x16_t sl = vld1q_u8(g + Q4K_SC + 32 * p), sh = vld1q_u8(g + Q4K_SC + 32 * p + 16);
+            for (int k = 0; k < 4; k++) {
+                isum[k] = vmlaq_s32(isum[k], dl[k], x16n_u8_rows(sl, k));
+                isum[k] = vmlaq_s32(isum[k], dh[k], x16n_u8_rows(sh, k));
+            }
+        }
+        int32x4_t msum[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
+        for (int i = 0; i < 4; i++) {
+            const uint8x16x2_t m = vld2q_u8(g + Q4K_MIN + 32 * i); /* the 16 rows' m_2i, then m_2i+1 */
+            for (int o = 0; o < 2; o++) {
+                const int16_t ys = (int16_t)(y->bsums[4 * i + 2 * o] + y->bsums[4 * i + 2 * o + 1]);
+                const int16x8_t lo = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(m.val[o])));
+                const int16x8_t hi = vreinterpretq_s16_u16(vmovl_high_u8(m.val[o]));
+                msum[0] = vmlal_n_s16(msum[0], vget_low_s16(lo), ys);
+                msum[1] = vmlal_high_n_s16(msum[1], lo, ys);
+                msum[2] = vmlal_n_s16(msum[2], vget_low_s16(hi), ys);
+                msum[3] = vmlal_high_n_s16(msum[3], hi, ys);
+            }
+        }
+        for (int k = 0; k < 4; k++) {
+            const float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)g + 4 * k)));
+            const float32x4_t dmin = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(g + 32) + 4 * k)));
+            acc[k] = vfmaq_f32(acc[k], vmulq_n_f32(d, y->d), vcvtq_f32_s32(isum[k]));
+            acc[k] = vfmsq_f32(acc[k], vmulq_n_f32(dmin, y->d), vcvtq_f32_s32(msum[k]));
+        }
+    }
+    float t[ED_X16_ROWS];
+    for (int k = 0; k < 4; k++) vst1q_f32(t + 4 * k, acc[k]);
+    memcpy(s, t, sizeof(float) * (size_t)nr);
+}
+#undef X16N_Q4K_PAIR
+
+/* Q6_K: the layout's offsets Q6K_* (x16.c lane_q6_K): ql chunk c holds ql[4c..4c+3] of each row, qh chunk c
+ * qh[4c..4c+3]. Sub-block sb (16 quants) is half h = sb / 8, quarter t = sb % 8 / 2 (ggml
+ * dequantize_row_q6_K's q1..q4), bytes 16 (sb % 2).. of its ql (t even: ql[64h..], odd: ql[64h + 32..];
+ * t < 2 low nibbles, else high) and qh[32h + 16 (sb % 2)..] (bits 2t, 2t + 1). A sub-block's row dot starts
+ * at -32 * (the activation's sum over it), so isum = Σ_sb sc_sb * Σ (q - 32) y, exactly the integer of the
+ * AVX2 kernel's isum - 32 * msum; then acc = fma(d * d_y, isum, acc). Each chunk's loads give its 4
+ * quarters (sub-blocks 8h + 2t + q, t = 0..3). */
+
+/* quarter t's quants 0..63 of a chunk (a: its ql[64h..] bytes, b: ql[64h + 32..], qh, and qh >> 2) */
+ED_INLINE int8x16_t x16n_q6(const int t, uint8x16_t a, uint8x16_t b, uint8x16_t qh, uint8x16_t qh2) {
+    const uint8x16_t m6 = vdupq_n_u8(0x3F);
+    switch (t) {
+    case 0: return vreinterpretq_s8_u8(vandq_u8(vsliq_n_u8(a, qh, 4), m6));  /* a & 15 | (qh & 3) << 4 */
+    case 1: return vreinterpretq_s8_u8(vandq_u8(vsliq_n_u8(b, qh2, 4), m6)); /* b & 15 | (qh >> 2 & 3) << 4 */
+    case 2: return vreinterpretq_s8_u8(vandq_u8(vsriq_n_u8(qh, a, 4), m6));  /* a >> 4 | qh & 0x30 */
+    default: return vreinterpretq_s8_u8(vsriq_n_u8(qh2, b, 4));             /* b >> 4 | (qh >> 2) & 0x30 */
+    }
+}
+
+/* chunk step k (an immediate lane) of rows 4kk..4kk+3: the 4 quarters' dots */
+#define X16N_Q6K_QUARTERS(k)                                                                                 \
+    do {                                                                                                     \
+        const uint8x16_t a = vld1q_u8(g + Q6K_QL + 64 * (16 * h + 4 * q + (k)) + 16 * kk);                   \
+        const uint8x16_t b8 = vld1q_u8(g + Q6K_QL + 64 * (16 * h + 8 + 4 * q + (k)) + 16 * kk);              \
+        const uint8x16_t qh = vld1q_u8(g + Q6K_QH + 64 * (8 * h + 4 * q + (k)) + 16 * kk);                   \
+        const uint8x16_t qh2 = vshrq_n_u8(qh, 2);                                                            \
+        for (int t = 0; t < 4; t++) dot[t] = vdotq_laneq_s32(dot[t], x16n_q6(t, a, b8, qh, qh2), yv[t], k);  \
+    } while (0)
+
+static void x16n_q6_K_1(int n, float *s, const uint8_t *vx, int nr, const block_q8_K *yb) {
+    float32x4_t acc[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *g = vx + (size_t)b * Q6K_GROUP;
+        const block_q8_K *y = yb + b;
+        int32x4_t isum[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
+        for (int hq = 0; hq < 4; hq++) {
+            const int h = hq / 2, q = hq % 2;
+            int8x16_t yv[4], sc[4];
+            for (int t = 0; t < 4; t++) {
+                yv[t] = vld1q_s8(y->qs + 16 * (8 * h + 2 * t + q));
+                sc[t] = vld2q_s8((const int8_t *)g + Q6K_SC + 32 * (4 * h + t)).val[q]; /* pair 4h + t, odd q */
+            }
+            for (int kk = 0; kk < 4; kk++) { /* rows 4kk..4kk+3 */
+                int32x4_t dot[4];
+                for (int t = 0; t < 4; t++) dot[t] = vdupq_n_s32(-32 * y->bsums[8 * h + 2 * t + q]);
+                X16N_Q6K_QUARTERS(0);
+                X16N_Q6K_QUARTERS(1);
+                X16N_Q6K_QUARTERS(2);
+                X16N_Q6K_QUARTERS(3);
+                for (int t = 0; t < 4; t++) isum[kk] = vmlaq_s32(isum[kk], dot[t], x16n_s8_rows(sc[t], kk));
+            }
+        }
+        for (int k = 0; k < 4; k++) {
+            const float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)g + 4 * k)));
+            acc[k] = vfmaq_f32(acc[k], vmulq_n_f32(d, y->d), vcvtq_f32_s32(isum[k]));
+        }
+    }
+    float t[ED_X16_ROWS];
+    for (int k = 0; k < 4; k++) vst1q_f32(t + 4 * k, acc[k]);
+    memcpy(s, t, sizeof(float) * (size_t)nr);
+}
+#undef X16N_Q6K_QUARTERS
+
+#define ED_X16N_KQUANT_ENTRY(name)                                                                           \
+    static void x16n_gemm_##name(int n, float *s, size_t bs, const void *vx, int nr, const void *vy, size_t by, \
+                                 const void *side, size_t side_row, int nc) {                                \
+        (void)side, (void)side_row;                                                                          \
+        for (int c = 0; c < nc; c++) x16n_##name##_1(n, s + c * bs, vx, nr, (const block_q8_K *)((const uint8_t *)vy + c * by)); \
+    }
+
+ED_X16N_KQUANT_ENTRY(q4_K)
+ED_X16N_KQUANT_ENTRY(q6_K)
+#undef ED_X16N_KQUANT_ENTRY
 
 static void set_x16_neon(ed_kernel_table *t) {
     t->types[ED_Q4_0].x16_gemm = x16n_gemm_q4_0;
     t->types[ED_Q4_1].x16_gemm = x16n_gemm_q4_1;
     t->types[ED_IQ4_NL].x16_gemm = x16n_gemm_iq4_nl;
     t->types[ED_Q8_0].x16_gemm = x16n_gemm_q8_0;
+    t->types[ED_Q5_0].x16_gemm = x16n_gemm_q5_0;
+    t->types[ED_Q4_K].x16_gemm = x16n_gemm_q4_K;
+    t->types[ED_Q6_K].x16_gemm = x16n_gemm_q6_K;
 }
