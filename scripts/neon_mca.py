@@ -2,7 +2,8 @@
 
 Compiles native/kernels/neon.c for aarch64 (aarch64-linux-gnu-gcc, the flags of the extension build), takes
 each kernel's innermost loops from the disassembly and runs them through LLVM's machine code analyzer
-(llvm-mca, Debian's `llvm`) on a core model (Neoverse N1 by default: the Cortex-A76 of a Raspberry Pi 5).
+(llvm-mca, Debian's `llvm`) on a core model (Neoverse N1 by default: the Cortex-A76 of a Raspberry Pi 5;
+LLVM 14 schedules neoverse-n1 with its Cortex-A57 model, two 64-bit FP pipes, so read the figures as ratios).
 Reports cycles per 16-byte integer dot (one sdot, or without the dot-product extension one sadalp) in the
 steady state of the loop that does the most dots per iteration: vec_dot (one weight row, one activation
 row) against vec_dot_nx (the same weight row against 4 activation rows, each weight block unpacked once).

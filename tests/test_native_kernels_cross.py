@@ -29,6 +29,13 @@ from edgellm.gguf import ModelFile
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = [ROOT / "native/tests/kernel_check.c", *sorted((ROOT / "native/kernels").glob("*.c"))]
+# native/tests/attention_check.c includes native/runtime/attention.c (its loops are static)
+ATTENTION_SOURCES = [
+    ROOT / "native/tests/attention_check.c",
+    *(p for p in sorted((ROOT / "native/runtime").glob("*.c")) if p.name != "attention.c"),
+    *sorted((ROOT / "native/kernels").glob("*.c")),
+]
+ATTENTION_FLAGS = ["-pthread", f"-I{ROOT / 'native/runtime'}", f"-I{ROOT / 'native'}"]
 QEMU = "qemu-aarch64-static"
 AARCH64_CC = "aarch64-linux-gnu-gcc"
 AARCH64_SYSROOT = "/usr/aarch64-linux-gnu"
@@ -209,8 +216,10 @@ def case_file(tmp_path_factory, request) -> Path:
     return path
 
 
-def _build(compiler: str, flags: list[str], out: Path, opt: str = "-O3") -> Path:
-    cmd = [compiler, opt, "-std=c11", "-Wall", "-Wextra", *flags, "-o", str(out), *map(str, SOURCES), "-lm"]
+def _build(
+    compiler: str, flags: list[str], out: Path, opt: str = "-O3", sources: list[Path] = SOURCES
+) -> Path:
+    cmd = [compiler, opt, "-std=c11", "-Wall", "-Wextra", *flags, "-o", str(out), *map(str, sources), "-lm"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
     assert "warning" not in res.stderr, res.stderr
@@ -297,3 +306,39 @@ def test_kernels_match_numpy_on_aarch64_neon(case_file, tmp_path, march, qemu_cp
     out = _run([QEMU, "-cpu", qemu_cpu, "-L", AARCH64_SYSROOT, str(exe), str(case_file)])
     assert f"cpu level neon, dotprod {dotprod}" in out, out
     assert "\nneon " in out and "OK:" in out, out
+
+
+# ------------------------------------------------------------------------------------ attention's loops
+
+
+@pytest.mark.parametrize("compiler", ["cc", "clang"])
+def test_attention_loops_give_the_portable_loops_bits_on_this_host(tmp_path, compiler):
+    """native/tests/attention_check.c: each level's attention loops (AVX + F16C, AVX-512VL) against the
+    portable C loops, bit for bit (clang too: attention.c turns its default fused multiply-adds off)."""
+    cc = _compiler(compiler)
+    if cc is None:
+        pytest.skip(f"no {compiler} compiler")
+    exe = _build(cc, ATTENTION_FLAGS, tmp_path / "attention_check", sources=ATTENTION_SOURCES)
+    out = _run([str(exe)])
+    assert "OK:" in out, out
+    flags = _cpu_flags()
+    if platform.machine() == "x86_64" and " avx2 " in flags and " fma " in flags and " f16c " in flags:
+        assert "avx2 attention loops" in out, out
+    if " avx512bw " in flags and " avx512vl " in flags:
+        assert "avx512 attention loops" in out, out
+
+
+@pytest.fixture(scope="module")
+def aarch64_attention_check(tmp_path_factory) -> Path:
+    for tool in (AARCH64_CC, QEMU):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} not installed (apt-get install gcc-aarch64-linux-gnu qemu-user-static)")
+    out = tmp_path_factory.mktemp("a64") / "attention_check"
+    return _build(AARCH64_CC, [*ATTENTION_FLAGS, "-static"], out, sources=ATTENTION_SOURCES)
+
+
+@pytest.mark.parametrize("qemu_cpu", ["cortex-a72", "cortex-a76"])
+def test_attention_loops_give_the_portable_loops_bits_on_aarch64(aarch64_attention_check, qemu_cpu):
+    """The NEON attention loops (every AArch64 CPU: the Pi 4 and the Pi 5) against the portable C loops."""
+    out = _run([QEMU, "-cpu", qemu_cpu, "-L", AARCH64_SYSROOT, str(aarch64_attention_check)])
+    assert "neon attention loops" in out and "OK:" in out, out

@@ -25,6 +25,10 @@
 #include "f16.h"
 #include "runtime.h"
 
+#if defined(__clang__) /* the loops multiply then add: clang would fuse them by default (GCC's -std=c11 does not) */
+#pragma STDC FP_CONTRACT OFF
+#endif
+
 static int64_t slot_of(const ed_op *op, int64_t seq, int64_t pos) {
     const int64_t bs = op->i1, n_blocks = op->i2, n_seqs = op->i3;
     if (seq < 0 || seq >= n_seqs || pos < 0 || pos / bs >= n_blocks) return -1;
@@ -577,10 +581,146 @@ static const attn_loops loops_avx512 = {qk_avx,       pv_avx,     round_f16_avx,
                                         sub_avx,      div_avx,    mul_avx};
 #endif
 
+#if defined(__aarch64__)
+#include <arm_neon.h>
+/* The portable loops in NEON (baseline on AArch64: the Pi 4's level as well as the Pi 5's): f16 keys and
+ * values converted by fcvtl instead of the 256 KiB table, each (head, key) dot in qk_c's 8 lanes as two
+ * vectors (lanes 0-3, 4-7), multiply then add as separate vmulq / vaddq (never fused), f16 rounding by
+ * fcvtn / fcvtl (nearest even, as ed_f16_round), so the bits are the portable loops' (native/tests/
+ * attention_check.c compares them). */
+#define ED_NEON_INLINE static inline __attribute__((always_inline))
+
+ED_NEON_INLINE float32x4_t kv4_neon(const uint16_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+
+/* s[h] = q_h . f16(krow) for nh (<= 4) heads, qk_c's lanes and combine (the tail past d8 in lanes 0..) */
+ED_NEON_INLINE void qk4_neon(const float *q, const int nh, int64_t dh, const uint16_t *krow, float *s) {
+    const int64_t d8 = dh / 8 * 8;
+    float32x4_t lo[4], hi[4];
+    for (int h = 0; h < nh; h++) lo[h] = hi[h] = vdupq_n_f32(0.0f);
+    for (int64_t d = 0; d < d8; d += 8) {
+        const float32x4_t k0 = kv4_neon(krow + d), k1 = kv4_neon(krow + d + 4);
+        for (int h = 0; h < nh; h++) {
+            lo[h] = vaddq_f32(lo[h], vmulq_f32(vld1q_f32(q + h * dh + d), k0));
+            hi[h] = vaddq_f32(hi[h], vmulq_f32(vld1q_f32(q + h * dh + d + 4), k1));
+        }
+    }
+    float l[4][8];
+    for (int h = 0; h < nh; h++) { /* no inner loop here (unrolled: lo and hi stay in registers above) */
+        vst1q_f32(l[h], lo[h]);
+        vst1q_f32(l[h] + 4, hi[h]);
+    }
+    for (int h = 0; h < nh; h++) {
+        for (int64_t d = d8, j = 0; d < dh; d++, j++) l[h][j] += q[h * dh + d] * ed_rt_f16_lut[krow[d]];
+        s[h] = combine(l[h]);
+    }
+}
+
+static void qk_neon(const float *q, int64_t group, int64_t dh, const uint16_t *krow, float *row, float *s) {
+    (void)row;
+    for (int64_t h0 = 0; h0 < group; h0 += 4) {
+        switch (group - h0 < 4 ? group - h0 : 4) {
+        case 4: qk4_neon(q + h0 * dh, 4, dh, krow, s + h0); break;
+        case 3: qk4_neon(q + h0 * dh, 3, dh, krow, s + h0); break;
+        case 2: qk4_neon(q + h0 * dh, 2, dh, krow, s + h0); break;
+        default: qk4_neon(q + h0 * dh, 1, dh, krow, s + h0); break;
+        }
+    }
+}
+
+static void pv_neon(float *out, const float *w, int64_t wstride, int64_t group, int64_t dh, const uint16_t *vrow,
+                    float *row) {
+    (void)row;
+    const int64_t d4 = dh / 4 * 4;
+    for (int64_t d = 0; d < d4; d += 4) {
+        const float32x4_t v = kv4_neon(vrow + d);
+        for (int64_t h = 0; h < group; h++) {
+            float *y = out + h * dh + d;
+            vst1q_f32(y, vaddq_f32(vld1q_f32(y), vmulq_f32(vdupq_n_f32(w[h * wstride]), v)));
+        }
+    }
+    for (int64_t d = d4; d < dh; d++)
+        for (int64_t h = 0; h < group; h++) out[h * dh + d] += w[h * wstride] * ed_rt_f16_lut[vrow[d]];
+}
+
+static void round_f16_neon(float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(x + i, vcvt_f32_f16(vcvt_f16_f32(vld1q_f32(x + i))));
+    for (; i < n; i++) x[i] = ed_f16_round(x[i]);
+}
+
+static void scores_neon(const float *q, int64_t group, int64_t dh, const uint16_t *kv, int64_t stride,
+                        const int64_t *slots, int64_t t, float *kbuf, float *sc, int64_t ldsc) {
+    (void)kbuf;
+    float s[4];
+    for (int64_t h0 = 0; h0 < group; h0 += 4) {
+        const int nh = group - h0 < 4 ? (int)(group - h0) : 4;
+        for (int64_t j = 0; j < t; j++) {
+            qk_neon(q + h0 * dh, nh, dh, kv + slots[j] * stride, NULL, s);
+            for (int h = 0; h < nh; h++) sc[(h0 + h) * ldsc + j] = s[h];
+        }
+    }
+}
+
+/* keys in blocks of ED_VBLOCK_NEON, so that a block's value rows come from memory in the first column pass
+ * and from L1 in the others (each sum's terms still added in key order, through out between blocks) */
+#define ED_VBLOCK_NEON 32
+/* out[h * dh + d ..] += w[h * ldw + j] * value j [d ..] over nv vectors of 4 columns and nh heads, the sums
+ * held in registers over the keys */
+ED_NEON_INLINE void values_tile_neon(float *out, const float *w, int64_t ldw, const int nh, const int nv,
+                                     int64_t dh, int64_t d, const uint16_t *kv, int64_t stride,
+                                     const int64_t *slots, int64_t t) {
+    float32x4_t acc[4][4];
+    for (int h = 0; h < nh; h++)
+        for (int v = 0; v < nv; v++) acc[h][v] = vld1q_f32(out + h * dh + d + 4 * v);
+    for (int64_t j = 0; j < t; j++) {
+        const uint16_t *src = kv + slots[j] * stride + d;
+        float32x4_t x[4];
+        for (int v = 0; v < nv; v++) x[v] = kv4_neon(src + 4 * v);
+        for (int h = 0; h < nh; h++) {
+            const float32x4_t wj = vdupq_n_f32(w[h * ldw + j]);
+            for (int v = 0; v < nv; v++) acc[h][v] = vaddq_f32(acc[h][v], vmulq_f32(wj, x[v]));
+        }
+    }
+    for (int h = 0; h < nh; h++)
+        for (int v = 0; v < nv; v++) vst1q_f32(out + h * dh + d + 4 * v, acc[h][v]);
+}
+
+#define ED_VALUES_TILE_NEON(NV)                                                                               \
+    switch (nh) {                                                                                             \
+    case 4: values_tile_neon(o, wh, ldw, 4, NV, dh, d, kv, stride, sl, nj); break;                            \
+    case 3: values_tile_neon(o, wh, ldw, 3, NV, dh, d, kv, stride, sl, nj); break;                            \
+    case 2: values_tile_neon(o, wh, ldw, 2, NV, dh, d, kv, stride, sl, nj); break;                            \
+    default: values_tile_neon(o, wh, ldw, 1, NV, dh, d, kv, stride, sl, nj); break;                           \
+    }
+
+static void values_neon(float *out, const float *w, int64_t ldw, int64_t group, int64_t dh, int64_t d0, int64_t d1,
+                        const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t) {
+    for (int64_t j0 = 0; j0 < t; j0 += ED_VBLOCK_NEON) {
+        const int64_t nj = t - j0 < ED_VBLOCK_NEON ? t - j0 : ED_VBLOCK_NEON;
+        for (int64_t h0 = 0; h0 < group; h0 += 4) {
+            const int nh = group - h0 < 4 ? (int)(group - h0) : 4;
+            float *o = out + h0 * dh;
+            const float *wh = w + h0 * ldw + j0;
+            const int64_t *sl = slots + j0;
+            int64_t d = d0;
+            for (; d + 16 <= d1; d += 16) ED_VALUES_TILE_NEON(4)
+            for (; d < d1; d += 8) ED_VALUES_TILE_NEON(2) /* an odd block of 8 */
+        }
+    }
+}
+#undef ED_VALUES_TILE_NEON
+
+static const attn_loops loops_neon = {qk_neon,  pv_neon, round_f16_neon, scores_neon, values_neon, q8_scores_all_c,
+                                      q8_values_all_c, max_of_c, sub_c, div_c, mul_c};
+#endif
+
 static const attn_loops *loops(const ed_kernel_table *kt) {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (kt->level == ED_LEVEL_AVX512) return &loops_avx512;
     if (kt->level == ED_LEVEL_AVX2) return &loops_avx;
+#endif
+#if defined(__aarch64__)
+    if (kt->level == ED_LEVEL_NEON) return &loops_neon;
 #endif
     (void)kt;
     return &loops_c;
