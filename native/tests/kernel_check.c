@@ -10,7 +10,8 @@
  * rows: the case's and its blocks in reverse order) where a level has it, float_gemm (F16/BF16 weights
  * against float32 activation rows) where a level has it, and amx_gemm (the AMX tile
  * GEMM: up to 16 weight rows against packed activation rows) where the CPU has AMX. Where a level has
- * a repacked (x16) GEMM for the type, 18 weight rows (the case's, rotated by a block each) are repacked
+ * a repacked (x16) GEMM for the type, 18 weight rows (the case's, rotated by a block each and, past the
+ * first, with their quant and scale bytes flipped by a pattern of their own) are repacked
  * into two groups (the second padded) and every output against 1..11 activation rows must be the bits of
  * x16_ref, the layout's defined order, and the case's row within the tolerance of the expected dot.
  * Exit status 0 iff every check passes.
@@ -395,6 +396,14 @@ static int check_x16(const ed_kernel_table *k, const test_case *c, uint8_t *acts
     uint8_t *w = malloc(X16_WROWS * c->wbytes);
     for (int r = 0; r < X16_WROWS; r++)
         for (size_t b = 0; b < nb; b++) memcpy(w + r * c->wbytes + b * bb, c->w + (b + r) % nb * bb, bb);
+    /* rotations alone repeat every nb rows (a row of one super-block is every row): rows past the first also
+     * get their quant and scale bytes flipped by a pattern of their own (the f16 fields kept, so no NaN) */
+    for (int r = 1; r < X16_WROWS; r++)
+        for (size_t i = 0; i < c->wbytes; i++) {
+            const size_t at = i % bb;
+            const int f16 = c->wtype == ED_Q6_K ? at >= 208 : at < (c->wtype == ED_Q4_1 || c->wtype == ED_Q4_K ? 4u : 2u);
+            if (!f16) w[r * c->wbytes + i] ^= (uint8_t)(29 * r + 7 * i);
+        }
     const size_t xbytes = ed_x16_bytes((int)c->wtype, X16_WROWS, c->n), sb = ed_x16_side_bytes(c->n);
     uint8_t *x16 = aligned_alloc(64, (xbytes + 63) / 64 * 64), *side = malloc(NX_ROWS * sb);
     float *got = malloc(sizeof(float) * 19 * NX_ROWS);
