@@ -142,6 +142,13 @@ ED_X16N_ENTRY(q5_0, X16N_Q5_0)
  * of sdot by element; each row's scale then multiplies its lane (mla): a row's sum is the same integer in
  * any order. */
 
+/* the 16 rows' sums (4 vectors of 4 rows) to s[0..nr) */
+ED_INLINE void x16n_store(float *s, const float32x4_t acc[4], int nr) {
+    float t[ED_X16_ROWS];
+    for (int k = 0; k < 4; k++) vst1q_f32(t + 4 * k, acc[k]);
+    memcpy(s, t, sizeof(float) * (size_t)nr);
+}
+
 /* bytes 4k..4k+3 of v (rows 4k..4k+3) widened to int32 lanes, unsigned or signed */
 ED_INLINE int32x4_t x16n_u8_rows(const uint8x16_t v, const int k) {
     const uint16x8_t h = k < 2 ? vmovl_u8(vget_low_u8(v)) : vmovl_high_u8(v);
@@ -210,9 +217,7 @@ static void x16n_q4_K_1(int n, float *s, const uint8_t *vx, int nr, const block_
             acc[k] = vfmsq_f32(acc[k], vmulq_n_f32(dmin, y->d), vcvtq_f32_s32(msum[k]));
         }
     }
-    float t[ED_X16_ROWS];
-    for (int k = 0; k < 4; k++) vst1q_f32(t + 4 * k, acc[k]);
-    memcpy(s, t, sizeof(float) * (size_t)nr);
+    x16n_store(s, acc, nr);
 }
 #undef X16N_Q4K_PAIR
 
@@ -273,9 +278,7 @@ static void x16n_q6_K_1(int n, float *s, const uint8_t *vx, int nr, const block_
             acc[k] = vfmaq_f32(acc[k], vmulq_n_f32(d, y->d), vcvtq_f32_s32(isum[k]));
         }
     }
-    float t[ED_X16_ROWS];
-    for (int k = 0; k < 4; k++) vst1q_f32(t + 4 * k, acc[k]);
-    memcpy(s, t, sizeof(float) * (size_t)nr);
+    x16n_store(s, acc, nr);
 }
 #undef X16N_Q6K_QUARTERS
 
