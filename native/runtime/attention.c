@@ -40,9 +40,10 @@ static int64_t slot_of(const ed_op *op, int64_t seq, int64_t pos) {
 
 typedef struct { uint16_t d; int8_t qs[32]; } kv_q8; /* ggml's block_q8_0 */
 
-/* The inner loops, in three builds with the same float operations in the same order (so the same bits):
- * portable C, AVX + F16C for x86 CPUs with the kernels' AVX2 level (which requires F16C), and at the
- * AVX-512 level the same with scores and values held in AVX-512VL's 32 vector registers.
+/* The inner loops, in four builds with the same float operations in the same order (so the same bits):
+ * portable C, AVX + F16C for x86 CPUs with the kernels' AVX2 level (which requires F16C), at the
+ * AVX-512 level the same with scores and values held in AVX-512VL's 32 vector registers, and NEON on
+ * AArch64 (native/tests/attention_check.c compares each with the portable C).
  *   qk: s[h] = q_h . f16(krow) for the group's heads, each dot over 8 lanes (lane l takes elements
  *       l, l+8, ...) combined as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7));
  *   pv: out_h += w[h * wstride] * f16(vrow), multiply then add (rounded twice, no FMA). */
