@@ -8,7 +8,10 @@
  * are the AVX-512 kernels' (avx512_x16.h) and give their bits: kernel_check's x16_ref checks both.
  */
 #define ED_X16A_NC 4 /* activation rows per call: 4 int sums, 4 float sums and the weights in 16 ymm */
-#define X16A_PF_Q6_K 8192 /* decode: Q6_K prefetches this far ahead, as ED_X16_PF_Q6_K (avx512_x16.h) */
+/* decode: Q5_K and Q6_K prefetch this far ahead, as ED_X16_PF_Q6_K (avx512_x16.h); Q5_K's group reads its
+ * fifth bits' lines again for each pair of sub-blocks, and without it streamed at ~0.75x the file layout
+ * (1 thread, Zen 3: 9.4 against 12.7 GB/s; 12.3-13.4 with it) */
+#define X16A_PF_FAR 8192
 
 static inline __m256i x16a_bcast4(const int8_t *p) {
     int32_t v;
@@ -134,8 +137,9 @@ ED_X16A_ENTRY(x16a_gemm_q5_0, X16A_Q5_0)
 ED_X16A_ENTRY(x16a_gemm_q8_0, X16A_Q8_0)
 ED_X16A_ENTRY(x16a_gemm_iq4_nl, X16A_IQ4_NL)
 
-/* Q4_K: the AVX-512 kernel's plan (x16_q4_K_nc, the layout's offsets Q4K_*) with vpmaddubsw. A sub-block's
- * 8 products per lane pair are summed in int16 (at most 8 * 2 * 15 * 128 = 30720: exact), then vpmaddwd
+/* Q4_K and Q5_K: the AVX-512 kernel's plan (x16_k_nc, the layout's offsets Q4K_*, Q5K_*) with vpmaddubsw. A
+ * sub-block's 8 products per lane pair are summed in int16 (Q4_K: at most 8 * 2 * 15 * 128 = 30720; Q5_K, 4
+ * at a time: 4 * 2 * 31 * 128 = 31744: exact), then vpmaddwd
  * against the row's scale in both halves of its lane adds sc_j * (the sub-block's integer dot) to the row's
  * int32 sum; the float steps per super-block are x16_q4_K_nc's, so the bits are the AVX-512 kernel's. */
 
@@ -163,29 +167,54 @@ ED_ALWAYS_INLINE __m256 x16a_q4_K_float(const uint8_t *g, int h, const block_q8_
     return _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dy), _mm256_cvtepi32_ps(msum), acc);
 }
 
-/* decode (one activation row): both halves of each 64-byte chunk at once, so every line is read once and
- * each loaded vector gives both nibbles (sub-blocks 2p and 2p + 1) */
-static void x16a_q4_K_1(int n, float *s, const uint8_t *vx, int nr, const block_q8_K *y) {
+/* Q5_K's fifth bits for sub-block j: 16 where bit j (bit = 1 << j in every byte) of the qh byte is set */
+static inline __m256i x16a_fifth(__m256i qh, __m256i bit) {
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), _mm256_set1_epi8(16));
+}
+
+/* the same for a constant j, by shifts (within each byte's lane: the mask drops what crossed) */
+ED_ALWAYS_INLINE __m256i x16a_fifth_c(__m256i qh, const int j) {
+    const __m256i m16 = _mm256_set1_epi8(16);
+    if (j == 4) return _mm256_and_si256(qh, m16);
+    return _mm256_and_si256(j < 4 ? _mm256_slli_epi16(qh, 4 - j) : _mm256_srli_epi16(qh, j - 4), m16);
+}
+
+/* decode (one activation row) of Q4_K, or Q5_K (q5, a constant): both halves of each 64-byte chunk at once,
+ * so every line is read once and each loaded vector gives both nibbles (sub-blocks 2p and 2p + 1). Q5_K's
+ * quants (up to 31) sum 4 products in int16 at most (4 * 2 * 31 * 128 = 31744), Q4_K's 8. */
+ED_ALWAYS_INLINE void x16a_k_1(int n, float *s, const uint8_t *vx, int nr, const block_q8_K *y, const int q5) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const size_t group = q5 ? Q5K_GROUP : Q4K_GROUP;
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int b = 0; b < n / QK_K; b++) {
-        const uint8_t *g = vx + (size_t)b * Q4K_GROUP;
+        const uint8_t *g = vx + (size_t)b * group;
+        if (q5)
+            for (size_t off = 0; off < group; off += 64) __builtin_prefetch(g + X16A_PF_FAR + off);
         __m256i isum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 4
         for (int p = 0; p < 4; p++) {
-            const uint8_t *q = g + Q4K_QS + 512 * p;
+            const uint8_t *q = g + (q5 ? Q5K_QS : Q4K_QS) + 512 * p;
             const int8_t *yq = y[b].qs + 64 * p;
             __m256i lo[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, hi[2] = {lo[0], lo[0]};
             for (int k = 0; k < 8; k++) {
                 const __m256i yl = x16a_bcast4(yq + 4 * k), yh = x16a_bcast4(yq + 32 + 4 * k);
                 for (int h = 0; h < 2; h++) {
                     const __m256i v = x16a_load(q + 64 * k + 32 * h);
-                    lo[h] = _mm256_add_epi16(lo[h], _mm256_maddubs_epi16(_mm256_and_si256(v, m4), yl));
-                    hi[h] = _mm256_add_epi16(hi[h], _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), yh));
+                    __m256i wl = _mm256_and_si256(v, m4), wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                    if (q5) {
+                        const __m256i qh = x16a_load(g + Q5K_QH + 64 * k + 32 * h);
+                        wl = _mm256_or_si256(wl, x16a_fifth_c(qh, 2 * p));
+                        wh = _mm256_or_si256(wh, x16a_fifth_c(qh, 2 * p + 1));
+                    }
+                    lo[h] = _mm256_add_epi16(lo[h], _mm256_maddubs_epi16(wl, yl));
+                    hi[h] = _mm256_add_epi16(hi[h], _mm256_maddubs_epi16(wh, yh));
                 }
-            }
-            for (int h = 0; h < 2; h++) {
-                isum[h] = _mm256_add_epi32(isum[h], _mm256_madd_epi16(lo[h], x16a_scale_pairs(g + Q4K_SC + 32 * p + 8 * h)));
-                isum[h] = _mm256_add_epi32(isum[h], _mm256_madd_epi16(hi[h], x16a_scale_pairs(g + Q4K_SC + 32 * p + 16 + 8 * h)));
+                if (k == 7 || (q5 && k == 3))
+                    for (int h = 0; h < 2; h++) {
+                        isum[h] = _mm256_add_epi32(isum[h], _mm256_madd_epi16(lo[h], x16a_scale_pairs(g + Q4K_SC + 32 * p + 8 * h)));
+                        isum[h] = _mm256_add_epi32(isum[h], _mm256_madd_epi16(hi[h], x16a_scale_pairs(g + Q4K_SC + 32 * p + 16 + 8 * h)));
+                        lo[h] = hi[h] = _mm256_setzero_si256();
+                    }
             }
         }
         for (int h = 0; h < 2; h++) acc[h] = x16a_q4_K_float(g, h, y + b, isum[h], acc[h]);
@@ -193,31 +222,37 @@ static void x16a_q4_K_1(int n, float *s, const uint8_t *vx, int nr, const block_
     for (int h = 0; h * 8 < nr; h++) x16a_store(s, 1, &acc[h], h, nr, 1);
 }
 
-/* prompts: nc (<= ED_X16A_NC) activation rows, a half and a sub-block at a time */
-ED_ALWAYS_INLINE void x16a_q4_K_nc(int n, float *s, size_t bs, const uint8_t *vx, int nr, const uint8_t *vy,
-                                   size_t by, const int nc) {
+/* prompts: nc (<= ED_X16A_NC) activation rows, a half and a sub-block at a time (Q5_K: q5) */
+ED_ALWAYS_INLINE void x16a_k_nc(int n, float *s, size_t bs, const uint8_t *vx, int nr, const uint8_t *vy,
+                                size_t by, const int nc, const int q5) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const size_t group = q5 ? Q5K_GROUP : Q4K_GROUP;
     for (int h = 0; h * 8 < nr; h++) {
         __m256 acc[ED_X16A_NC];
         for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
         for (int b = 0; b < n / QK_K; b++) {
-            const uint8_t *g = vx + (size_t)b * Q4K_GROUP;
+            const uint8_t *g = vx + (size_t)b * group;
             __m256i isum[ED_X16A_NC];
             for (int c = 0; c < nc; c++) isum[c] = _mm256_setzero_si256();
             for (int j = 0; j < 8; j++) { /* sub-block j: pair j / 2, low (even) or high (odd) nibbles */
-                const uint8_t *q = g + Q4K_QS + 512 * (j / 2) + 32 * h;
+                const uint8_t *q = g + (q5 ? Q5K_QS : Q4K_QS) + 512 * (j / 2) + 32 * h;
+                const __m256i sc = x16a_scale_pairs(g + Q4K_SC + 16 * j + 8 * h), bit = _mm256_set1_epi8((char)(1 << j));
                 __m256i part[ED_X16A_NC];
                 for (int c = 0; c < nc; c++) part[c] = _mm256_setzero_si256();
                 for (int k = 0; k < 8; k++) {
                     const __m256i v = x16a_load(q + 64 * k);
-                    const __m256i w = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(v, 4) : v, m4);
+                    __m256i w = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(v, 4) : v, m4);
+                    if (q5) w = _mm256_or_si256(w, x16a_fifth(x16a_load(g + Q5K_QH + 64 * k + 32 * h), bit));
                     for (int c = 0; c < nc; c++) {
                         const __m256i y = x16a_bcast4(((const block_q8_K *)(vy + c * by))[b].qs + 32 * j + 4 * k);
                         part[c] = _mm256_add_epi16(part[c], _mm256_maddubs_epi16(w, y));
                     }
+                    if (k == 7 || (q5 && k == 3))
+                        for (int c = 0; c < nc; c++) {
+                            isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(part[c], sc));
+                            part[c] = _mm256_setzero_si256();
+                        }
                 }
-                const __m256i sc = x16a_scale_pairs(g + Q4K_SC + 16 * j + 8 * h);
-                for (int c = 0; c < nc; c++) isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(part[c], sc));
             }
             for (int c = 0; c < nc; c++) acc[c] = x16a_q4_K_float(g, h, (const block_q8_K *)(vy + c * by) + b, isum[c], acc[c]);
         }
@@ -226,9 +261,13 @@ ED_ALWAYS_INLINE void x16a_q4_K_nc(int n, float *s, size_t bs, const uint8_t *vx
 }
 /* one activation row takes the decode kernel (the same bits) */
 #define X16A_Q4_K(NC)                                                                                        \
-    ((NC) == 1 ? x16a_q4_K_1(n, s, vx, nr, (const block_q8_K *)y) : x16a_q4_K_nc(n, s, bs, vx, nr, y, by, NC))
+    ((NC) == 1 ? x16a_k_1(n, s, vx, nr, (const block_q8_K *)y, 0) : x16a_k_nc(n, s, bs, vx, nr, y, by, NC, 0))
+#define X16A_Q5_K(NC)                                                                                        \
+    ((NC) == 1 ? x16a_k_1(n, s, vx, nr, (const block_q8_K *)y, 1) : x16a_k_nc(n, s, bs, vx, nr, y, by, NC, 1))
 ED_X16A_ENTRY(x16a_gemm_q4_K, X16A_Q4_K)
+ED_X16A_ENTRY(x16a_gemm_q5_K, X16A_Q5_K)
 #undef X16A_Q4_K
+#undef X16A_Q5_K
 
 /* Q6_K: the AVX-512 kernel's plan (x16_q6_K_nc, the layout's offsets Q6K_*) with vpmaddubsw. The quants
  * are unsigned (0..63), so two vpmaddubsw of a sub-block sum in int16 (at most 2 * 2 * 63 * 128 = 32256:
@@ -274,7 +313,7 @@ ED_ALWAYS_INLINE void x16a_q6_K_nc(int n, float *s, size_t bs, const uint8_t *vx
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *g = vx + (size_t)b * Q6K_GROUP;
         if (nc == 1)
-            for (size_t off = 0; off < Q6K_GROUP; off += 64) __builtin_prefetch(g + X16A_PF_Q6_K + off);
+            for (size_t off = 0; off < Q6K_GROUP; off += 64) __builtin_prefetch(g + X16A_PF_FAR + off);
         for (int hh = 0; hh * 8 < nr; hh++) { /* rows 8hh..8hh+7: the low or high 32 bytes of each chunk */
             __m256i isum[ED_X16A_NC];
             for (int c = 0; c < nc; c++) isum[c] = _mm256_setzero_si256();
@@ -361,5 +400,6 @@ static void set_x16_avx2(ed_kernel_table *t) {
     t->types[ED_Q8_0].x16_gemm = x16a_gemm_q8_0;
     t->types[ED_IQ4_NL].x16_gemm = x16a_gemm_iq4_nl;
     t->types[ED_Q4_K].x16_gemm = x16a_gemm_q4_K;
+    t->types[ED_Q5_K].x16_gemm = x16a_gemm_q5_K;
     t->types[ED_Q6_K].x16_gemm = x16a_gemm_q6_K;
 }

@@ -188,29 +188,35 @@ ED_ALWAYS_INLINE void x16_q4_1_nc(int n, float *s, size_t bs, const uint8_t *vx,
 }
 ED_X16_ENTRY(x16_gemm_q4_1, x16_q4_1_nc)
 
-/* Q4_K against Q8_K, per super-block and row: isum = Σ_j sc_j * (sub-block j's integer dot) (mullo on
- * the widened scale bytes), msum = Σ_j m_j * (the activation's sum over sub-block j) (vpdpwssd on the min
+/* Q4_K (and Q5_K, q5: each quant + 16 where its fifth bit is set) against Q8_K, per super-block and row:
+ * isum = Σ_j sc_j * (sub-block j's integer dot) (mullo on the widened scale bytes), msum = Σ_j m_j * (the activation's sum over sub-block j) (vpdpwssd on the min
  * pairs against pairs of the activation's bsums added), then acc = fma(d_w * d_y, isum, acc) and
  * acc = fnmadd(dmin_w * d_y, msum, acc): the float steps of ggml's vec_dot_q4_K_q8_K per super-block. All
- * integers are exact: |isum| <= 8 * 63 * 32 * 15 * 127. Each half (sub-block) of a pair is unpacked in
+ * integers are exact: |isum| <= 8 * 63 * 32 * 31 * 128. Each half (sub-block) of a pair is unpacked in
  * turn, so 8 weight vectors and 8 rows' sums fit the registers. */
-ED_ALWAYS_INLINE void x16_q4_K_nc(int n, float *s, size_t bs, const uint8_t *vx, int nr, const uint8_t *vy,
-                                  size_t by, const int nc) {
+ED_ALWAYS_INLINE void x16_k_nc(int n, float *s, size_t bs, const uint8_t *vx, int nr, const uint8_t *vy,
+                               size_t by, const int nc, const int q5) {
     const int nb = n / QK_K;
+    const size_t group = q5 ? Q5K_GROUP : Q4K_GROUP;
     __m512 acc[ED_X16_NC];
     for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m16 = _mm512_set1_epi8(16);
     for (int b = 0; b < nb; b++) {
-        const uint8_t *g = vx + (size_t)b * Q4K_GROUP;
-        x16_prefetch_next(g, ED_X16_PF_Q4_K, Q4K_GROUP, nc);
+        const uint8_t *g = vx + (size_t)b * group;
+        x16_prefetch_next(g, q5 ? ED_X16_PF_Q6_K : ED_X16_PF_Q4_K, group, nc); /* Q5_K: as AVX2's (avx2_x16.h) */
         __m512i isum[ED_X16_NC];
         for (int c = 0; c < nc; c++) isum[c] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) { /* sub-block j: pair j / 2, low (even) or high (odd) nibbles */
-            const uint8_t *q = g + Q4K_QS + 512 * (j / 2);
+            const uint8_t *q = g + (q5 ? Q5K_QS : Q4K_QS) + 512 * (j / 2);
             __m512i w[8];
             for (int k = 0; k < 8; k++) {
                 const __m512i v = _mm512_loadu_si512((const void *)(q + 64 * k));
                 w[k] = _mm512_and_si512(j & 1 ? _mm512_srli_epi16(v, 4) : v, m4);
+                if (q5) { /* + 16 where bit j of the quant's qh byte is set */
+                    const __m512i qh = _mm512_loadu_si512((const void *)(g + Q5K_QH + 64 * k));
+                    const __mmask64 hi = _mm512_test_epi8_mask(qh, _mm512_set1_epi8((char)(1 << j)));
+                    w[k] = _mm512_mask_add_epi8(w[k], hi, w[k], m16);
+                }
             }
             const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(g + Q4K_SC + 16 * j)));
             for (int c = 0; c < nc; c++) {
@@ -340,12 +346,18 @@ ED_ALWAYS_INLINE void x16_q6_K_nc(int n, float *s, size_t bs, const uint8_t *vx,
     x16_store(s, bs, acc, nr, nc);
 }
 
-ED_X16_ENTRY(x16_gemm_q4_K, x16_q4_K_nc)
+#define X16_Q4_K(n, s, bs, vx, nr, y, by, nc) x16_k_nc(n, s, bs, vx, nr, y, by, nc, 0)
+#define X16_Q5_K(n, s, bs, vx, nr, y, by, nc) x16_k_nc(n, s, bs, vx, nr, y, by, nc, 1)
+ED_X16_ENTRY(x16_gemm_q4_K, X16_Q4_K)
+ED_X16_ENTRY(x16_gemm_q5_K, X16_Q5_K)
+#undef X16_Q4_K
+#undef X16_Q5_K
 ED_X16_ENTRY(x16_gemm_q6_K, x16_q6_K_nc)
 
 static void set_x16(ed_kernel_table *t) {
     t->types[ED_Q6_K].x16_gemm = x16_gemm_q6_K;
     t->types[ED_Q4_K].x16_gemm = x16_gemm_q4_K;
+    t->types[ED_Q5_K].x16_gemm = x16_gemm_q5_K;
     t->types[ED_Q5_0].x16_gemm = x16_gemm_q5_0;
     t->types[ED_Q4_0].x16_gemm = x16_gemm_q4_0;
     t->types[ED_Q4_1].x16_gemm = x16_gemm_q4_1;

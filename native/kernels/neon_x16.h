@@ -160,7 +160,8 @@ ED_INLINE int32x4_t x16n_s8_rows(const int8x16_t v, const int k) {
     return k & 1 ? vmovl_high_s16(h) : vmovl_s16(vget_low_s16(h));
 }
 
-/* Q4_K: the layout's offsets Q4K_* (x16.c lane_q4_K): pair p's chunk j holds 4 quant bytes of each row, low
+/* Q4_K (and Q5_K, q5: the layout's offsets Q5K_*, each quant's fifth bit from its qh byte's bit j):
+ * the layout's offsets Q4K_* (x16.c lane_q4_K): pair p's chunk j holds 4 quant bytes of each row, low
  * nibbles sub-block 2p, high 2p + 1; isum = Σ_j sc_j * dot_j, msum = Σ_j m_j * (the activation's sum over
  * sub-block j), then acc = fma(d * d_y, isum, acc), acc = acc - (dmin * d_y) * msum (one rounding each).
  * Each loaded vector gives both sub-blocks of its pair. */
@@ -169,19 +170,27 @@ ED_INLINE int32x4_t x16n_s8_rows(const int8x16_t v, const int k) {
 #define X16N_Q4K_PAIR(t)                                                                                     \
     for (int k = 0; k < 4; k++) {                                                                            \
         const uint8x16_t v = vld1q_u8(q + 64 * (4 * i + (t)) + 16 * k);                                      \
-        dl[k] = vdotq_laneq_s32(dl[k], vreinterpretq_s8_u8(vandq_u8(v, m4)), yl, t);                        \
-        dh[k] = vdotq_laneq_s32(dh[k], vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), yh, t);                       \
+        int8x16_t wl = vreinterpretq_s8_u8(vandq_u8(v, m4)), wh = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));     \
+        if (q5) { /* the fifth bits (qh >> 2p: bit 0 low, bit 1 high nibbles) at bit 4 */                   \
+            const uint8x16_t f = vshlq_u8(vld1q_u8(g + Q5K_QH + 64 * (4 * i + (t)) + 16 * k), down);          \
+            wl = vreinterpretq_s8_u8(vandq_u8(vsliq_n_u8(v, f, 4), m31));                                    \
+            wh = vreinterpretq_s8_u8(vsriq_n_u8(vandq_u8(vshlq_n_u8(f, 3), m16), v, 4));                     \
+        }                                                                                                    \
+        dl[k] = vdotq_laneq_s32(dl[k], wl, yl, t);                                                           \
+        dh[k] = vdotq_laneq_s32(dh[k], wh, yh, t);                                                           \
     }
 
-static void x16n_q4_K_1(int n, float *s, const uint8_t *vx, int nr, const block_q8_K *yb) {
-    const uint8x16_t m4 = vdupq_n_u8(0x0F);
+ED_INLINE void x16n_k_1(int n, float *s, const uint8_t *vx, int nr, const block_q8_K *yb, const int q5) {
+    const uint8x16_t m4 = vdupq_n_u8(0x0F), m16 = vdupq_n_u8(16), m31 = vdupq_n_u8(31);
+    const size_t group = q5 ? Q5K_GROUP : Q4K_GROUP;
     float32x4_t acc[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
     for (int b = 0; b < n / QK_K; b++) {
-        const uint8_t *g = vx + (size_t)b * Q4K_GROUP;
+        const uint8_t *g = vx + (size_t)b * group;
         const block_q8_K *y = yb + b;
         int32x4_t isum[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
         for (int p = 0; p < 4; p++) {
-            const uint8_t *q = g + Q4K_QS + 512 * p;
+            const uint8_t *q = g + (q5 ? Q5K_QS : Q4K_QS) + 512 * p;
+            const int8x16_t down = vdupq_n_s8((int8_t)(-2 * p));
             int32x4_t dl[4], dh[4];
             for (int k = 0; k < 4; k++) dl[k] = dh[k] = vdupq_n_s32(0);
             for (int i = 0; i < 2; i++) {
@@ -220,6 +229,8 @@ static void x16n_q4_K_1(int n, float *s, const uint8_t *vx, int nr, const block_
     x16n_store(s, acc, nr);
 }
 #undef X16N_Q4K_PAIR
+static void x16n_q4_K_1(int n, float *s, const uint8_t *vx, int nr, const block_q8_K *yb) { x16n_k_1(n, s, vx, nr, yb, 0); }
+static void x16n_q5_K_1(int n, float *s, const uint8_t *vx, int nr, const block_q8_K *yb) { x16n_k_1(n, s, vx, nr, yb, 1); }
 
 /* Q6_K: the layout's offsets Q6K_* (x16.c lane_q6_K): ql chunk c holds ql[4c..4c+3] of each row, qh chunk c
  * qh[4c..4c+3]. Sub-block sb (16 quants) is half h = sb / 8, quarter t = sb % 8 / 2 (ggml
@@ -290,6 +301,7 @@ static void x16n_q6_K_1(int n, float *s, const uint8_t *vx, int nr, const block_
     }
 
 ED_X16N_KQUANT_ENTRY(q4_K)
+ED_X16N_KQUANT_ENTRY(q5_K)
 ED_X16N_KQUANT_ENTRY(q6_K)
 #undef ED_X16N_KQUANT_ENTRY
 
@@ -300,5 +312,6 @@ static void set_x16_neon(ed_kernel_table *t) {
     t->types[ED_Q8_0].x16_gemm = x16n_gemm_q8_0;
     t->types[ED_Q5_0].x16_gemm = x16n_gemm_q5_0;
     t->types[ED_Q4_K].x16_gemm = x16n_gemm_q4_K;
+    t->types[ED_Q5_K].x16_gemm = x16n_gemm_q5_K;
     t->types[ED_Q6_K].x16_gemm = x16n_gemm_q6_K;
 }

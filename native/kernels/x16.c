@@ -78,8 +78,8 @@ static void scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
 /* Q4_K (a super-block of 256): 16 f16 d, 16 f16 dmin, the 8 sub-block scales as bytes [8][16], the mins
  * as byte pairs [4][16][2] (sub-blocks 2i, 2i+1: one vpdpwssd against the activation's pair of 32-sums),
  * then per pair of sub-blocks p 8 chunks of 64 bytes (row r's qs[32p + 4j..+3] at 512p + 64j + 4r: low
- * nibbles are sub-block 2p, high 2p + 1) */
-static void lane_q4_K(const uint8_t *blk, uint8_t *out, int r) {
+ * nibbles are sub-block 2p, high 2p + 1). nibbles: the group block's offset of those chunks. */
+static void lane_k_nibbles(const uint8_t *blk, const uint8_t *qs, uint8_t *out, int r, int nibbles) {
     memcpy(out + 2 * r, blk, 2);
     memcpy(out + 32 + 2 * r, blk + 2, 2);
     for (int j = 0; j < 8; j++) {
@@ -89,7 +89,16 @@ static void lane_q4_K(const uint8_t *blk, uint8_t *out, int r) {
         out[Q4K_MIN + 32 * (j / 2) + 2 * r + (j & 1)] = mn;
     }
     for (int p = 0; p < 4; p++)
-        for (int j = 0; j < 8; j++) memcpy(out + Q4K_QS + 512 * p + 64 * j + 4 * r, blk + 16 + 32 * p + 4 * j, 4);
+        for (int j = 0; j < 8; j++) memcpy(out + nibbles + 512 * p + 64 * j + 4 * r, qs + 32 * p + 4 * j, 4);
+}
+
+static void lane_q4_K(const uint8_t *blk, uint8_t *out, int r) { lane_k_nibbles(blk, blk + 16, out, r, Q4K_QS); }
+
+/* Q5_K: Q4_K's block, and between the mins and the nibbles the file's qh (bit j of qh[i]: the fifth bit
+ * of sub-block j's quant i) in 8 chunks of 64 bytes (row r's qh[4j..4j+3] at 64j + 4r) */
+static void lane_q5_K(const uint8_t *blk, uint8_t *out, int r) {
+    lane_k_nibbles(blk, blk + 48, out, r, Q5K_QS);
+    for (int j = 0; j < 8; j++) memcpy(out + Q5K_QH + 64 * j + 4 * r, blk + 16 + 4 * j, 4);
 }
 
 /* Q6_K (a super-block of 256): 16 f16 d, the 16 int8 scales as pairs [8][16][2] (sub-blocks 2i, 2i + 1:
@@ -113,6 +122,7 @@ static const struct {
     {ED_Q5_0, QK, 22, 352, lane_q5_0},
     {ED_Q8_0, QK, 34, 544, lane_q8_0},
     {ED_Q4_K, QK_K, 144, Q4K_GROUP, lane_q4_K},
+    {ED_Q5_K, QK_K, 176, Q5K_GROUP, lane_q5_K},
     {ED_Q6_K, QK_K, 210, Q6K_GROUP, lane_q6_K},
 };
 

@@ -268,7 +268,7 @@ static int check_amx(const ed_kernel_table *k, const test_case *c, uint8_t *acts
     return fails;
 }
 
-/* One output of the x16 layout's order (Q4_0, Q5_0, IQ4_NL, Q8_0; Q4_1, Q4_K and Q6_K have their own
+/* One output of the x16 layout's order (Q4_0, Q5_0, IQ4_NL, Q8_0; Q4_1, Q4_K / Q5_K and Q6_K have their own
  * below): Σ_b fma(d_w * d_y, (float) isum_b, acc) over the blocks, from the file's blocks (w) and a Q8_0
  * activation row (a). */
 static const int8_t iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -283,11 +283,12 @@ static void scale_min_k4(int j, const uint8_t *q, int *d, int *m) {
     }
 }
 
-/* Q4_K: per super-block fma(d * d_y, Σ_j sc_j * isum_j, acc), then fma(-(dmin * d_y), Σ_j m_j * ysum_j, acc) */
-static float x16_ref_q4_K(int n, const uint8_t *w, const uint8_t *a) {
+/* Q4_K and Q5_K (q5: the fifth bits from qh): per super-block fma(d * d_y, Σ_j sc_j * isum_j, acc), then
+ * fma(-(dmin * d_y), Σ_j m_j * ysum_j, acc) */
+static float x16_ref_q4_K(int n, const uint8_t *w, const uint8_t *a, int q5) {
     float acc = 0.0f;
     for (int b = 0; b < n / 256; b++) {
-        const uint8_t *wb = w + (size_t)b * 144, *ab = a + (size_t)b * 292;
+        const uint8_t *wb = w + (size_t)b * (q5 ? 176 : 144), *ab = a + (size_t)b * 292;
         float dy;
         int16_t bsums[16];
         memcpy(&dy, ab, 4), memcpy(bsums, ab + 4 + 256, 32);
@@ -296,8 +297,9 @@ static float x16_ref_q4_K(int n, const uint8_t *w, const uint8_t *a) {
             int sc, mn, dot = 0;
             scale_min_k4(j, wb + 4, &sc, &mn);
             for (int i = 0; i < 32; i++) {
-                const uint8_t byte = wb[16 + 32 * (j / 2) + i];
-                dot += (j & 1 ? byte >> 4 : byte & 15) * (int8_t)ab[4 + 32 * j + i];
+                const uint8_t byte = wb[(q5 ? 48 : 16) + 32 * (j / 2) + i];
+                const int fifth = q5 ? (wb[16 + i] >> j & 1) << 4 : 0;
+                dot += ((j & 1 ? byte >> 4 : byte & 15) | fifth) * (int8_t)ab[4 + 32 * j + i];
             }
             isum += sc * dot;
             msum += mn * (bsums[2 * j] + bsums[2 * j + 1]);
@@ -356,7 +358,7 @@ static float x16_ref_q4_1(int n, const uint8_t *w, const uint8_t *a) {
 
 static float x16_ref(uint32_t wtype, int n, const uint8_t *w, const uint8_t *a) {
     if (wtype == ED_Q4_1) return x16_ref_q4_1(n, w, a);
-    if (wtype == ED_Q4_K) return x16_ref_q4_K(n, w, a);
+    if (wtype == ED_Q4_K || wtype == ED_Q5_K) return x16_ref_q4_K(n, w, a, wtype == ED_Q5_K);
     if (wtype == ED_Q6_K) return x16_ref_q6_K(n, w, a);
     float acc = 0.0f;
     const int bb = wtype == ED_Q8_0 ? 34 : wtype == ED_Q5_0 ? 22 : 18;
@@ -401,7 +403,7 @@ static int check_x16(const ed_kernel_table *k, const test_case *c, uint8_t *acts
     for (int r = 1; r < X16_WROWS; r++)
         for (size_t i = 0; i < c->wbytes; i++) {
             const size_t at = i % bb;
-            const int f16 = c->wtype == ED_Q6_K ? at >= 208 : at < (c->wtype == ED_Q4_1 || c->wtype == ED_Q4_K ? 4u : 2u);
+            const int f16 = c->wtype == ED_Q6_K ? at >= 208 : at < (c->wtype == ED_Q4_1 || c->wtype == ED_Q4_K || c->wtype == ED_Q5_K ? 4u : 2u);
             if (!f16) w[r * c->wbytes + i] ^= (uint8_t)(29 * r + 7 * i);
         }
     const size_t xbytes = ed_x16_bytes((int)c->wtype, X16_WROWS, c->n), sb = ed_x16_side_bytes(c->n);
