@@ -57,9 +57,10 @@ typedef void (*ed_amx_gemm_fn)(int n, float *s, size_t bs, const void *vx, size_
  * rows' f16 scales, then their quants in 64-byte chunks, chunk j holding 4 consecutive quant bytes of
  * each row (row r at bytes 4r..4r+3): Q4_0 / IQ4_NL chunk j (0..3) = qs[4j..4j+3] (low nibbles: quants
  * 4j.., high: 16+4j..); Q8_0 chunk j (0..7) = qs[4j..4j+3] + 128, unsigned. Q4_1 has the 16 rows' f16
- * mins after the scales, then Q4_0's chunks. Rows past the last are zero.
+ * mins after the scales, then Q4_0's chunks; Q5_0 and Q5_1 put 8 64-bit masks of the fifth bits before
+ * the nibbles (x16.c's lane_q5_0). Rows past the last are zero.
  * One output is Σ_b fma(d_w * d_y, (float) isum_b, acc) in block order, isum_b the block's exact integer
- * dot (Q4_1, against Q8_1: then acc = fma(m_w, s_y, acc), s_y the activation block's f16 d * Σq): the same
+ * dot (Q4_1, Q5_1, against Q8_1: then acc = fma(m_w, s_y, acc), s_y the activation block's f16 d * Σq): the same
  * bits at every level and batch size (decode and prompts), not vec_dot's bits. */
 #define ED_X16_ROWS 16
 /* Byte offsets in a K-quant group block (one super-block of 16 rows; native/kernels/x16.c's lane_q4_K,
@@ -76,9 +77,11 @@ typedef void (*ed_amx_gemm_fn)(int n, float *s, size_t bs, const void *vx, size_
 #define Q6K_QL 288
 #define Q6K_QH (Q6K_QL + 2048)
 #define Q6K_GROUP (Q6K_QH + 1024)
-/* and in a Q4_1 group block: the 16 rows' f16 mins, then their nibbles in Q4_0's chunks */
+/* and in a Q4_1 group block: the 16 rows' f16 mins, then their nibbles in Q4_0's chunks; Q5_1 has Q5_0's
+ * 64 bytes of fifth-bit masks between the mins and the nibbles */
 #define Q41_MIN 32
 #define Q41_QS 64
+#define Q51_QS (Q41_QS + 64)
 /* s[c * bs + r] for r < nr (<= 16), c < nc: group vx against activation rows vy + c * by (quantized to
  * the vec_dot type), side + c * side_row their side tables (ed_x16_side) */
 typedef void (*ed_x16_gemm_fn)(int n, float *s, size_t bs, const void *vx, int nr, const void *vy, size_t by,

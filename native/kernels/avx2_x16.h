@@ -1,7 +1,7 @@
 /* The repacked (x16) GEMM at the AVX2 level, included by avx2.c under its target pragma: the layout of
  * ed_kernels.h read as two halves of 8 rows (a 64-byte chunk's low 32 bytes are rows 0..7, its high 32
  * rows 8..15), one int32 lane per weight row. Without vpdpbusd the integer dots are vpmaddubsw pairs:
- * unsigned quants (Q4_0, Q5_0) sum a few products in int16 before vpmaddwd widens them, where they
+ * unsigned quants (Q4_0, Q4_1, Q5_0, Q5_1) sum a few products in int16 before vpmaddwd widens them, where they
  * cannot overflow (8 or 4 vectors: at most 8 * 2 * 15 * 127 or 4 * 2 * 31 * 127);
  * signed ones (Q8_0, IQ4_NL) take |w| * (y with w's sign), ggml's mul_sum_i8_pairs, widened at once. The
  * integers are exact, so every lane's float steps (convert, scale product, FMA per block or super-block)
@@ -37,14 +37,15 @@ static inline void x16a_store(float *s, size_t bs, const __m256 *acc, int h, int
 
 /* a half's weight vector v (0..7) of a legacy group block's quants q, as the AVX-512 kernels' w[v]: for
  * nibble types chunk v / 2, low nibbles for even v (activation bytes 4 * (v / 2)), high for odd
- * (16 + 4 * (v / 2)); Q8_0 chunk v (bytes 4v). Q5_0's fifth bits (64-bit mask v, 32 bits a half) follow
- * 64 bytes of masks before its nibbles. Signed kinds come back signed. */
+ * (16 + 4 * (v / 2)); Q8_0 chunk v (bytes 4v). Q5_0's and Q5_1's fifth bits (64-bit mask v, 32 bits a
+ * half) are 64 bytes of masks before their nibbles. Signed kinds come back signed. */
 ED_ALWAYS_INLINE __m256i x16a_vector(int type, const uint8_t *q, int h, int v) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     if (type == ED_Q8_0) return _mm256_xor_si256(x16a_load(q + 64 * v + 32 * h), _mm256_set1_epi8((char)0x80));
-    const uint8_t *nib = q + (type == ED_Q5_0 ? 64 : 0) + 64 * (v / 2) + 32 * h;
+    const int q5 = type == ED_Q5_0 || type == ED_Q5_1;
+    const uint8_t *nib = q + (q5 ? 64 : 0) + 64 * (v / 2) + 32 * h;
     __m256i w = _mm256_and_si256(v & 1 ? _mm256_srli_epi16(x16a_load(nib), 4) : x16a_load(nib), m4);
-    if (type == ED_Q5_0) w = _mm256_or_si256(w, _mm256_and_si256(bits32(q + 8 * v + 4 * h), _mm256_set1_epi8(16)));
+    if (q5) w = _mm256_or_si256(w, _mm256_and_si256(bits32(q + 8 * v + 4 * h), _mm256_set1_epi8(16)));
     if (type == ED_IQ4_NL) {
         const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)ed_kvalues_iq4nl));
         w = _mm256_shuffle_epi8(values, w);
@@ -52,16 +53,16 @@ ED_ALWAYS_INLINE __m256i x16a_vector(int type, const uint8_t *q, int h, int v) {
     return w;
 }
 
-/* Q4_0, Q5_0, Q8_0, IQ4_NL (against Q8_0 and its side table) and Q4_1 (against Q8_1, its mins after the
- * scales: acc = fma(m_w, s_y, acc) after each block's product, as x16_q4_1_nc): nr (<= 16) rows of a group
+/* Q4_0, Q5_0, Q8_0, IQ4_NL (against Q8_0 and its side table), Q4_1 and Q5_1 (against Q8_1, their mins
+ * after the scales: acc = fma(m_w, s_y, acc) after each block's product, as x16_q4_1_nc): nr (<= 16) rows of a group
  * against nc (<= ED_X16A_NC) activation rows */
 ED_ALWAYS_INLINE void x16a_legacy_nc(int type, int n, float *s, size_t bs, const uint8_t *vx, int nr, const uint8_t *vy,
                                      size_t by, const uint8_t *side, size_t side_row, const int nc) {
-    const int q41 = type == ED_Q4_1;
-    const int nb = n / QK, qbytes = type == ED_Q8_0 ? 32 : type == ED_Q5_0 ? 20 : q41 ? 18 : 16;
+    const int q41 = type == ED_Q4_1 || type == ED_Q5_1; /* against Q8_1, with mins */
+    const int nb = n / QK, qbytes = type == ED_Q8_0 ? 32 : type == ED_Q5_0 ? 20 : type == ED_Q5_1 ? 22 : q41 ? 18 : 16;
     const int off = type == ED_Q4_0 ? 8 : type == ED_Q5_0 ? 16 : 0;
     const int uns = off || q41;                           /* unsigned quants; the others are signed */
-    const int per16 = type == ED_Q4_0 || q41 ? 8 : 4;     /* vectors summed in int16 */
+    const int per16 = type == ED_Q4_0 || type == ED_Q4_1 ? 8 : 4; /* vectors summed in int16 */
     const size_t gb = (size_t)ED_X16_ROWS * (2 + qbytes), yb = q41 ? sizeof(block_q8_1) : sizeof(block_q8_0);
     const __m256i ones = _mm256_set1_epi16(1);
     for (int h = 0; h * 8 < nr; h++) {
@@ -129,11 +130,13 @@ ED_ALWAYS_INLINE void x16a_legacy_nc(int type, int n, float *s, size_t bs, const
 #define X16A_Q4_0(NC) x16a_legacy_nc(ED_Q4_0, n, s, bs, vx, nr, y, by, sd, side_row, NC)
 #define X16A_Q4_1(NC) x16a_legacy_nc(ED_Q4_1, n, s, bs, vx, nr, y, by, sd, side_row, NC)
 #define X16A_Q5_0(NC) x16a_legacy_nc(ED_Q5_0, n, s, bs, vx, nr, y, by, sd, side_row, NC)
+#define X16A_Q5_1(NC) x16a_legacy_nc(ED_Q5_1, n, s, bs, vx, nr, y, by, sd, side_row, NC)
 #define X16A_Q8_0(NC) x16a_legacy_nc(ED_Q8_0, n, s, bs, vx, nr, y, by, sd, side_row, NC)
 #define X16A_IQ4_NL(NC) x16a_legacy_nc(ED_IQ4_NL, n, s, bs, vx, nr, y, by, sd, side_row, NC)
 ED_X16A_ENTRY(x16a_gemm_q4_0, X16A_Q4_0)
 ED_X16A_ENTRY(x16a_gemm_q4_1, X16A_Q4_1)
 ED_X16A_ENTRY(x16a_gemm_q5_0, X16A_Q5_0)
+ED_X16A_ENTRY(x16a_gemm_q5_1, X16A_Q5_1)
 ED_X16A_ENTRY(x16a_gemm_q8_0, X16A_Q8_0)
 ED_X16A_ENTRY(x16a_gemm_iq4_nl, X16A_IQ4_NL)
 
@@ -383,6 +386,7 @@ ED_X16A_ENTRY(x16a_gemm_q6_K, X16A_Q6_K)
 #undef X16A_Q4_0
 #undef X16A_Q4_1
 #undef X16A_Q5_0
+#undef X16A_Q5_1
 #undef X16A_Q8_0
 #undef X16A_IQ4_NL
 #undef ED_X16A_ENTRY
@@ -397,6 +401,7 @@ static void set_x16_avx2(ed_kernel_table *t) {
     t->types[ED_Q4_0].x16_gemm = x16a_gemm_q4_0;
     t->types[ED_Q4_1].x16_gemm = x16a_gemm_q4_1;
     t->types[ED_Q5_0].x16_gemm = x16a_gemm_q5_0;
+    t->types[ED_Q5_1].x16_gemm = x16a_gemm_q5_1;
     t->types[ED_Q8_0].x16_gemm = x16a_gemm_q8_0;
     t->types[ED_IQ4_NL].x16_gemm = x16a_gemm_iq4_nl;
     t->types[ED_Q4_K].x16_gemm = x16a_gemm_q4_K;

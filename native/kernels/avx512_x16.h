@@ -157,12 +157,13 @@ ED_X16_GEMM(q5_0, QK / 2 + 4, x16_unpack_q5_0, x16_yoff_q4, 16)
 ED_X16_GEMM(q8_0, QK, x16_unpack_q8_0, x16_yoff_q8, 128)
 #undef ED_X16_GEMM
 
-/* Q4_1 against Q8_1: Q4_0's nibbles as they are (no offset), and per block and activation row
- * acc = fma(d_w * d_y, isum, acc), then acc = fma(m_w, s_y, acc) with the Q8_1 block's s = d * Σq */
+/* Q4_1 (and Q5_1, q5: Q5_0's masks and nibbles after the mins) against Q8_1: Q4_0's nibbles as they are
+ * (no offset), and per block and activation row acc = fma(d_w * d_y, isum, acc), then
+ * acc = fma(m_w, s_y, acc) with the Q8_1 block's s = d * Σq */
 ED_ALWAYS_INLINE void x16_q4_1_nc(int n, float *s, size_t bs, const uint8_t *vx, int nr, const uint8_t *vy,
-                                  size_t by, const int nc) {
+                                  size_t by, const int nc, const int q5) {
     const int nb = n / QK;
-    const size_t gb = ED_X16_ROWS * sizeof(block_q4_1);
+    const size_t gb = ED_X16_ROWS * (q5 ? sizeof(block_q5_1) : sizeof(block_q4_1));
     __m512 acc[ED_X16_NC];
     for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
@@ -171,7 +172,10 @@ ED_ALWAYS_INLINE void x16_q4_1_nc(int n, float *s, size_t bs, const uint8_t *vx,
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g));
         const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + Q41_MIN)));
         __m512i w[8];
-        x16_unpack_q4_0(g + Q41_QS, w);
+        if (q5)
+            x16_unpack_q5_0(g + Q41_QS, w);
+        else
+            x16_unpack_q4_0(g + Q41_QS, w);
         for (int c = 0; c < nc; c++) {
             const block_q8_1 *y = (const block_q8_1 *)(vy + c * by) + b;
             __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
@@ -186,7 +190,12 @@ ED_ALWAYS_INLINE void x16_q4_1_nc(int n, float *s, size_t bs, const uint8_t *vx,
     }
     x16_store(s, bs, acc, nr, nc);
 }
-ED_X16_ENTRY(x16_gemm_q4_1, x16_q4_1_nc)
+#define X16_Q4_1(n, s, bs, vx, nr, y, by, nc) x16_q4_1_nc(n, s, bs, vx, nr, y, by, nc, 0)
+#define X16_Q5_1(n, s, bs, vx, nr, y, by, nc) x16_q4_1_nc(n, s, bs, vx, nr, y, by, nc, 1)
+ED_X16_ENTRY(x16_gemm_q4_1, X16_Q4_1)
+ED_X16_ENTRY(x16_gemm_q5_1, X16_Q5_1)
+#undef X16_Q4_1
+#undef X16_Q5_1
 
 /* Q4_K (and Q5_K, q5: each quant + 16 where its fifth bit is set) against Q8_K, per super-block and row:
  * isum = Σ_j sc_j * (sub-block j's integer dot) (mullo on the widened scale bytes), msum = Σ_j m_j * (the activation's sum over sub-block j) (vpdpwssd on the min
@@ -361,6 +370,7 @@ static void set_x16(ed_kernel_table *t) {
     t->types[ED_Q5_0].x16_gemm = x16_gemm_q5_0;
     t->types[ED_Q4_0].x16_gemm = x16_gemm_q4_0;
     t->types[ED_Q4_1].x16_gemm = x16_gemm_q4_1;
+    t->types[ED_Q5_1].x16_gemm = x16_gemm_q5_1;
     t->types[ED_IQ4_NL].x16_gemm = x16_gemm_iq4_nl;
     t->types[ED_Q8_0].x16_gemm = x16_gemm_q8_0;
 }

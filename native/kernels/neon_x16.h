@@ -16,17 +16,19 @@
  */
 #define ED_X16N_NC 2 /* activation rows per pass: 2 x 4 int and 2 x 4 float accumulators + 8 weight vectors */
 
-enum { X16N_Q4_0, X16N_IQ4_NL, X16N_Q8_0, X16N_Q4_1, X16N_Q5_0 }; /* Q4_1: against Q8_1, its mins after the scales */
+/* Q4_1, Q5_1: against Q8_1, their mins after the scales */
+enum { X16N_Q4_0, X16N_IQ4_NL, X16N_Q8_0, X16N_Q4_1, X16N_Q5_0, X16N_Q5_1 };
 
-/* Q5_0's fifth bits for rows 4k..4k+3 of step t, inverted: 0xFF in each byte whose bit is clear. inv: the
- * 64-bit masks 2t and 2t + 1 (ed_kernels.h / x16.c's lane_q5_0: bit 4r + i is byte i of row r), inverted */
-ED_INLINE void x16n_fifth_clear(const uint8x16_t inv, const int k, uint8x16_t *lo, uint8x16_t *hi) {
+/* the fifth bits of rows 4k..4k+3 of step t spread to bytes: 0xFF in each byte whose bit is set in mask
+ * (the 64-bit masks 2t and 2t + 1, ed_kernels.h / x16.c's lane_masks: bit 4r + i is byte i of row r; Q5_0
+ * passes them inverted, so its bytes say "clear") */
+ED_INLINE void x16n_fifth_bytes(const uint8x16_t mask, const int k, uint8x16_t *lo, uint8x16_t *hi) {
     static const uint8_t bit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
     const uint8x16_t m = vld1q_u8(bit);
     /* byte 2k of a mask holds rows 4k, 4k + 1, byte 2k + 1 rows 4k + 2, 4k + 3: each spread over 8 bytes */
     const uint8x16_t idx = vcombine_u8(vdup_n_u8((uint8_t)(2 * k)), vdup_n_u8((uint8_t)(2 * k + 1)));
-    *lo = vtstq_u8(vqtbl1q_u8(inv, idx), m);
-    *hi = vtstq_u8(vqtbl1q_u8(inv, vaddq_u8(idx, vdupq_n_u8(8))), m);
+    *lo = vtstq_u8(vqtbl1q_u8(mask, idx), m);
+    *hi = vtstq_u8(vqtbl1q_u8(mask, vaddq_u8(idx, vdupq_n_u8(8))), m);
 }
 
 /* step t (0..3) of a group block's quants (q: after the 16 scales, and Q4_1's 16 mins) as signed bytes: lo[k] (rows 4k..4k+3)
@@ -37,9 +39,15 @@ ED_INLINE void x16n_step(const int kind, const uint8_t *q, const int t, int8x16_
                                   * (0xF0 above it) where the fifth bit is clear */
             const uint8x16_t v = vld1q_u8(q + 64 + 64 * t + 16 * k);
             uint8x16_t cl, ch;
-            x16n_fifth_clear(vmvnq_u8(vld1q_u8(q + 16 * t)), k, &cl, &ch);
+            x16n_fifth_bytes(vmvnq_u8(vld1q_u8(q + 16 * t)), k, &cl, &ch);
             lo[k] = vreinterpretq_s8_u8(vsliq_n_u8(v, cl, 4));  /* cl << 4 | v & 15 */
             hi[k] = vreinterpretq_s8_u8(vsriq_n_u8(ch, v, 4)); /* ch & 0xF0 | v >> 4 */
+        } else if (kind == X16N_Q5_1) { /* the same layout, quants 0..31: 16 above the nibble where set */
+            const uint8x16_t v = vld1q_u8(q + 64 + 64 * t + 16 * k), m31 = vdupq_n_u8(31);
+            uint8x16_t sl, sh;
+            x16n_fifth_bytes(vld1q_u8(q + 16 * t), k, &sl, &sh);
+            lo[k] = vreinterpretq_s8_u8(vandq_u8(vsliq_n_u8(v, sl, 4), m31));
+            hi[k] = vreinterpretq_s8_u8(vandq_u8(vsriq_n_u8(sh, v, 4), m31));
         } else if (kind == X16N_Q8_0) { /* chunk t: quants 4t.., chunk t + 4: quants 16 + 4t.. */
             const uint8x16_t x80 = vdupq_n_u8(0x80);
             lo[k] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(q + 64 * t + 16 * k), x80));
@@ -73,9 +81,13 @@ ED_INLINE void x16n_step(const int kind, const uint8_t *q, const int t, int8x16_
 
 ED_INLINE void x16n_gemm_nc(const int kind, int n, float *s, size_t bs, const uint8_t *vx, int nr,
                             const uint8_t *vy, size_t by, const uint8_t *side, size_t side_row, const int nc) {
-    const int nb = n / QK, q41 = kind == X16N_Q4_1;
+    const int nb = n / QK, q41 = kind == X16N_Q4_1 || kind == X16N_Q5_1; /* against Q8_1, with mins */
     const int off = kind == X16N_Q4_0 ? 8 : 0; /* Q5_0's quants come signed */
-    const int block = kind == X16N_Q8_0 ? 34 : kind == X16N_Q5_0 ? 22 : q41 ? 20 : 18; /* the file's block bytes */
+    const int block = kind == X16N_Q8_0   ? 34
+                      : kind == X16N_Q5_0 ? 22
+                      : kind == X16N_Q5_1 ? 24
+                      : q41               ? 20
+                                          : 18; /* the file's block bytes */
     const size_t gb = (size_t)ED_X16_ROWS * block;
     const size_t yb = q41 ? sizeof(block_q8_1) : sizeof(block_q8_0);
     float32x4_t acc[ED_X16N_NC][4];
@@ -133,6 +145,7 @@ ED_X16N_ENTRY(q4_1, X16N_Q4_1)
 ED_X16N_ENTRY(iq4_nl, X16N_IQ4_NL)
 ED_X16N_ENTRY(q8_0, X16N_Q8_0)
 ED_X16N_ENTRY(q5_0, X16N_Q5_0)
+ED_X16N_ENTRY(q5_1, X16N_Q5_1)
 #undef ED_X16N_ENTRY
 
 /* ---- K-quants: one super-block of 16 rows against one activation row at a time (prompts included: two
@@ -311,6 +324,7 @@ static void set_x16_neon(ed_kernel_table *t) {
     t->types[ED_IQ4_NL].x16_gemm = x16n_gemm_iq4_nl;
     t->types[ED_Q8_0].x16_gemm = x16n_gemm_q8_0;
     t->types[ED_Q5_0].x16_gemm = x16n_gemm_q5_0;
+    t->types[ED_Q5_1].x16_gemm = x16n_gemm_q5_1;
     t->types[ED_Q4_K].x16_gemm = x16n_gemm_q4_K;
     t->types[ED_Q5_K].x16_gemm = x16n_gemm_q5_K;
     t->types[ED_Q6_K].x16_gemm = x16n_gemm_q6_K;

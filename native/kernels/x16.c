@@ -44,17 +44,32 @@ static void lane_q4_1(const uint8_t *blk, uint8_t *out, int r) {
     for (int j = 0; j < 4; j++) memcpy(out + Q41_QS + 64 * j + 4 * r, blk + 4 + 4 * j, 4);
 }
 
-/* Q5_0: 16 f16 scales, 8 64-bit masks of the fifth bits (mask h has bit 4r + i for the quant that
- * vector h of the Q4_0 unpacking puts in byte i of lane r: h = 2j quants 4j.., h = 2j + 1 quants
- * 16 + 4j..), then the nibbles as Q4_0's */
+/* the fifth bits qh of a Q5_0 / Q5_1 block as 8 64-bit masks at out (mask h has bit 4r + i for the quant
+ * that vector h of the Q4_0 unpacking puts in byte i of lane r: h = 2j quants 4j.., h = 2j + 1 quants
+ * 16 + 4j..) */
+static void lane_masks(uint32_t qh, uint8_t *out, int r) {
+    for (int h = 0; h < 8; h++)
+        for (int i = 0; i < 4; i++)
+            if ((qh >> ((h & 1) * 16 + 4 * (h / 2) + i)) & 1) out[8 * h + (4 * r + i) / 8] |= 1u << ((4 * r + i) % 8);
+}
+
+/* Q5_0: 16 f16 scales, the 8 masks, then the nibbles as Q4_0's */
 static void lane_q5_0(const uint8_t *blk, uint8_t *out, int r) {
     uint32_t qh;
     memcpy(out + 2 * r, blk, 2);
     memcpy(&qh, blk + 2, 4);
-    for (int h = 0; h < 8; h++)
-        for (int i = 0; i < 4; i++)
-            if ((qh >> ((h & 1) * 16 + 4 * (h / 2) + i)) & 1) out[32 + 8 * h + (4 * r + i) / 8] |= 1u << ((4 * r + i) % 8);
+    lane_masks(qh, out + 32, r);
     for (int j = 0; j < 4; j++) memcpy(out + 96 + 64 * j + 4 * r, blk + 6 + 4 * j, 4);
+}
+
+/* Q5_1: Q4_1's scales and mins, the 8 masks, then the nibbles */
+static void lane_q5_1(const uint8_t *blk, uint8_t *out, int r) {
+    uint32_t qh;
+    memcpy(out + 2 * r, blk, 2);
+    memcpy(out + Q41_MIN + 2 * r, blk + 2, 2);
+    memcpy(&qh, blk + 4, 4);
+    lane_masks(qh, out + Q41_QS, r);
+    for (int j = 0; j < 4; j++) memcpy(out + Q51_QS + 64 * j + 4 * r, blk + 8 + 4 * j, 4);
 }
 
 /* Q8_0: 16 f16 scales, then 8 chunks of 64 bytes, quants + 128 (unsigned) */
@@ -120,6 +135,7 @@ static const struct {
     {ED_IQ4_NL, QK, 18, 288, lane_q4},
     {ED_Q4_1, QK, 20, 320, lane_q4_1},
     {ED_Q5_0, QK, 22, 352, lane_q5_0},
+    {ED_Q5_1, QK, 24, 384, lane_q5_1},
     {ED_Q8_0, QK, 34, 544, lane_q8_0},
     {ED_Q4_K, QK_K, 144, Q4K_GROUP, lane_q4_K},
     {ED_Q5_K, QK_K, 176, Q5K_GROUP, lane_q5_K},
@@ -148,7 +164,7 @@ int ed_x16_repack(int t, const void *src, size_t row_bytes, int64_t rows, int64_
     uint8_t *out = dst;
     for (int64_t g = 0; g < groups; g++)
         for (int64_t b = 0; b < nb; b++, out += layouts[l].group) {
-            memset(out, 0, layouts[l].group); /* (lanes of Q5_0's masks are set bit by bit) */
+            memset(out, 0, layouts[l].group); /* (lanes of Q5_0's and Q5_1's masks are set bit by bit) */
             for (int r = 0; r < ED_X16_ROWS; r++) {
                 const int64_t row = g * ED_X16_ROWS + r;
                 const uint8_t *blk = row < rows ? (const uint8_t *)src + (size_t)row * row_bytes +

@@ -268,7 +268,7 @@ static int check_amx(const ed_kernel_table *k, const test_case *c, uint8_t *acts
     return fails;
 }
 
-/* One output of the x16 layout's order (Q4_0, Q5_0, IQ4_NL, Q8_0; Q4_1, Q4_K / Q5_K and Q6_K have their own
+/* One output of the x16 layout's order (Q4_0, Q5_0, IQ4_NL, Q8_0; Q4_1 / Q5_1, Q4_K / Q5_K and Q6_K have their own
  * below): Σ_b fma(d_w * d_y, (float) isum_b, acc) over the blocks, from the file's blocks (w) and a Q8_0
  * activation row (a). */
 static const int8_t iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -341,13 +341,16 @@ static float x16_ref_q6_K(int n, const uint8_t *w, const uint8_t *a) {
     return acc;
 }
 
-/* Q4_1 against Q8_1: per block fma(d_w * d_y, isum, acc), then fma(m_w, s_y, acc) */
-static float x16_ref_q4_1(int n, const uint8_t *w, const uint8_t *a) {
+/* Q4_1 (and Q5_1, q5) against Q8_1: per block fma(d_w * d_y, isum, acc), then fma(m_w, s_y, acc) */
+static float x16_ref_q4_1(int n, const uint8_t *w, const uint8_t *a, int q5) {
     float acc = 0.0f;
     for (int b = 0; b < n / 32; b++) {
-        const uint8_t *wb = w + (size_t)b * 20, *ab = a + (size_t)b * 36;
+        const uint8_t *wb = w + (size_t)b * (q5 ? 24 : 20), *ab = a + (size_t)b * 36, *qs = wb + (q5 ? 8 : 4);
+        uint32_t qh = 0;
+        if (q5) memcpy(&qh, wb + 4, 4);
         int32_t isum = 0;
-        for (int i = 0; i < 32; i++) isum += (i < 16 ? wb[4 + i] & 15 : wb[4 + i - 16] >> 4) * (int8_t)ab[4 + i];
+        for (int i = 0; i < 32; i++)
+            isum += ((i < 16 ? qs[i] & 15 : qs[i - 16] >> 4) | (int)((qh >> i) & 1) << 4) * (int8_t)ab[4 + i];
         uint16_t hd, hm, yd, ys;
         memcpy(&hd, wb, 2), memcpy(&hm, wb + 2, 2), memcpy(&yd, ab, 2), memcpy(&ys, ab + 2, 2);
         acc = fmaf(ed_f16_table[hd] * ed_f16_table[yd], (float)isum, acc);
@@ -357,7 +360,7 @@ static float x16_ref_q4_1(int n, const uint8_t *w, const uint8_t *a) {
 }
 
 static float x16_ref(uint32_t wtype, int n, const uint8_t *w, const uint8_t *a) {
-    if (wtype == ED_Q4_1) return x16_ref_q4_1(n, w, a);
+    if (wtype == ED_Q4_1 || wtype == ED_Q5_1) return x16_ref_q4_1(n, w, a, wtype == ED_Q5_1);
     if (wtype == ED_Q4_K || wtype == ED_Q5_K) return x16_ref_q4_K(n, w, a, wtype == ED_Q5_K);
     if (wtype == ED_Q6_K) return x16_ref_q6_K(n, w, a);
     float acc = 0.0f;
@@ -403,7 +406,7 @@ static int check_x16(const ed_kernel_table *k, const test_case *c, uint8_t *acts
     for (int r = 1; r < X16_WROWS; r++)
         for (size_t i = 0; i < c->wbytes; i++) {
             const size_t at = i % bb;
-            const int f16 = c->wtype == ED_Q6_K ? at >= 208 : at < (c->wtype == ED_Q4_1 || c->wtype == ED_Q4_K || c->wtype == ED_Q5_K ? 4u : 2u);
+            const int f16 = c->wtype == ED_Q6_K ? at >= 208 : at < (c->wtype == ED_Q4_1 || c->wtype == ED_Q5_1 || c->wtype == ED_Q4_K || c->wtype == ED_Q5_K ? 4u : 2u);
             if (!f16) w[r * c->wbytes + i] ^= (uint8_t)(29 * r + 7 * i);
         }
     const size_t xbytes = ed_x16_bytes((int)c->wtype, X16_WROWS, c->n), sb = ed_x16_side_bytes(c->n);
