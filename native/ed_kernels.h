@@ -63,8 +63,8 @@ typedef void (*ed_amx_gemm_fn)(int n, float *s, size_t bs, const void *vx, size_
  * dot (Q4_1, Q5_1, against Q8_1: then acc = fma(m_w, s_y, acc), s_y the activation block's f16 d * Σq): the same
  * bits at every level and batch size (decode and prompts), not vec_dot's bits. */
 #define ED_X16_ROWS 16
-/* Byte offsets in a K-quant group block (one super-block of 16 rows; native/kernels/x16.c's lane_q4_K,
- * lane_q5_K and lane_q6_K say what each holds), shared by the repacker and every level's kernels. Q5_K is
+/* Byte offsets in a K-quant group block (one super-block of 16 rows; native/kernels/x16.c's lane_q2_K,
+ * lane_q4_K, lane_q5_K and lane_q6_K say what each holds), shared by the repacker and every level's kernels. Q5_K is
  * Q4_K's block with the fifth bits (the file's qh, in 4-byte steps per row) before the nibbles. */
 #define Q4K_SC 64
 #define Q4K_MIN 192
@@ -73,6 +73,9 @@ typedef void (*ed_amx_gemm_fn)(int n, float *s, size_t bs, const void *vx, size_
 #define Q5K_QH Q4K_QS
 #define Q5K_QS (Q5K_QH + 512)
 #define Q5K_GROUP (Q5K_QS + 2048)
+#define Q2K_SC 64
+#define Q2K_QS (Q2K_SC + 256)
+#define Q2K_GROUP (Q2K_QS + 1024)
 #define Q6K_SC 32
 #define Q6K_QL 288
 #define Q6K_QH (Q6K_QL + 2048)

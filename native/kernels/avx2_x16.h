@@ -272,6 +272,59 @@ ED_X16A_ENTRY(x16a_gemm_q5_K, X16A_Q5_K)
 #undef X16A_Q4_K
 #undef X16A_Q5_K
 
+/* Q2_K (the layout's offsets Q2K_*, x16.c's lane_q2_K): rows 8h..8h+7 a half at a time; sub-block sb's
+ * quants are chunks 8 (sb / 8) + 4 (sb % 2) + k (k < 4), shifted down by 2 (sb % 8 / 2), against the
+ * activation's bytes 16 sb + 4k: 4 vpmaddubsw summed in int16 (at most 4 * 2 * 3 * 128) and vpmaddwd
+ * against the rows' scale pairs. msum = Σ_sb m_sb * bsum_sb, then acc = fma(d * d_y, isum, acc) and
+ * acc = fnmadd(dmin * d_y, msum, acc): kernel_check's x16_ref_q2_K. */
+ED_ALWAYS_INLINE void x16a_q2_K_nc(int n, float *s, size_t bs, const uint8_t *vx, int nr, const uint8_t *vy,
+                                   size_t by, const int nc) {
+    const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi32(15);
+    for (int h = 0; h * 8 < nr; h++) {
+        __m256 acc[ED_X16A_NC];
+        for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+        for (int b = 0; b < n / QK_K; b++) {
+            const uint8_t *g = vx + (size_t)b * Q2K_GROUP;
+            __m256i isum[ED_X16A_NC], msum[ED_X16A_NC];
+            for (int c = 0; c < nc; c++) isum[c] = msum[c] = _mm256_setzero_si256();
+#pragma GCC unroll 16
+            for (int sb = 0; sb < 16; sb++) {
+                const uint8_t *q = g + Q2K_QS + 64 * (8 * (sb / 8) + 4 * (sb % 2)) + 32 * h;
+                const __m128i shift = _mm_cvtsi32_si128(2 * (sb % 8 / 2));
+                const __m256i sc8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(g + Q2K_SC + 16 * sb + 8 * h)));
+                const __m256i sc = _mm256_and_si256(sc8, m15), mn = _mm256_srli_epi32(sc8, 4);
+                __m256i part[ED_X16A_NC];
+                for (int c = 0; c < nc; c++) part[c] = _mm256_setzero_si256();
+                for (int k = 0; k < 4; k++) {
+                    const __m256i w = _mm256_and_si256(_mm256_srl_epi16(x16a_load(q + 64 * k), shift), m3);
+                    for (int c = 0; c < nc; c++) {
+                        const __m256i y = x16a_bcast4(((const block_q8_K *)(vy + c * by))[b].qs + 16 * sb + 4 * k);
+                        part[c] = _mm256_add_epi16(part[c], _mm256_maddubs_epi16(w, y));
+                    }
+                }
+                const __m256i scp = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16)); /* (sc, sc) int16 pairs */
+                for (int c = 0; c < nc; c++) {
+                    const block_q8_K *y = (const block_q8_K *)(vy + c * by) + b;
+                    isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(part[c], scp));
+                    /* (m, 0) pairs against (bsum, 0) */
+                    msum[c] = _mm256_add_epi32(msum[c], _mm256_madd_epi16(mn, _mm256_set1_epi32((uint16_t)y->bsums[sb])));
+                }
+            }
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16 * h)));
+            const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 32 + 16 * h)));
+            for (int c = 0; c < nc; c++) {
+                const __m256 dy = _mm256_set1_ps(((const block_q8_K *)(vy + c * by))[b].d);
+                acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, dy), _mm256_cvtepi32_ps(isum[c]), acc[c]);
+                acc[c] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dy), _mm256_cvtepi32_ps(msum[c]), acc[c]);
+            }
+        }
+        x16a_store(s, bs, acc, h, nr, nc);
+    }
+}
+#define X16A_Q2_K(NC) x16a_q2_K_nc(n, s, bs, vx, nr, y, by, NC)
+ED_X16A_ENTRY(x16a_gemm_q2_K, X16A_Q2_K)
+#undef X16A_Q2_K
+
 /* Q6_K: the AVX-512 kernel's plan (x16_q6_K_nc, the layout's offsets Q6K_*) with vpmaddubsw. The quants
  * are unsigned (0..63), so two vpmaddubsw of a sub-block sum in int16 (at most 2 * 2 * 63 * 128 = 32256:
  * exact) before vpmaddwd against the row's scale in both halves of its lane; isum - 32 * msum and the float
@@ -404,6 +457,7 @@ static void set_x16_avx2(ed_kernel_table *t) {
     t->types[ED_Q5_1].x16_gemm = x16a_gemm_q5_1;
     t->types[ED_Q8_0].x16_gemm = x16a_gemm_q8_0;
     t->types[ED_IQ4_NL].x16_gemm = x16a_gemm_iq4_nl;
+    t->types[ED_Q2_K].x16_gemm = x16a_gemm_q2_K;
     t->types[ED_Q4_K].x16_gemm = x16a_gemm_q4_K;
     t->types[ED_Q5_K].x16_gemm = x16a_gemm_q5_K;
     t->types[ED_Q6_K].x16_gemm = x16a_gemm_q6_K;

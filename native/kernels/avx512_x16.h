@@ -259,6 +259,50 @@ ED_ALWAYS_INLINE void x16_k_nc(int n, float *s, size_t bs, const uint8_t *vx, in
     x16_store(s, bs, acc, nr, nc);
 }
 
+/* Q2_K against Q8_K (the layout's offsets Q2K_*; avx2_x16.h's x16a_q2_K_nc says which chunks and bytes meet):
+ * per super-block and row isum = Σ_sb sc_sb * (sub-block sb's integer dot, 4 vpdpbusd), msum = Σ_sb m_sb *
+ * bsum_sb, then acc = fma(d * d_y, isum, acc), acc = fnmadd(dmin * d_y, msum, acc) */
+ED_ALWAYS_INLINE void x16_q2_K_nc(int n, float *s, size_t bs, const uint8_t *vx, int nr, const uint8_t *vy,
+                                  size_t by, const int nc) {
+    __m512 acc[ED_X16_NC];
+    for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+    const __m512i m3 = _mm512_set1_epi8(3), m15 = _mm512_set1_epi32(15);
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *g = vx + (size_t)b * Q2K_GROUP;
+        x16_prefetch_next(g, ED_X16_PF, Q2K_GROUP, nc);
+        __m512i isum[ED_X16_NC], msum[ED_X16_NC];
+        for (int c = 0; c < nc; c++) isum[c] = msum[c] = _mm512_setzero_si512();
+        for (int sb = 0; sb < 16; sb++) {
+            const uint8_t *q = g + Q2K_QS + 64 * (8 * (sb / 8) + 4 * (sb % 2));
+            const __m128i shift = _mm_cvtsi32_si128(2 * (sb % 8 / 2));
+            __m512i w[4];
+            for (int k = 0; k < 4; k++)
+                w[k] = _mm512_and_si512(_mm512_srl_epi16(_mm512_loadu_si512((const void *)(q + 64 * k)), shift), m3);
+            const __m512i sc8 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(g + Q2K_SC + 16 * sb)));
+            const __m512i sc = _mm512_and_si512(sc8, m15), mn = _mm512_srli_epi32(sc8, 4);
+            for (int c = 0; c < nc; c++) {
+                const block_q8_K *y = (const block_q8_K *)(vy + c * by) + b;
+                const int8_t *yq = y->qs + 16 * sb;
+                __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], x16_bcast4(yq));
+                __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], x16_bcast4(yq + 4));
+                i0 = _mm512_dpbusd_epi32(i0, w[2], x16_bcast4(yq + 8));
+                i1 = _mm512_dpbusd_epi32(i1, w[3], x16_bcast4(yq + 12));
+                isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(_mm512_add_epi32(i0, i1), sc));
+                msum[c] = _mm512_add_epi32(msum[c], _mm512_madd_epi16(mn, _mm512_set1_epi32((uint16_t)y->bsums[sb])));
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + 32)));
+        for (int c = 0; c < nc; c++) {
+            const __m512 dy = _mm512_set1_ps(((const block_q8_K *)(vy + c * by))[b].d);
+            acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(d, dy), _mm512_cvtepi32_ps(isum[c]), acc[c]);
+            acc[c] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dy), _mm512_cvtepi32_ps(msum[c]), acc[c]);
+        }
+    }
+    x16_store(s, bs, acc, nr, nc);
+}
+ED_X16_ENTRY(x16_gemm_q2_K, x16_q2_K_nc)
+
 /* Q6_K against Q8_K, per super-block and row: isum = Σ_s sc_s * Σ q*y over sub-block s (16 quants, q the
  * unsigned 6-bit value: 4 vpdpbusd), msum = Σ_s sc_s * bsum_s (vpdpwssd on the scale pairs), then
  * acc = fma(d_w * d_y, (float) (isum - 32 * msum), acc): isum - 32 msum is ggml's integer
@@ -365,6 +409,7 @@ ED_X16_ENTRY(x16_gemm_q6_K, x16_q6_K_nc)
 
 static void set_x16(ed_kernel_table *t) {
     t->types[ED_Q6_K].x16_gemm = x16_gemm_q6_K;
+    t->types[ED_Q2_K].x16_gemm = x16_gemm_q2_K;
     t->types[ED_Q4_K].x16_gemm = x16_gemm_q4_K;
     t->types[ED_Q5_K].x16_gemm = x16_gemm_q5_K;
     t->types[ED_Q5_0].x16_gemm = x16_gemm_q5_0;

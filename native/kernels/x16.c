@@ -90,6 +90,16 @@ static void scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
     }
 }
 
+/* Q2_K (a super-block of 256): 16 f16 d, 16 f16 dmin, the 16 sub-blocks' scale bytes as the file's
+ * (scale in the low nibble, min in the high) [16][16], then 16 chunks of 64 bytes (row r's qs[4c..4c+3]
+ * at 64c + 4r): the file's size */
+static void lane_q2_K(const uint8_t *blk, uint8_t *out, int r) {
+    memcpy(out + 2 * r, blk + 80, 2);
+    memcpy(out + 32 + 2 * r, blk + 82, 2);
+    for (int s = 0; s < 16; s++) out[Q2K_SC + 16 * s + r] = blk[s];
+    for (int c = 0; c < 16; c++) memcpy(out + Q2K_QS + 64 * c + 4 * r, blk + 16 + 4 * c, 4);
+}
+
 /* Q4_K (a super-block of 256): 16 f16 d, 16 f16 dmin, the 8 sub-block scales as bytes [8][16], the mins
  * as byte pairs [4][16][2] (sub-blocks 2i, 2i+1: one vpdpwssd against the activation's pair of 32-sums),
  * then per pair of sub-blocks p 8 chunks of 64 bytes (row r's qs[32p + 4j..+3] at 512p + 64j + 4r: low
@@ -137,6 +147,7 @@ static const struct {
     {ED_Q5_0, QK, 22, 352, lane_q5_0},
     {ED_Q5_1, QK, 24, 384, lane_q5_1},
     {ED_Q8_0, QK, 34, 544, lane_q8_0},
+    {ED_Q2_K, QK_K, 84, Q2K_GROUP, lane_q2_K},
     {ED_Q4_K, QK_K, 144, Q4K_GROUP, lane_q4_K},
     {ED_Q5_K, QK_K, 176, Q5K_GROUP, lane_q5_K},
     {ED_Q6_K, QK_K, 210, Q6K_GROUP, lane_q6_K},

@@ -268,7 +268,7 @@ static int check_amx(const ed_kernel_table *k, const test_case *c, uint8_t *acts
     return fails;
 }
 
-/* One output of the x16 layout's order (Q4_0, Q5_0, IQ4_NL, Q8_0; Q4_1 / Q5_1, Q4_K / Q5_K and Q6_K have their own
+/* One output of the x16 layout's order (Q4_0, Q5_0, IQ4_NL, Q8_0; Q4_1 / Q5_1, Q2_K, Q4_K / Q5_K and Q6_K have their own
  * below): Σ_b fma(d_w * d_y, (float) isum_b, acc) over the blocks, from the file's blocks (w) and a Q8_0
  * activation row (a). */
 static const int8_t iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -306,6 +306,28 @@ static float x16_ref_q4_K(int n, const uint8_t *w, const uint8_t *a, int q5) {
         }
         uint16_t hd, hm;
         memcpy(&hd, wb, 2), memcpy(&hm, wb + 2, 2);
+        acc = fmaf(ed_f16_table[hd] * dy, (float)isum, acc);
+        acc = fmaf(-(ed_f16_table[hm] * dy), (float)msum, acc);
+    }
+    return acc;
+}
+
+/* Q2_K: per super-block fma(d * d_y, Σ_s sc_s * isum_s, acc), then fma(-(dmin * d_y), Σ_s m_s * bsum_s, acc) */
+static float x16_ref_q2_K(int n, const uint8_t *w, const uint8_t *a) {
+    float acc = 0.0f;
+    for (int b = 0; b < n / 256; b++) {
+        const uint8_t *wb = w + (size_t)b * 84, *ab = a + (size_t)b * 292;
+        float dy;
+        int16_t bsums[16];
+        memcpy(&dy, ab, 4), memcpy(bsums, ab + 4 + 256, 32);
+        int32_t isum = 0, msum = 0;
+        for (int i = 0; i < 256; i++) { /* ggml dequantize_row_q2_K: quant 128h + 32j + l of qs[32h + l] >> 2j */
+            const int h = i / 128, j = i % 128 / 32, l = i % 32, sb = i / 16;
+            isum += (wb[sb] & 15) * ((wb[16 + 32 * h + l] >> (2 * j)) & 3) * (int8_t)ab[4 + i];
+        }
+        for (int sb = 0; sb < 16; sb++) msum += (wb[sb] >> 4) * bsums[sb];
+        uint16_t hd, hm;
+        memcpy(&hd, wb + 80, 2), memcpy(&hm, wb + 82, 2);
         acc = fmaf(ed_f16_table[hd] * dy, (float)isum, acc);
         acc = fmaf(-(ed_f16_table[hm] * dy), (float)msum, acc);
     }
@@ -363,6 +385,7 @@ static float x16_ref(uint32_t wtype, int n, const uint8_t *w, const uint8_t *a) 
     if (wtype == ED_Q4_1 || wtype == ED_Q5_1) return x16_ref_q4_1(n, w, a, wtype == ED_Q5_1);
     if (wtype == ED_Q4_K || wtype == ED_Q5_K) return x16_ref_q4_K(n, w, a, wtype == ED_Q5_K);
     if (wtype == ED_Q6_K) return x16_ref_q6_K(n, w, a);
+    if (wtype == ED_Q2_K) return x16_ref_q2_K(n, w, a);
     float acc = 0.0f;
     const int bb = wtype == ED_Q8_0 ? 34 : wtype == ED_Q5_0 ? 22 : 18;
     for (int b = 0; b < n / 32; b++) {
@@ -406,7 +429,7 @@ static int check_x16(const ed_kernel_table *k, const test_case *c, uint8_t *acts
     for (int r = 1; r < X16_WROWS; r++)
         for (size_t i = 0; i < c->wbytes; i++) {
             const size_t at = i % bb;
-            const int f16 = c->wtype == ED_Q6_K ? at >= 208 : at < (c->wtype == ED_Q4_1 || c->wtype == ED_Q5_1 || c->wtype == ED_Q4_K || c->wtype == ED_Q5_K ? 4u : 2u);
+            const int f16 = c->wtype == ED_Q6_K ? at >= 208 : c->wtype == ED_Q2_K ? at >= 80 : at < (c->wtype == ED_Q4_1 || c->wtype == ED_Q5_1 || c->wtype == ED_Q4_K || c->wtype == ED_Q5_K ? 4u : 2u);
             if (!f16) w[r * c->wbytes + i] ^= (uint8_t)(29 * r + 7 * i);
         }
     const size_t xbytes = ed_x16_bytes((int)c->wtype, X16_WROWS, c->n), sb = ed_x16_side_bytes(c->n);
