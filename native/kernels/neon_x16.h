@@ -31,7 +31,7 @@ ED_INLINE void x16n_fifth_bytes(const uint8x16_t mask, const int k, uint8x16_t *
     *hi = vtstq_u8(vqtbl1q_u8(mask, vaddq_u8(idx, vdupq_n_u8(8))), m);
 }
 
-/* step t (0..3) of a group block's quants (q: after the 16 scales, and Q4_1's 16 mins) as signed bytes: lo[k] (rows 4k..4k+3)
+/* step t (0..3) of a group block's quants (q: after the 16 scales, and Q4_1's / Q5_1's 16 mins) as signed bytes: lo[k] (rows 4k..4k+3)
  * meets the activation's bytes 4t..4t+3, hi[k] its bytes 16 + 4t..16 + 4t + 3 */
 ED_INLINE void x16n_step(const int kind, const uint8_t *q, const int t, int8x16_t lo[4], int8x16_t hi[4]) {
     for (int k = 0; k < 4; k++) {
