@@ -58,14 +58,15 @@ typedef void (*ed_amx_gemm_fn)(int n, float *s, size_t bs, const void *vx, size_
  * each row (row r at bytes 4r..4r+3): Q4_0 / IQ4_NL chunk j (0..3) = qs[4j..4j+3] (low nibbles: quants
  * 4j.., high: 16+4j..); Q8_0 chunk j (0..7) = qs[4j..4j+3] + 128, unsigned. Q4_1 has the 16 rows' f16
  * mins after the scales, then Q4_0's chunks; Q5_0 and Q5_1 put 8 64-bit masks of the fifth bits before
- * the nibbles (x16.c's lane_q5_0). Rows past the last are zero.
+ * the nibbles (x16.c's lane_masks). Rows past the last are zero.
  * One output is Σ_b fma(d_w * d_y, (float) isum_b, acc) in block order, isum_b the block's exact integer
  * dot (Q4_1, Q5_1, against Q8_1: then acc = fma(m_w, s_y, acc), s_y the activation block's f16 d * Σq): the same
  * bits at every level and batch size (decode and prompts), not vec_dot's bits. */
 #define ED_X16_ROWS 16
 /* Byte offsets in a K-quant group block (one super-block of 16 rows; native/kernels/x16.c's lane_q2_K,
- * lane_q4_K, lane_q5_K and lane_q6_K say what each holds), shared by the repacker and every level's kernels. Q5_K is
- * Q4_K's block with the fifth bits (the file's qh, in 4-byte steps per row) before the nibbles. */
+ * lane_q4_K, lane_q5_K and lane_q6_K say what each holds), shared by the repacker and every level's
+ * kernels. Q5_K is Q4_K's block with the fifth bits (the file's qh, in 4-byte steps per row) before the
+ * nibbles; Q2_K is the file's size (scale bytes [16][16], then the 2-bit quants in 4-byte steps). */
 #define Q4K_SC 64
 #define Q4K_MIN 192
 #define Q4K_QS 320
