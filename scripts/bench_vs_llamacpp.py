@@ -58,11 +58,26 @@ def _ratio(ours: float | None, theirs: float | None) -> str:
 BUSY: list[float] = []  # the CPU seconds / wall seconds of the last _run_json's process
 
 
-def _run_json(cmd: list[str], timeout: float = 900) -> object:
+def backend_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """`native:EDGELLM_AMX=0,EDGELLM_REPACK=1` -> ("native", {"EDGELLM_AMX": "0", ...}): a backend with
+    environment settings for edgellm's process alone, so one run can interleave two configurations."""
+    name, _, rest = spec.partition(":")
+    env = {}
+    for kv in filter(None, rest.split(",")):
+        k, sep, v = kv.partition("=")
+        if not sep or not k:
+            raise SystemExit(f"--backends {spec!r}: settings are NAME=VALUE, comma-separated")
+        env[k] = v
+    return name, env
+
+
+def _run_json(cmd: list[str], timeout: float = 900, env: dict[str, str] | None = None) -> object:
     """Run cmd and parse its JSON output; BUSY[0] becomes the cores it kept busy on average (its user +
     system CPU time over its wall time: the threads it really used, not the ones it was asked for)."""
     r0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
     r1, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - t0
     BUSY[:] = [(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime) / wall]
     if p.returncode != 0:
@@ -124,7 +139,8 @@ def llama_bench(
     return res
 
 
-def edgellm_bench(model: Path, backend: str, threads: int, n_prompt: int, n_gen: int, depth: int = 0) -> dict:
+def edgellm_bench(model: Path, spec: str, threads: int, n_prompt: int, n_gen: int, depth: int = 0) -> dict:
+    backend, env = backend_spec(spec)
     out = _run_json(
         [
             sys.executable,
@@ -144,7 +160,8 @@ def edgellm_bench(model: Path, backend: str, threads: int, n_prompt: int, n_gen:
             "-r",
             "1",
             "--json",
-        ]
+        ],
+        env=env,
     )
     return {
         "pp": out["pp_tok_s"],
@@ -158,8 +175,9 @@ def edgellm_bench(model: Path, backend: str, threads: int, n_prompt: int, n_gen:
     }
 
 
-def first_token_s(model: str, backend: str, runs: int = 2) -> float:
+def first_token_s(model: str, spec: str, runs: int = 2) -> float:
     """Seconds from process start to the first byte `edgellm run MODEL -p hi -n 1` prints (last run)."""
+    backend, env = backend_spec(spec)
     dt = float("nan")
     for _ in range(runs):
         t0 = time.perf_counter()
@@ -181,6 +199,7 @@ def first_token_s(model: str, backend: str, runs: int = 2) -> float:
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
+            env={**os.environ, **env},
         )
         assert p.stdout is not None
         p.stdout.read(1)
@@ -240,7 +259,12 @@ def main() -> int:
     )
     ap.add_argument("--variants-dir", type=Path, default=Path.home() / ".cache/edgellm/variants")
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
-    ap.add_argument("--backends", nargs="+", help="default: native numba (with --device: that device)")
+    ap.add_argument(
+        "--backends",
+        nargs="+",
+        help="default: native numba (with --device: that device); BACKEND:VAR=VALUE,... sets environment "
+        "variables for that backend's processes (e.g. native:EDGELLM_AMX=0 beside native)",
+    )
     ap.add_argument("--device", choices=["vulkan", "metal"], help="compare on this GPU backend (-ngl 99)")
     ap.add_argument("-p", type=int, default=128)
     ap.add_argument("-n", type=int, default=64)
@@ -306,7 +330,7 @@ def main() -> int:
                 pp, tg = med(rows, "pp"), med(rows, "tg")
                 gbs = tg * rows[0]["bytes_per_token"] / 1e9 if tg else None
                 print(
-                    f"| {f.name} | {t} | {_fmt(lpp, 1)} | {_fmt(ltg, 1)} | {rows[0]['backend']} | "
+                    f"| {f.name} | {t} | {_fmt(lpp, 1)} | {_fmt(ltg, 1)} | {b} | "
                     f"{_fmt(pp, 1)} | {_fmt(tg, 1)} | {_ratio(pp, lpp)} | {_ratio(tg, ltg)} | "
                     f"{f'{gbs:.1f} ({100 * gbs / bw[t]:.0f}%)' if gbs else '-'} | "
                     f"{med(rows, 'rss_beyond'):.0f} | {ref[0].get('threads')} ({med(ref, 'busy'):.2f}) / "

@@ -156,14 +156,30 @@ def test_amx_is_in_use_where_the_cpu_has_it_and_off_with_edgellm_amx_0():
     assert levels == {"1": "avx512+vnni+amx", "0": "avx512+vnni"}
 
 
+@pytest.mark.skipif(
+    platform.machine() != "x86_64" or not {"amx_tile", "amx_int8"} <= _cpu_flags(),
+    reason="needs an x86-64 CPU with AMX (amx_int8); under qemu-user /proc/cpuinfo is the host's",
+)
+def test_amx_tiles_over_the_files_blocks_give_decode_bits_with_edgellm_repack_0():
+    """AMX machines repack (prompts on tiles read from the x16 layout: the batch test above); with
+    EDGELLM_REPACK=0 they multiply prompts with the tile GEMM over the file's blocks instead, which must
+    give every row the bits decode gives too. The table is built per process: the batch test reruns in one."""
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider", __file__,
+         "-k", "rows_matmul_bits_do_not_depend"],
+        env={**os.environ, "EDGELLM_REPACK": "0"}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0 and " passed" in run.stdout and "skipped" not in run.stdout, run.stdout[-3000:]
+
+
 REPACKS = bool(native_mod.lib is not None and native_mod.lib.ed_repack_x16_supported(int(T.Q4_0)))
 
 
 @pytest.mark.skipif(
-    not REPACKS, reason="this CPU's kernels keep the file's layout (x16: AVX2, AVX-512 without AMX, sdot)"
+    not REPACKS, reason="this CPU's kernels keep the file's layout (x16: AVX2, AVX-512 with VNNI, sdot)"
 )
 def test_matmul_weights_are_repacked_at_load_where_the_kernels_take_them(tmp_path):
-    """Where the kernels take the x16 layout (AVX2, AVX-512 without AMX, aarch64 with sdot) load_model gives
+    """Where the kernels take the x16 layout (AVX2, AVX-512 with VNNI, aarch64 with sdot) load_model gives
     Q4_0/Q8_0 matrices a repacked copy, plans replay it bit for bit (test_every_architecture_... too),
     and logits stay within the matmul tolerance of the reference backend."""
     model = tiny_model(tmp_path, "llama", native_mod.NativeBackend(threads=2))
@@ -177,7 +193,7 @@ def test_matmul_weights_are_repacked_at_load_where_the_kernels_take_them(tmp_pat
 
 
 @pytest.mark.skipif(
-    not REPACKS, reason="this CPU's kernels keep the file's layout (x16: AVX2, AVX-512 without AMX, sdot)"
+    not REPACKS, reason="this CPU's kernels keep the file's layout (x16: AVX2, AVX-512 with VNNI, sdot)"
 )
 def test_edgellm_repack_off_keeps_the_files_layout(tmp_path):
     """EDGELLM_REPACK=0 (read when the kernel table is built, so in a fresh process) keeps every matrix in

@@ -233,8 +233,8 @@ def _cpu_flags() -> str:
         return ""
 
 
-def _run(cmd: list[str]) -> str:
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+def _run(cmd: list[str], env: dict[str, str] | None = None) -> str:
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})})
     assert res.returncode == 0, f"{' '.join(cmd)} exited {res.returncode}\n{res.stdout[-6000:]}\n{res.stderr}"
     return res.stdout
 
@@ -253,13 +253,17 @@ def test_kernels_match_numpy_on_every_host_level(case_file, tmp_path, compiler):
     cc = _compiler(compiler)
     if cc is None:
         pytest.skip(f"no {compiler} compiler")
-    out = _run([str(_build(cc, [], tmp_path / "kernel_check")), str(case_file)])
+    exe = _build(cc, [], tmp_path / "kernel_check")
+    out = _run([str(exe), str(case_file)])
     assert "scalar " in out and "OK:" in out
     flags = _cpu_flags()
     if " avx2 " in flags and " fma " in flags and " f16c " in flags:
         assert "\navx2 " in out, out  # the AVX2 level ran too
     if " avx512bw " in flags and " avx512vl " in flags:
         assert "\navx512 " in out, out
+    if " amx_int8 " in flags:  # AMX machines' tiles over the file's blocks: the table of EDGELLM_REPACK=0
+        out = _run([str(exe), str(case_file)], {"EDGELLM_REPACK": "0"})
+        assert "amx 1" in out and "OK:" in out, out
 
 
 @pytest.fixture(scope="module")

@@ -406,6 +406,7 @@ ED_TARGET_POP
 #if !defined(ED_EMULATE_AVX512) /* SIMDe has no AMX */
 ED_TARGET_PUSH("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")
 #include "avx512_amx.h"
+#include "avx512_amx_x16.h"
 ED_TARGET_POP
 #endif
 
@@ -419,15 +420,21 @@ int ed_fill_avx512(ed_kernel_table *t) {
     else
         set_legacy_bw(t), set_kquants_bw(t);
     /* the repacked layout: vpdpbusd's kernels where the CPU has it (without VNNI, AVX2's from
-     * ed_fill_avx2, the same bits), none where AMX tiles take the prompts (they read the file's blocks);
-     * EDGELLM_REPACK=0 switches it off (ed_fill_avx2 then installed none) */
-    if (ed_cpu_has_amx())
-        for (int i = 0; i < ED_TYPE_COUNT; i++) t->types[i].x16_gemm = NULL;
-    else if (ed_cpu_has_avx512vnni() && ed_repack_enabled())
+     * ed_fill_avx2, the same bits); with AMX, the legacy types' prompts on tiles read from the layout
+     * (avx512_amx_x16.h). EDGELLM_REPACK=0 switches it off (ed_fill_avx2 then installed none): AMX
+     * machines then multiply prompts with the tile GEMM over the file's blocks (avx512_amx.h). The two
+     * AMX paths never share a table: the x16 side tables and packed activations share the scratch. */
+    if (ed_cpu_has_avx512vnni() && ed_repack_enabled()) {
         set_x16(t);
 #if !defined(ED_EMULATE_AVX512)
-    if (ed_cpu_has_amx()) set_amx(t);
+        if (ed_cpu_has_amx()) set_x16_amx(t);
 #endif
+    } else if (ed_cpu_has_amx()) {
+        for (int i = 0; i < ED_TYPE_COUNT; i++) t->types[i].x16_gemm = NULL;
+#if !defined(ED_EMULATE_AVX512)
+        set_amx(t);
+#endif
+    }
     /* (no x16 layout for the floats: their 2 x 4 tile reads the file's rows) */
     t->types[ED_F16].vec_dot = vec_dot_f16, t->types[ED_F16].vec_dot_nx = vec_dot_nx_f16;
     t->types[ED_F16].vec_dot_2nx = vec_dot_2nx_f16, t->types[ED_F16].float_gemm = f16_gemm;

@@ -103,7 +103,10 @@ typedef struct {
 /* tiles: 0, 3 sums (16 weight rows x 16 activation rows, int32); 1, 4 weights (16 rows x kbytes: one
  * block, or K-quant sub-block); 2, 5 activations (kbytes / 4 rows of 16 x 4 bytes: TDPBUSD's K-interleaved
  * layout) */
+static _Thread_local int amx_config_kbytes; /* this thread's loaded configuration (0: none, or released) */
 static void amx_config(int kbytes) {
+    if (amx_config_kbytes == kbytes) return; /* loaded once per thread: avx512_amx_x16.h calls this per group */
+    amx_config_kbytes = kbytes;
     ed_tilecfg cfg;
     memset(&cfg, 0, sizeof(cfg));
     cfg.palette = 1;
@@ -113,6 +116,12 @@ static void amx_config(int kbytes) {
         cfg.rows[t + 2] = (uint8_t)(kbytes / 4), cfg.colsb[t + 2] = 64;
     }
     _tile_loadconfig(&cfg);
+}
+
+/* tiles back to their initial state (the configuration with them: the next amx_config loads it again) */
+static void amx_release(void) {
+    _tile_release();
+    amx_config_kbytes = 0;
 }
 
 /* Activation rows packed for the GEMM (ED_AMX_ROWS rows a tile, ED_AMX_BLOCK_BYTES a block): per tile and
@@ -224,7 +233,7 @@ ED_AMX_PACK(q8_1, block_q8_1, ed_f16_to_f32(y[b].s))
                 for (int j = 0; j < rows; j++) s[(size_t)(i0 + j) * bs + m] = out[j];                      \
             }                                                                                              \
         }                                                                                                  \
-        _tile_release();                                                                                   \
+        amx_release();                                                                                   \
     }
 
 #define ED_AMX_TYPE(name, XT, YT, MINS, OFF)                          \
@@ -399,7 +408,7 @@ static void q45_K_gemm(int n, float *s, size_t bs, const void *vx, size_t bx, in
         }
         store_rows(s + (size_t)i0 * bs, bs, acc, nr, nc - i0 < 16 ? nc - i0 : 16);
     }
-    _tile_release();
+    amx_release();
 }
 
 static void q4_K_amx_gemm(int n, float *s, size_t bs, const void *vx, size_t bx, int nr, const void *packed, int nc,
@@ -441,7 +450,7 @@ static void q6_K_amx_gemm(int n, float *s, size_t bs, const void *vx, size_t bx,
         }
         store_rows(s + (size_t)i0 * bs, bs, acc, nr, nc - i0 < 16 ? nc - i0 : 16);
     }
-    _tile_release();
+    amx_release();
 }
 
 /* the entries on an AMX machine: these dots (no vec_dot_2nx: prompts take the GEMM) and GEMMs */

@@ -413,11 +413,13 @@ static float x16_ref(uint32_t wtype, int n, const uint8_t *w, const uint8_t *a) 
 }
 
 #define X16_WROWS 18
-static int check_x16(const ed_kernel_table *k, const test_case *c, uint8_t *acts, float *xr) {
+#define X16_ACTS 37 /* activation rows: AMX machines take whole 16s on tiles, the rest as decode does */
+static int check_x16(const ed_kernel_table *k, const test_case *c, float *xr) {
     const ed_type_kernels *t = &k->types[c->wtype];
     if (!t->x16_gemm) return 0;
     const size_t ab = c->abytes, bb = (size_t)t->block_bytes, nb = c->wbytes / bb;
-    for (int r = 0; r < NX_ROWS; r++) {
+    uint8_t *acts = malloc(X16_ACTS * ab);
+    for (int r = 0; r < X16_ACTS; r++) {
         for (uint32_t i = 0; i < c->n; i++) xr[i] = c->x[(i + 37u * (uint32_t)r) % c->n] * (1.0f + 0.25f * r);
         k->from_float[c->atype](xr, acts + r * ab, c->n);
     }
@@ -433,17 +435,17 @@ static int check_x16(const ed_kernel_table *k, const test_case *c, uint8_t *acts
             if (!f16) w[r * c->wbytes + i] ^= (uint8_t)(29 * r + 7 * i);
         }
     const size_t xbytes = ed_x16_bytes((int)c->wtype, X16_WROWS, c->n), sb = ed_x16_side_bytes(c->n);
-    uint8_t *x16 = aligned_alloc(64, (xbytes + 63) / 64 * 64), *side = malloc(NX_ROWS * sb);
-    float *got = malloc(sizeof(float) * 19 * NX_ROWS);
+    uint8_t *x16 = aligned_alloc(64, (xbytes + 63) / 64 * 64), *side = malloc(X16_ACTS * sb);
+    float *got = malloc(sizeof(float) * 19 * X16_ACTS);
     int fails = !ed_x16_repack((int)c->wtype, w, c->wbytes, X16_WROWS, c->n, x16);
     if (fails) printf("FAIL %-7s %s: ed_x16_repack refused the type\n", level_name(k->level), c->name);
     if (c->atype == ED_Q8_0)
-        for (int r = 0; r < NX_ROWS; r++) ed_x16_side(acts + r * ab, c->n, side + r * sb);
+        for (int r = 0; r < X16_ACTS; r++) ed_x16_side(acts + r * ab, c->n, side + r * sb);
     const size_t group = ed_x16_bytes((int)c->wtype, 16, c->n);
-    static const int ncs[] = {1, 3, 8, NX_ROWS};
+    static const int ncs[] = {1, 3, 8, NX_ROWS, 16, X16_ACTS};
     for (size_t ni = 0; ni < sizeof(ncs) / sizeof(ncs[0]) && !fails; ni++) {
         const int nc = ncs[ni];
-        for (int i = 0; i < 19 * NX_ROWS; i++) got[i] = NAN;
+        for (int i = 0; i < 19 * X16_ACTS; i++) got[i] = NAN;
         for (int g = 0; g < 2; g++) /* strides bs = 19 floats: the second group's 2 rows land at 16, 17 */
             t->x16_gemm((int)c->n, got + 16 * g, 19, x16 + (size_t)g * group, g ? X16_WROWS - 16 : 16, acts,
                          ab, side, sb, nc);
@@ -472,7 +474,7 @@ static int check_x16(const ed_kernel_table *k, const test_case *c, uint8_t *acts
             fails = 1;
         }
     }
-    free(w), free(x16), free(side), free(got);
+    free(w), free(x16), free(side), free(got), free(acts);
     return fails;
 }
 
@@ -554,7 +556,7 @@ int main(int argc, char **argv) {
                      : check_2nx(k, &cs[i], acts)    ? 1
                      : check_float_gemm(k, &cs[i], acts) ? 1
                      : check_amx(k, &cs[i], acts)    ? 1
-                                                     : check_x16(k, &cs[i], acts, xr);
+                                                     : check_x16(k, &cs[i], xr);
         }
         printf("%-7s %u cases, %d failed, worst relative dot error %.2g\n", level_name(level), count, fails, worst);
         failures += fails;
