@@ -18,10 +18,14 @@
  * is per type, measured on a Zen 4 (2 threads, 300 MB of weights from DRAM, median GB/s of 4 interleaved
  * runs): the legacy types stream at the memory's rate with or without it (2 KiB ahead); Q4_K is faster
  * with none (32.0 against 28.6 at 2 KiB: the hardware prefetcher keeps up, the prefetches only take load
- * slots); Q6_K needs it, further ahead (29.4 at 8 KiB, 25.6 at 2 KiB, ~20 with none). */
+ * slots); Q6_K needs it, further ahead (29.4 at 8 KiB, 25.6 at 2 KiB, ~20 with none). On a Sapphire
+ * Rapids-class Xeon (2 vCPU, scripts/bench_native_kernels.py --types Q4_K --shapes 8960x1536 1536x8960
+ * 1536x1536 --threads 2 -r 5) Q4_K wants it: 22.6 / 20.1 / 19.1 GB/s at 4 KiB, 21.5 / 19.8 / 18.6 at
+ * 2 KiB, 21.9 / 20.1 / 18.4 at 8 KiB, 19.5 / 18.0 / 15.4 with none; Q6_K there is 20-21 GB/s from 4 to
+ * 16 KiB. So Q4_K's distance is the CPU vendor's (set_x16). */
 #define ED_X16_PF 2048
-#define ED_X16_PF_Q4_K 0
 #define ED_X16_PF_Q6_K 8192
+static size_t x16_pf_q4_K; /* 0 on AMD, 4096 on Intel: set_x16 */
 ED_ALWAYS_INLINE void x16_prefetch_next(const uint8_t *g, size_t ahead, size_t block_bytes, int nc) {
     if (ahead && nc <= 2)
         for (size_t off = 0; off < block_bytes; off += 64) __builtin_prefetch(g + ahead + off);
@@ -212,7 +216,7 @@ ED_ALWAYS_INLINE void x16_k_nc(int n, float *s, size_t bs, const uint8_t *vx, in
     const __m512i m4 = _mm512_set1_epi8(0x0F), m16 = _mm512_set1_epi8(16);
     for (int b = 0; b < nb; b++) {
         const uint8_t *g = vx + (size_t)b * group;
-        x16_prefetch_next(g, q5 ? ED_X16_PF_Q6_K : ED_X16_PF_Q4_K, group, nc); /* Q5_K: as AVX2's (avx2_x16.h) */
+        x16_prefetch_next(g, q5 ? ED_X16_PF_Q6_K : x16_pf_q4_K, group, nc); /* Q5_K: as AVX2's (avx2_x16.h) */
         __m512i isum[ED_X16_NC];
         for (int c = 0; c < nc; c++) isum[c] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) { /* sub-block j: pair j / 2, low (even) or high (odd) nibbles */
@@ -408,6 +412,11 @@ ED_X16_ENTRY(x16_gemm_q5_K, X16_Q5_K)
 ED_X16_ENTRY(x16_gemm_q6_K, x16_q6_K_nc)
 
 static void set_x16(ed_kernel_table *t) {
+#if defined(__x86_64__) && !defined(ED_EMULATE_AVX512)
+    unsigned a, b, c, d; /* the vendor string: "Genu" "ineI" "ntel" in ebx, edx, ecx */
+    if (__get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu)
+        x16_pf_q4_K = 4096;
+#endif
     t->types[ED_Q6_K].x16_gemm = x16_gemm_q6_K;
     t->types[ED_Q2_K].x16_gemm = x16_gemm_q2_K;
     t->types[ED_Q4_K].x16_gemm = x16_gemm_q4_K;

@@ -9,9 +9,10 @@
  * one (each activation block then loaded once for both); every output has vec_dot's bits, so any thread
  * count gives the same bits.
  *
- * Where the CPU has AMX and the weight type an AMX tile GEMM (legacy blocks), a prompt of AMX_MIN_ROWS
- * rows or more takes it instead: phase 0 also packs each quantized row into the tiles' layout, and
- * phase 1 multiplies 16 weight rows at a time with every row, again with vec_dot's bits.
+ * Where the table has an AMX tile GEMM over the file's blocks (AMX machines with EDGELLM_REPACK=0), a
+ * prompt of AMX_MIN_ROWS rows or more takes it instead: phase 0 also packs each quantized row into the
+ * tiles' layout, and phase 1 multiplies 16 weight rows at a time with every row, again with vec_dot's
+ * bits. (AMX machines that repack take their tiles inside the x16 GEMM, from its layout.)
  *
  * A weight repacked at load (ED_FLAG_X16: 16 rows' blocks interleaved, a SIMD lane per row) goes to the
  * level's x16 GEMM for every n, decode included, so prompts and decode keep one set of bits (not
@@ -97,7 +98,7 @@ void ed_matmul(const ed_op *op, int phase, ed_ctx *ctx) {
 
     const int pack = packs(op, kt), amx = uses_amx(op, kt);
     uint8_t *packed = pack ? (uint8_t *)act + packed_offset(op, arow) : NULL;
-    /* (a level has either AMX or x16 kernels: their tables never share the scratch) */
+    /* (a table has either the file-layout AMX GEMM or x16 kernels: they never share the scratch) */
     const size_t side_row = ed_x16_side_bytes(k);
     uint8_t *side = has_sides(op, kt, vt) ? (uint8_t *)act + packed_offset(op, arow) : NULL;
     float *yf = float_rows(op, kt, vt) ? (float *)(act + packed_offset(op, arow)) : NULL;
