@@ -60,7 +60,7 @@ static _Thread_local _Alignas(64) uint8_t x16_amx_wbuf[ED_X16_AMX_KB * 512];
                     __m512i w[8];                                                                            \
                     UNPACK(x + (size_t)(b0 + i) * (GB) + (QOFF), w);                                         \
                     for (int j = 0; j < 8; j++) /* signed: the offset taken off each weight */               \
-                        _mm512_store_si512((void *)(wb + i * 512 + (YOFF)[j] * 16),                          \
+                        _mm512_storeu_si512((void *)(wb + i * 512 + (YOFF)[j] * 16),                         \
                                            _mm512_sub_epi8(w[j], _mm512_set1_epi8((char)(OFF))));            \
                 }                                                                                            \
                 for (int c0 = 0; c0 < full; c0 += 16) {                                                      \
