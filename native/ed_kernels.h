@@ -140,6 +140,8 @@ int ed_cpu_has_avx512bf16(void);
 /* Whether AMX int8 tiles are usable: amx_tile + amx_int8, the OS saving tile state, and Linux granting
  * this process the tile data (arch_prctl ARCH_REQ_XCOMP_PERM); EDGELLM_AMX=0 switches them off. */
 int ed_cpu_has_amx(void);
+/* The CPU's vendor is Intel (CPUID leaf 0): tunings measured per vendor, e.g. x16 Q4_K's prefetch. */
+int ed_cpu_is_intel(void);
 /* The kernel table for a level, or NULL when that level was not compiled into this build or the CPU
  * cannot run it. Each level's functions live in their own translation unit or carry
  * __attribute__((target(...))) so one x86 build carries scalar, AVX2 and AVX-512 without -march flags. */

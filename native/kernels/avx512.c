@@ -22,7 +22,6 @@
 #define ED_TARGET_PUSH(t)
 #define ED_TARGET_POP
 #else
-#include <cpuid.h> /* set_x16: the vendor */
 #include <immintrin.h>
 #if defined(__clang__)
 #define ED_PRAGMA(x) _Pragma(#x)

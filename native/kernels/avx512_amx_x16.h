@@ -22,7 +22,7 @@
 #define ED_X16_AMX_KB 32 /* blocks unpacked into B tiles at a time (16 KiB), for every 16 activation rows */
 static _Thread_local _Alignas(64) uint8_t x16_amx_wbuf[ED_X16_AMX_KB * 512];
 
-/* TDPBSUD of A tile `a` (16 activation rows, 32 quants each, `by` apart) and the B tile at wb into C tile
+/* TDPBSSD of A tile `a` (16 activation rows, 32 quants each, `by` apart) and the B tile at wb into C tile
  * `c`, stored to out[16 activation rows][16 weight rows] */
 #define X16_AMX_DOT(c, a, bt, yq, by, wb, out)                                                                \
     do {                                                                                                     \
@@ -33,21 +33,24 @@ static _Thread_local _Alignas(64) uint8_t x16_amx_wbuf[ED_X16_AMX_KB * 512];
         _tile_stored(c, out, 64);                                                                            \
     } while (0)
 
-/* against Q8_0 (quants at byte 2 of 34), with the side tables' float scales */
+/* block b's 16 x 16 integer dots (cb: activation row c's at cb[16 c ..]) into the 16 activation rows'
+ * accumulators, the x16 float step: acc = fma(d_w * d_y, (float) isum, acc), d_y from the side tables */
+ED_ALWAYS_INLINE void x16_amx_fold(__m512 *acc, const int32_t *cb, const uint8_t *g, int b, const uint8_t *side,
+                                   size_t side_row) {
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g));
+    for (int c = 0; c < 16; c++) {
+        const float *yd = (const float *)(side + c * side_row);
+        const __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(yd[b]));
+        acc[c] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(cb + 16 * c))), acc[c]);
+    }
+}
+
+/* against Q8_0 activations (their quants at offsetof(block_q8_0, qs)) and their side tables */
 #define ED_X16_AMX(name, GB, QOFF, UNPACK, YOFF, OFF)                                                          \
-    ED_ALWAYS_INLINE void x16_amx_fold_##name(__m512 *acc, const int32_t *cb, const uint8_t *g, int b,         \
-                                              const uint8_t *side, size_t side_row) {                        \
-        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g));                           \
-        for (int c = 0; c < 16; c++) {                                                                       \
-            const float *yd = (const float *)(side + c * side_row);                                          \
-            const __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(yd[b]));                                      \
-            acc[c] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(cb + 16 * c))), acc[c]); \
-        }                                                                                                    \
-    }                                                                                                        \
     static void x16_amx_gemm_##name(int n, float *s, size_t bs, const void *vx, int nr, const void *vy,        \
                                     size_t by, const void *side, size_t side_row, int nc) {                  \
         const int full = nc / 16 * 16, nb = n / QK;                                                          \
-        const size_t ab = sizeof(block_q8_0), aq = 2;                                                        \
+        const size_t ab = sizeof(block_q8_0), aq = offsetof(block_q8_0, qs);                                 \
         const uint8_t *x = vx, *sd = side;                                                                   \
         if (full) {                                                                                          \
             uint8_t *wb = x16_amx_wbuf;                                                                      \
@@ -73,13 +76,13 @@ static _Thread_local _Alignas(64) uint8_t x16_amx_wbuf[ED_X16_AMX_KB * 512];
                         const int b = b0 + i;                                                                \
                         X16_AMX_DOT(0, 1, 2, y + (size_t)b * ab + aq, by, wb + i * 512, cb[0]);              \
                         X16_AMX_DOT(3, 4, 5, y + (size_t)(b + 1) * ab + aq, by, wb + (i + 1) * 512, cb[1]);  \
-                        x16_amx_fold_##name(acc, cb[0], x + (size_t)b * (GB), b, ysd, side_row);  \
-                        x16_amx_fold_##name(acc, cb[1], x + (size_t)(b + 1) * (GB), b + 1, ysd, side_row); \
+                        x16_amx_fold(acc, cb[0], x + (size_t)b * (GB), b, ysd, side_row);  \
+                        x16_amx_fold(acc, cb[1], x + (size_t)(b + 1) * (GB), b + 1, ysd, side_row); \
                     }                                                                                        \
                     if (i < kb) {                                                                            \
                         const int b = b0 + i;                                                                \
                         X16_AMX_DOT(0, 1, 2, y + (size_t)b * ab + aq, by, wb + i * 512, cb[0]);              \
-                        x16_amx_fold_##name(acc, cb[0], x + (size_t)b * (GB), b, ysd, side_row);  \
+                        x16_amx_fold(acc, cb[0], x + (size_t)b * (GB), b, ysd, side_row);  \
                     }                                                                                        \
                     for (int c = 0; c < 16; c++) _mm512_mask_storeu_ps(s + (size_t)(c0 + c) * bs, keep, acc[c]); \
                 }                                                                                            \

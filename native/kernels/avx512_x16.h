@@ -22,7 +22,9 @@
  * Rapids-class Xeon (2 vCPU, scripts/bench_native_kernels.py --types Q4_K --shapes 8960x1536 1536x8960
  * 1536x1536 --threads 2 -r 5) Q4_K wants it: 22.6 / 20.1 / 19.1 GB/s at 4 KiB, 21.5 / 19.8 / 18.6 at
  * 2 KiB, 21.9 / 20.1 / 18.4 at 8 KiB, 19.5 / 18.0 / 15.4 with none; Q6_K there is 20-21 GB/s from 4 to
- * 16 KiB. So Q4_K's distance is the CPU vendor's (set_x16). */
+ * 16 KiB. So Q4_K's distance is the CPU vendor's (set_x16). A later interleaved A/B on that Xeon (3 rounds,
+ * 8960x1536 and 1536x8960, the machine slower that hour) showed no difference, 17.8-18.9 / 19.0-19.3 GB/s at
+ * 4 KiB against 18.7-18.9 / 19.0-19.5 with none: the first sweep's gain may have been the hour's noise. */
 #define ED_X16_PF 2048
 #define ED_X16_PF_Q6_K 8192
 static size_t x16_pf_q4_K; /* 0 on AMD, 4096 on Intel: set_x16 */
@@ -412,11 +414,7 @@ ED_X16_ENTRY(x16_gemm_q5_K, X16_Q5_K)
 ED_X16_ENTRY(x16_gemm_q6_K, x16_q6_K_nc)
 
 static void set_x16(ed_kernel_table *t) {
-#if defined(__x86_64__) && !defined(ED_EMULATE_AVX512)
-    unsigned a, b, c, d; /* the vendor string: "Genu" "ineI" "ntel" in ebx, edx, ecx */
-    if (__get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu)
-        x16_pf_q4_K = 4096;
-#endif
+    x16_pf_q4_K = ed_cpu_is_intel() ? 4096 : 0;
     t->types[ED_Q6_K].x16_gemm = x16_gemm_q6_K;
     t->types[ED_Q2_K].x16_gemm = x16_gemm_q2_K;
     t->types[ED_Q4_K].x16_gemm = x16_gemm_q4_K;

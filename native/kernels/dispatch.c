@@ -22,7 +22,10 @@
 
 /* ------------------------------------------------------------------------------ CPU features */
 
-enum { F_AVX2 = 1, F_AVX512 = 2, F_AVX512VNNI = 4, F_DOTPROD = 8, F_AMX = 16, F_AVX512BF16 = 32, F_KNOWN = 1 << 30 };
+enum {
+    F_AVX2 = 1, F_AVX512 = 2, F_AVX512VNNI = 4, F_DOTPROD = 8, F_AMX = 16, F_AVX512BF16 = 32, F_INTEL = 64,
+    F_KNOWN = 1 << 30
+};
 static int g_features;
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -52,6 +55,8 @@ static int detect(void) {
     int f = 0;
 #if defined(__x86_64__) || defined(_M_X64)
     unsigned a, b, c, d;
+    if (__get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu)
+        f |= F_INTEL; /* "Genu" "ineI" "ntel" in ebx, edx, ecx */
     if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
     const int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
     if (!osxsave || !avx) return 0;
@@ -111,6 +116,8 @@ int ed_cpu_has_avx512vnni(void) { return (features() & F_AVX512VNNI) != 0; }
 int ed_cpu_has_amx(void) { return (features() & F_AMX) != 0; }
 
 int ed_cpu_has_avx512bf16(void) { return (features() & F_AVX512BF16) != 0; }
+
+int ed_cpu_is_intel(void) { return (features() & F_INTEL) != 0; }
 
 /* ------------------------------------------------------------------------------------- tables */
 
