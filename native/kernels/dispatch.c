@@ -54,7 +54,7 @@ static int amx_usable(uint32_t edx7, uint64_t xcr0) {
 static int detect(void) {
     int f = 0;
 #if defined(__x86_64__) || defined(_M_X64)
-    unsigned a, b, c, d;
+    unsigned a = 0, b = 0, c = 0, d = 0; /* (gcc -O1 cannot see __get_cpuid set them) */
     if (__get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu)
         f |= F_INTEL; /* "Genu" "ineI" "ntel" in ebx, edx, ecx */
     if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
