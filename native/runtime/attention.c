@@ -312,28 +312,45 @@ ED_AVX static void scores_avx(const float *q, int64_t group, int64_t dh, const u
     }
 }
 
-/* scores_avx's bits with the 32 vector registers of AVX-512VL (still 8-lane sums): keys 8 at a time, for
- * up to 3 heads at once all 24 (head, key) sums stay in registers over d, each key vector converted from
- * f16 once per d and each q vector loaded once per d. */
+/* scores_avx's bits in AVX-512's 512-bit registers: a vector holds two keys' 8-lane sums (key 2p in its
+ * low half, key 2p + 1 in its high half) against the same 8 elements of q (broadcast to both halves), so
+ * each multiply and add serves two keys with the same lane operations as before. Keys 8 at a time (4 such
+ * pairs, each converted from f16 once per d), up to 6 heads at once (24 sums in registers, q loaded once
+ * per d); at the end each head's 8 key sums are split back into 256-bit halves and reduced together
+ * (combine8). The loops are bound by the floating-point ports: with these and values_avx512's 512-bit
+ * tiles a layer 2048 keys deep on 2 threads of a Sapphire Rapids-class Xeon (scripts/bench_attention.py
+ * --depth 2048 --layers 28, two interleaved rounds) takes 102-103 us against 117-132 with 256-bit vectors
+ * (gemma3's 1 kv head x 4 x 256), 131-137 against 148-151 (Qwen2.5-1.5B's 2 x 6 x 128), 94-97 against
+ * 103-105 (2 x 7 x 64), the same for SmolLM2's 3 x 3 x 64 (82-86). */
 #define ED_AVX512 __attribute__((target("avx512f,avx512vl,avx,f16c")))
+ED_AVX512 static inline __attribute__((always_inline)) __m512 kv2_avx512(const uint16_t *a, const uint16_t *b) {
+    const __m128i lo = _mm_loadu_si128((const __m128i *)a), hi = _mm_loadu_si128((const __m128i *)b);
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
+}
+
 ED_AVX512 static inline __attribute__((always_inline)) void scores8_avx512(const float *q, const int nh, int64_t dh,
                                                                           const uint16_t *const *rows, float *sc,
                                                                           int64_t ldsc, int nk) {
-    __m256 acc[3][8];
+    __m512 acc[6][4];
     for (int h = 0; h < nh; h++)
-        for (int k = 0; k < 8; k++) acc[h][k] = _mm256_setzero_ps();
+        for (int p = 0; p < 4; p++) acc[h][p] = _mm512_setzero_ps();
     for (int64_t d = 0; d < dh; d += 8) {
-        __m256 qv[3];
-        for (int h = 0; h < nh; h++) qv[h] = _mm256_loadu_ps(q + h * dh + d);
-#pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) {
-            const __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rows[k] + d)));
-            for (int h = 0; h < nh; h++) acc[h][k] = _mm256_add_ps(acc[h][k], _mm256_mul_ps(qv[h], kv));
+        __m512 qv[6];
+        for (int h = 0; h < nh; h++) qv[h] = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)(q + h * dh + d))));
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            const __m512 kv = kv2_avx512(rows[2 * p] + d, rows[2 * p + 1] + d);
+            for (int h = 0; h < nh; h++) acc[h][p] = _mm512_add_ps(acc[h][p], _mm512_mul_ps(qv[h], kv));
         }
     }
     for (int h = 0; h < nh; h++) {
+        __m256 a[8];
+        for (int p = 0; p < 4; p++) {
+            a[2 * p] = _mm512_castps512_ps256(acc[h][p]);
+            a[2 * p + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[h][p]), 1));
+        }
         float r[8];
-        _mm256_storeu_ps(r, combine8(acc[h]));
+        _mm256_storeu_ps(r, combine8(a));
         memcpy(sc + h * ldsc, r, sizeof(float) * (size_t)nk);
     }
 }
@@ -348,12 +365,17 @@ ED_AVX512 static void scores_avx512(const float *q, int64_t group, int64_t dh, c
         for (int64_t j = j0 + 16; j < j0 + 24 && j < t; j++) /* the rows two groups ahead */
             for (int64_t d = 0; d < dh; d += 32) __builtin_prefetch(kv + slots[j] * stride + d);
         for (int64_t h0 = 0; h0 < group;) {
-            const int64_t left = group - h0, nh = left == 4 ? 2 : left < 3 ? left : 3; /* 4 as 2 + 2 */
+            const int64_t left = group - h0, nh = left <= 6 ? left : left <= 12 ? (left + 1) / 2 : 6;
             const float *qh = q + h0 * dh;
             float *s = sc + h0 * ldsc + j0;
-            if (nh == 3) scores8_avx512(qh, 3, dh, rows, s, ldsc, nk);
-            else if (nh == 2) scores8_avx512(qh, 2, dh, rows, s, ldsc, nk);
-            else scores8_avx512(qh, 1, dh, rows, s, ldsc, nk);
+            switch (nh) {
+            case 6: scores8_avx512(qh, 6, dh, rows, s, ldsc, nk); break;
+            case 5: scores8_avx512(qh, 5, dh, rows, s, ldsc, nk); break;
+            case 4: scores8_avx512(qh, 4, dh, rows, s, ldsc, nk); break;
+            case 3: scores8_avx512(qh, 3, dh, rows, s, ldsc, nk); break;
+            case 2: scores8_avx512(qh, 2, dh, rows, s, ldsc, nk); break;
+            default: scores8_avx512(qh, 1, dh, rows, s, ldsc, nk); break;
+            }
             h0 += nh;
         }
     }
@@ -453,55 +475,84 @@ ED_AVX2 static void values_avx(float *out, const float *w, int64_t ldw, int64_t 
     values_blocks(out, dh, w, ldw, group, 0, d0, d1, (const char *)kv, 2 * stride, 2 * d0, 2 * d1, slots, t);
 }
 
-/* values_avx's bits with AVX-512VL's 32 registers: up to 3 heads x 8 vectors of 8 columns held over all
- * the keys, each value vector converted once per key (one pass over a key's columns) */
+/* values_avx's bits in AVX-512's 512-bit registers (each column's sum alone, so any width gives the same
+ * bits): nh heads x nv vectors of 16 columns (nh * nv <= 24) held over all the keys, each value vector
+ * converted once per key (one pass over the tile's columns); an odd 8 columns in a 256-bit vector */
 ED_AVX512 static inline __attribute__((always_inline)) void values_tile_avx512(float *out, const float *w, int64_t ldw,
                                                                               const int nh, const int nv, int64_t dh,
                                                                               int64_t d, const uint16_t *kv,
                                                                               int64_t stride, const int64_t *slots,
                                                                               int64_t t) {
-    __m256 acc[3][8];
+    __m512 acc[6][8]; /* nh * nv <= 24 */
     for (int h = 0; h < nh; h++)
-        for (int v = 0; v < nv; v++) acc[h][v] = _mm256_loadu_ps(out + h * dh + d + 8 * v);
+        for (int v = 0; v < nv; v++) acc[h][v] = _mm512_loadu_ps(out + h * dh + d + 16 * v);
     for (int64_t j = 0; j < t; j++) {
         if (j + ED_VPF < t)
-            for (int v = 0; v < nv; v += 4) __builtin_prefetch(kv + slots[j + ED_VPF] * stride + d + 8 * v);
+            for (int v = 0; v < nv; v += 2) __builtin_prefetch(kv + slots[j + ED_VPF] * stride + d + 16 * v);
         const uint16_t *src = kv + slots[j] * stride + d;
-        __m256 wj[3];
-        for (int h = 0; h < nh; h++) wj[h] = _mm256_set1_ps(w[h * ldw + j]);
+        __m512 wj[6];
+        for (int h = 0; h < nh; h++) wj[h] = _mm512_set1_ps(w[h * ldw + j]);
 #pragma GCC unroll 8
         for (int v = 0; v < nv; v++) {
-            const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + 8 * v)));
-            for (int h = 0; h < nh; h++) acc[h][v] = _mm256_add_ps(acc[h][v], _mm256_mul_ps(wj[h], x));
+            const __m512 x = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + 16 * v)));
+            for (int h = 0; h < nh; h++) acc[h][v] = _mm512_add_ps(acc[h][v], _mm512_mul_ps(wj[h], x));
         }
     }
     for (int h = 0; h < nh; h++)
-        for (int v = 0; v < nv; v++) _mm256_storeu_ps(out + h * dh + d + 8 * v, acc[h][v]);
+        for (int v = 0; v < nv; v++) _mm512_storeu_ps(out + h * dh + d + 16 * v, acc[h][v]);
 }
 
-#define ED_VT(NH)                                                                                             \
-    switch (nv) {                                                                                            \
-    case 8: values_tile_avx512(o, wh, ldw, NH, 8, dh, d, kv, stride, slots, t); break;                      \
-    case 4: values_tile_avx512(o, wh, ldw, NH, 4, dh, d, kv, stride, slots, t); break;                      \
-    case 2: values_tile_avx512(o, wh, ldw, NH, 2, dh, d, kv, stride, slots, t); break;                      \
-    default: values_tile_avx512(o, wh, ldw, NH, 1, dh, d, kv, stride, slots, t); break;                     \
+ED_AVX512 static void values8_avx512(float *out, const float *w, int64_t ldw, int64_t nh, int64_t dh, int64_t d,
+                                     const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t) {
+    for (int64_t h = 0; h < nh; h++) {
+        __m256 acc = _mm256_loadu_ps(out + h * dh + d);
+        for (int64_t j = 0; j < t; j++) {
+            const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kv + slots[j] * stride + d)));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(w[h * ldw + j]), x));
+        }
+        _mm256_storeu_ps(out + h * dh + d, acc);
     }
+}
 
+#define ED_VT(NH, NV) values_tile_avx512(o, wh, ldw, NH, NV, dh, d, kv, stride, slots, t)
+#define ED_VT4(NH) /* NH heads x up to 4 vectors */                                                          \
+    switch (nv) {                                                                                            \
+    case 4: ED_VT(NH, 4); break;                                                                              \
+    case 2: ED_VT(NH, 2); break;                                                                              \
+    default: ED_VT(NH, 1); break;                                                                             \
+    }
+#define ED_VT8(NH) /* NH heads x up to 8 vectors */                                                          \
+    if (nv == 8) ED_VT(NH, 8);                                                                               \
+    else ED_VT4(NH)
+
+/* heads 6 at a time (group 7 and up as even shares) x 64 columns, 3 or fewer x 128 */
 ED_AVX512 static void values_avx512(float *out, const float *w, int64_t ldw, int64_t group, int64_t dh, int64_t d0,
                                     int64_t d1, const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t) {
     for (int64_t h0 = 0; h0 < group;) {
-        const int64_t left = group - h0, nh = left == 4 ? 2 : left < 3 ? left : 3;
+        const int64_t left = group - h0, nh = left <= 6 ? left : left <= 12 ? (left + 1) / 2 : 6;
         float *o = out + h0 * dh;
         const float *wh = w + h0 * ldw;
-        for (int64_t d = d0; d < d1;) {
-            const int64_t n8 = (d1 - d) / 8, nv = n8 >= 8 ? 8 : n8 >= 4 ? 4 : n8 >= 2 ? 2 : 1;
-            if (nh == 3) { ED_VT(3) } else if (nh == 2) { ED_VT(2) } else { ED_VT(1) }
-            d += 8 * nv;
+        int64_t d = d0;
+        for (; d + 16 <= d1;) {
+            const int64_t n16 = (d1 - d) / 16, most = nh <= 3 ? 8 : 4;
+            const int64_t nv = n16 >= most ? most : n16 >= 4 ? 4 : n16 >= 2 ? 2 : 1;
+            switch (nh) {
+            case 6: ED_VT4(6) break;
+            case 5: ED_VT4(5) break;
+            case 4: ED_VT4(4) break;
+            case 3: ED_VT8(3) break;
+            case 2: ED_VT8(2) break;
+            default: ED_VT8(1) break;
+            }
+            d += 16 * nv;
         }
+        if (d < d1) values8_avx512(o, wh, ldw, nh, dh, d, kv, stride, slots, t);
         h0 += nh;
     }
 }
 #undef ED_VT
+#undef ED_VT4
+#undef ED_VT8
 
 /* the 8 int32 lanes of each of 8 vectors summed, vector k's sum in lane k (exact) */
 ED_AVX2 static __m256i isum8(const __m256i *p) {
