@@ -66,7 +66,8 @@ typedef void (*ed_amx_gemm_fn)(int n, float *s, size_t bs, const void *vx, size_
 /* Byte offsets in a K-quant group block (one super-block of 16 rows; native/kernels/x16.c's lane_q2_K,
  * lane_q4_K, lane_q5_K and lane_q6_K say what each holds), shared by the repacker and every level's
  * kernels. Q5_K is Q4_K's block with the fifth bits (the file's qh, in 4-byte steps per row) before the
- * nibbles; Q2_K is the file's size (scale bytes [16][16], then the 2-bit quants in 4-byte steps). */
+ * nibbles; Q2_K is the file's size (scale bytes [16][16], then the 2-bit quants in 4-byte steps); Q3_K
+ * has Q6_K's scale pairs and Q2_K's quant chunks, then its high bits (hmask) in 4-byte steps. */
 #define Q4K_SC 64
 #define Q4K_MIN 192
 #define Q4K_QS 320
@@ -77,6 +78,10 @@ typedef void (*ed_amx_gemm_fn)(int n, float *s, size_t bs, const void *vx, size_
 #define Q2K_SC 64
 #define Q2K_QS (Q2K_SC + 256)
 #define Q2K_GROUP (Q2K_QS + 1024)
+#define Q3K_SC 32
+#define Q3K_QS 288
+#define Q3K_HM (Q3K_QS + 1024)
+#define Q3K_GROUP (Q3K_HM + 512)
 #define Q6K_SC 32
 #define Q6K_QL 288
 #define Q6K_QH (Q6K_QL + 2048)

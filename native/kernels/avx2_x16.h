@@ -436,6 +436,60 @@ ED_ALWAYS_INLINE void x16a_q6_K_nc(int n, float *s, size_t bs, const uint8_t *vx
 #define X16A_Q6_K(NC) x16a_q6_K_nc(n, s, bs, vx, nr, y, by, NC)
 ED_X16A_ENTRY(x16a_gemm_q6_K, X16A_Q6_K)
 #undef X16A_Q6_K
+
+/* Q3_K: the AVX-512 kernel's plan (x16_q3_K_nc, the layout's offsets Q3K_*) with vpmaddubsw, a half of 8
+ * rows at a time as Q2_K's: the quants as q + 4 (0..7), 4 vpmaddubsw of a sub-block summed in int16 (at
+ * most 4 * 2 * 7 * 128 = 7168: exact), vpmaddwd against the rows' scale in both halves of its lane;
+ * isum - 4 * msum and the float step are x16_q3_K_nc's, so the bits are the AVX-512 kernel's. */
+ED_ALWAYS_INLINE void x16a_q3_K_nc(int n, float *s, size_t bs, const uint8_t *vx, int nr, const uint8_t *vy,
+                                   size_t by, const int nc) {
+    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    for (int hh = 0; hh * 8 < nr; hh++) {
+        __m256 acc[ED_X16A_NC];
+        for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+        for (int b = 0; b < n / QK_K; b++) {
+            const uint8_t *g = vx + (size_t)b * Q3K_GROUP;
+            __m256i isum[ED_X16A_NC];
+            for (int c = 0; c < nc; c++) isum[c] = _mm256_setzero_si256();
+#pragma GCC unroll 16
+            for (int sb = 0; sb < 16; sb++) { /* sub-block sb = 8n + 2j + h */
+                const int j = sb % 8 / 2, h = sb % 2;
+                const uint8_t *q = g + Q3K_QS + 64 * (8 * (sb / 8) + 4 * h) + 32 * hh, *hm = g + Q3K_HM + 64 * 4 * h + 32 * hh;
+                const __m128i shift = _mm_cvtsi32_si128(2 * j), hshift = _mm_cvtsi32_si128(4 * (sb / 8) + j);
+                const __m256i sc = x16a_q6_scale(g + Q3K_SC + 32 * (sb / 2) + 16 * hh, sb & 1);
+                __m256i part[ED_X16A_NC];
+                for (int c = 0; c < nc; c++) part[c] = _mm256_setzero_si256();
+                for (int k = 0; k < 4; k++) {
+                    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(x16a_load(q + 64 * k), shift), m3);
+                    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(x16a_load(hm + 64 * k), hshift), one);
+                    const __m256i w = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 2)); /* bytes 0/1 << 2: no carry */
+                    for (int c = 0; c < nc; c++) {
+                        const __m256i y = x16a_bcast4(((const block_q8_K *)(vy + c * by))[b].qs + 16 * sb + 4 * k);
+                        part[c] = _mm256_add_epi16(part[c], _mm256_maddubs_epi16(w, y));
+                    }
+                }
+                for (int c = 0; c < nc; c++) isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(part[c], sc));
+            }
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16 * hh)));
+            for (int c = 0; c < nc; c++) {
+                const block_q8_K *y = (const block_q8_K *)(vy + c * by) + b;
+                int32_t pairs[8];
+                memcpy(pairs, y->bsums, sizeof(pairs));
+                __m256i msum = _mm256_setzero_si256();
+                for (int i = 0; i < 8; i++) {
+                    const __m256i p = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(g + Q3K_SC + 32 * i + 16 * hh)));
+                    msum = _mm256_add_epi32(msum, _mm256_madd_epi16(p, _mm256_set1_epi32(pairs[i])));
+                }
+                const __m256i total = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(msum, 2));
+                acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(y->d)), _mm256_cvtepi32_ps(total), acc[c]);
+            }
+        }
+        x16a_store(s, bs, acc, hh, nr, nc);
+    }
+}
+#define X16A_Q3_K(NC) x16a_q3_K_nc(n, s, bs, vx, nr, y, by, NC)
+ED_X16A_ENTRY(x16a_gemm_q3_K, X16A_Q3_K)
+#undef X16A_Q3_K
 #undef X16A_Q4_0
 #undef X16A_Q4_1
 #undef X16A_Q5_0
@@ -458,6 +512,7 @@ static void set_x16_avx2(ed_kernel_table *t) {
     t->types[ED_Q8_0].x16_gemm = x16a_gemm_q8_0;
     t->types[ED_IQ4_NL].x16_gemm = x16a_gemm_iq4_nl;
     t->types[ED_Q2_K].x16_gemm = x16a_gemm_q2_K;
+    t->types[ED_Q3_K].x16_gemm = x16a_gemm_q3_K;
     t->types[ED_Q4_K].x16_gemm = x16a_gemm_q4_K;
     t->types[ED_Q5_K].x16_gemm = x16a_gemm_q5_K;
     t->types[ED_Q6_K].x16_gemm = x16a_gemm_q6_K;

@@ -413,10 +413,66 @@ ED_X16_ENTRY(x16_gemm_q5_K, X16_Q5_K)
 #undef X16_Q5_K
 ED_X16_ENTRY(x16_gemm_q6_K, x16_q6_K_nc)
 
+/* Q3_K against Q8_K (the layout's offsets Q3K_*, x16.c's lane_q3_K), per super-block and row: each quant
+ * taken as q + 4 (0..7: its 2 low bits, + 4 where its high bit is set), isum = Σ_s sc_s * Σ (q + 4) * y over
+ * sub-block s of 16 (4 vpdpbusd; the low bits as Q2_K's chunks and shifts), msum = Σ_s sc_s * bsum_s
+ * (vpdpwssd on Q6_K's scale pairs), then acc = fma(d_w * d_y, (float) (isum - 4 * msum), acc): isum -
+ * 4 msum is Σ_s sc_s Σ q * y exactly (|.| < 2^23), vec_dot_q3_K_q8_K's integer per super-block. */
+ED_ALWAYS_INLINE void x16_q3_K_nc(int n, float *s, size_t bs, const uint8_t *vx, int nr, const uint8_t *vy,
+                                  size_t by, const int nc) {
+    __m512 acc[ED_X16_NC];
+    for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+    const __m512i m3 = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *g = vx + (size_t)b * Q3K_GROUP;
+        x16_prefetch_next(g, ED_X16_PF, Q3K_GROUP, nc);
+        __m512i isum[ED_X16_NC];
+        for (int c = 0; c < nc; c++) isum[c] = _mm512_setzero_si512();
+        for (int sb = 0; sb < 16; sb++) { /* sub-block sb = 8n + 2j + h */
+            const int j = sb % 8 / 2, h = sb % 2, bit = 4 * (sb / 8) + j;
+            const uint8_t *q = g + Q3K_QS + 64 * (8 * (sb / 8) + 4 * h), *hm = g + Q3K_HM + 64 * 4 * h;
+            const __m128i shift = _mm_cvtsi32_si128(2 * j);
+            __m512i w[4];
+            for (int k = 0; k < 4; k++) {
+                const __m512i lo = _mm512_and_si512(_mm512_srl_epi16(_mm512_loadu_si512((const void *)(q + 64 * k)), shift), m3);
+                const __mmask64 set = _mm512_test_epi8_mask(_mm512_loadu_si512((const void *)(hm + 64 * k)),
+                                                            _mm512_set1_epi8((char)(1 << bit)));
+                w[k] = _mm512_mask_add_epi8(lo, set, lo, four);
+            }
+            const __m512i p = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(g + Q3K_SC + 32 * (sb / 2))));
+            const __m512i sc = sb & 1 ? _mm512_srai_epi32(p, 16) : _mm512_srai_epi32(_mm512_slli_epi32(p, 16), 16);
+            for (int c = 0; c < nc; c++) {
+                const int8_t *yq = ((const block_q8_K *)(vy + c * by))[b].qs + 16 * sb;
+                __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], x16_bcast4(yq));
+                __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], x16_bcast4(yq + 4));
+                i0 = _mm512_dpbusd_epi32(i0, w[2], x16_bcast4(yq + 8));
+                i1 = _mm512_dpbusd_epi32(i1, w[3], x16_bcast4(yq + 12));
+                isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(_mm512_add_epi32(i0, i1), sc));
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g));
+        for (int c = 0; c < nc; c++) {
+            const block_q8_K *y = (const block_q8_K *)(vy + c * by) + b;
+            int32_t pairs[8];
+            memcpy(pairs, y->bsums, sizeof(pairs));
+            __m512i msum = _mm512_setzero_si512();
+            for (int i = 0; i < 8; i++) {
+                const __m512i p = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(g + Q3K_SC + 32 * i)));
+                msum = _mm512_dpwssd_epi32(msum, p, _mm512_set1_epi32(pairs[i]));
+            }
+            const __m512i total = _mm512_sub_epi32(isum[c], _mm512_slli_epi32(msum, 2));
+            acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(y->d)), _mm512_cvtepi32_ps(total), acc[c]);
+        }
+    }
+    x16_store(s, bs, acc, nr, nc);
+}
+ED_X16_ENTRY(x16_gemm_q3_K, x16_q3_K_nc)
+
 static void set_x16(ed_kernel_table *t) {
     x16_pf_q4_K = ed_cpu_is_intel() ? 4096 : 0;
     t->types[ED_Q6_K].x16_gemm = x16_gemm_q6_K;
     t->types[ED_Q2_K].x16_gemm = x16_gemm_q2_K;
+    t->types[ED_Q3_K].x16_gemm = x16_gemm_q3_K;
     t->types[ED_Q4_K].x16_gemm = x16_gemm_q4_K;
     t->types[ED_Q5_K].x16_gemm = x16_gemm_q5_K;
     t->types[ED_Q5_0].x16_gemm = x16_gemm_q5_0;

@@ -126,6 +126,27 @@ static void lane_q5_K(const uint8_t *blk, uint8_t *out, int r) {
     for (int j = 0; j < 8; j++) memcpy(out + Q5K_QH + 64 * j + 4 * r, blk + 16 + 4 * j, 4);
 }
 
+/* Q3_K (a super-block of 256): 16 f16 d, the 16 scales (6-bit, less 32: ggml dequantize_row_q3_K's
+ * unpacking of the 12 bytes) as int8 pairs [8][16][2] as Q6_K's, then Q2_K's 16 chunks of the 2-bit quants
+ * (row r's qs[4c..4c+3] at 64c + 4r) and 8 chunks of the high bits (row r's hmask[4c..4c+3]): quant
+ * 128n + 32j + 16h + l is bits 2j of qs[32n + 16h + l] and bit 4n + j of hmask[16h + l] (set: q = low
+ * bits, clear: q = low bits - 4), in sub-block 8n + 2j + h of 16 */
+static void lane_q3_K(const uint8_t *blk, uint8_t *out, int r) {
+    memcpy(out + 2 * r, blk + 108, 2);
+    uint32_t aux[4];
+    memcpy(aux, blk + 96, 12);
+    const uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f, tmp = aux[2];
+    aux[2] = ((aux[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
+    aux[3] = ((aux[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
+    aux[0] = (aux[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
+    aux[1] = (aux[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
+    uint8_t sc[16];
+    memcpy(sc, aux, 16);
+    for (int s = 0; s < 16; s++) out[Q3K_SC + 32 * (s / 2) + 2 * r + (s & 1)] = (uint8_t)(int8_t)(sc[s] - 32);
+    for (int c = 0; c < 16; c++) memcpy(out + Q3K_QS + 64 * c + 4 * r, blk + 32 + 4 * c, 4);
+    for (int c = 0; c < 8; c++) memcpy(out + Q3K_HM + 64 * c + 4 * r, blk + 4 * c, 4);
+}
+
 /* Q6_K (a super-block of 256): 16 f16 d, the 16 int8 scales as pairs [8][16][2] (sub-blocks 2i, 2i + 1:
  * one vpdpwssd against the activation's bsums pair), then the file's ql and qh in 4-byte steps per row:
  * ql chunk c (0..31) holds row r's ql[4c..4c+3] at 64c + 4r, qh chunk c (0..15) its qh[4c..4c+3] */
@@ -148,6 +169,7 @@ static const struct {
     {ED_Q5_1, QK, 24, 384, lane_q5_1},
     {ED_Q8_0, QK, 34, 544, lane_q8_0},
     {ED_Q2_K, QK_K, 84, Q2K_GROUP, lane_q2_K},
+    {ED_Q3_K, QK_K, 110, Q3K_GROUP, lane_q3_K},
     {ED_Q4_K, QK_K, 144, Q4K_GROUP, lane_q4_K},
     {ED_Q5_K, QK_K, 176, Q5K_GROUP, lane_q5_K},
     {ED_Q6_K, QK_K, 210, Q6K_GROUP, lane_q6_K},

@@ -268,7 +268,7 @@ static int check_amx(const ed_kernel_table *k, const test_case *c, uint8_t *acts
     return fails;
 }
 
-/* One output of the x16 layout's order (Q4_0, Q5_0, IQ4_NL, Q8_0; Q4_1 / Q5_1, Q2_K, Q4_K / Q5_K and Q6_K have their own
+/* One output of the x16 layout's order (Q4_0, Q5_0, IQ4_NL, Q8_0; Q4_1 / Q5_1, Q2_K, Q3_K, Q4_K / Q5_K and Q6_K have their own
  * below): Σ_b fma(d_w * d_y, (float) isum_b, acc) over the blocks, from the file's blocks (w) and a Q8_0
  * activation row (a). */
 static const int8_t iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -334,6 +334,32 @@ static float x16_ref_q2_K(int n, const uint8_t *w, const uint8_t *a) {
     return acc;
 }
 
+/* Q3_K: per super-block fma(d * d_y, Σ_s (sc_s - 32) * Σ q * y over sub-block s of 16, acc); q and the
+ * 6-bit sc_s read as ggml dequantize_row_q3_K does (its packing written out per sub-block here) */
+static float x16_ref_q3_K(int n, const uint8_t *w, const uint8_t *a) {
+    float acc = 0.0f;
+    for (int b = 0; b < n / 256; b++) {
+        const uint8_t *wb = w + (size_t)b * 110, *ab = a + (size_t)b * 292, *hm = wb, *qs = wb + 32, *sp = wb + 96;
+        float dy;
+        memcpy(&dy, ab, 4);
+        int32_t isum = 0;
+        for (int s = 0; s < 16; s++) { /* sub-block s = 8n + 2j + h: quants 128n + 32j + 16h + l */
+            const int nn = s / 8, j = s % 8 / 2, h = s % 2;
+            const int sc = (((sp[s % 8] >> (4 * (s / 8))) & 0xF) | ((sp[8 + s % 4] >> (2 * (s / 4))) & 3) << 4) - 32;
+            int dot = 0;
+            for (int l = 0; l < 16; l++) {
+                const int q = ((qs[32 * nn + 16 * h + l] >> (2 * j)) & 3) - ((hm[16 * h + l] >> (4 * nn + j)) & 1 ? 0 : 4);
+                dot += q * (int8_t)ab[4 + 16 * s + l];
+            }
+            isum += sc * dot;
+        }
+        uint16_t hd;
+        memcpy(&hd, wb + 108, 2);
+        acc = fmaf(ed_f16_table[hd] * dy, (float)isum, acc);
+    }
+    return acc;
+}
+
 /* Q6_K: per super-block fma(d * d_y, Σ_s sc_s * Σ (q - 32) * y over sub-block s of 16, acc) */
 static float x16_ref_q6_K(int n, const uint8_t *w, const uint8_t *a) {
     float acc = 0.0f;
@@ -386,6 +412,7 @@ static float x16_ref(uint32_t wtype, int n, const uint8_t *w, const uint8_t *a) 
     if (wtype == ED_Q4_K || wtype == ED_Q5_K) return x16_ref_q4_K(n, w, a, wtype == ED_Q5_K);
     if (wtype == ED_Q6_K) return x16_ref_q6_K(n, w, a);
     if (wtype == ED_Q2_K) return x16_ref_q2_K(n, w, a);
+    if (wtype == ED_Q3_K) return x16_ref_q3_K(n, w, a);
     float acc = 0.0f;
     const int bb = wtype == ED_Q8_0 ? 34 : wtype == ED_Q5_0 ? 22 : 18;
     for (int b = 0; b < n / 32; b++) {
@@ -431,7 +458,7 @@ static int check_x16(const ed_kernel_table *k, const test_case *c, float *xr) {
     for (int r = 1; r < X16_WROWS; r++)
         for (size_t i = 0; i < c->wbytes; i++) {
             const size_t at = i % bb;
-            const int f16 = c->wtype == ED_Q6_K ? at >= 208 : c->wtype == ED_Q2_K ? at >= 80 : at < (c->wtype == ED_Q4_1 || c->wtype == ED_Q5_1 || c->wtype == ED_Q4_K || c->wtype == ED_Q5_K ? 4u : 2u);
+            const int f16 = c->wtype == ED_Q6_K ? at >= 208 : c->wtype == ED_Q2_K ? at >= 80 : c->wtype == ED_Q3_K ? at >= 108 : at < (c->wtype == ED_Q4_1 || c->wtype == ED_Q5_1 || c->wtype == ED_Q4_K || c->wtype == ED_Q5_K ? 4u : 2u);
             if (!f16) w[r * c->wbytes + i] ^= (uint8_t)(29 * r + 7 * i);
         }
     const size_t xbytes = ed_x16_bytes((int)c->wtype, X16_WROWS, c->n), sb = ed_x16_side_bytes(c->n);
