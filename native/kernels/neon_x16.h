@@ -306,6 +306,48 @@ static void x16n_q6_K_1(int n, float *s, const uint8_t *vx, int nr, const block_
 }
 #undef X16N_Q6K_QUARTERS
 
+/* Q3_K: the layout's offsets Q3K_* (x16.c lane_q3_K). Sub-block sb = 8n + 2j + h: qs chunks 8n + 4h + k
+ * shifted down by 2j (2 low bits), hmask chunks 4h + k bit 4n + j (set: + 4), so each quant is q + 4 (0..7)
+ * and its row dot starts at -4 * (the activation's sum over the sub-block): isum = Σ_sb sc_sb * Σ q y,
+ * exactly the AVX2 / AVX-512 kernels' isum - 4 * msum; then acc = fma(d * d_y, isum, acc). */
+#define X16N_Q3K_STEP(k)                                                                                     \
+    do {                                                                                                     \
+        const uint8x16_t lo = vandq_u8(vshlq_u8(vld1q_u8(q + 64 * (k) + 16 * kk), shift), m3);               \
+        const uint8x16_t hi = vandq_u8(vtstq_u8(vld1q_u8(hm + 64 * (k) + 16 * kk), bit), four);              \
+        dot = vdotq_laneq_s32(dot, vreinterpretq_s8_u8(vorrq_u8(lo, hi)), yv, k);                            \
+    } while (0)
+
+static void x16n_q3_K_1(int n, float *s, const uint8_t *vx, int nr, const block_q8_K *yb) {
+    float32x4_t acc[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+    const uint8x16_t m3 = vdupq_n_u8(3), four = vdupq_n_u8(4);
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *g = vx + (size_t)b * Q3K_GROUP;
+        const block_q8_K *y = yb + b;
+        int32x4_t isum[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
+        for (int sb = 0; sb < 16; sb++) {
+            const int j = sb % 8 / 2, h = sb % 2;
+            const uint8_t *q = g + Q3K_QS + 64 * (8 * (sb / 8) + 4 * h), *hm = g + Q3K_HM + 64 * 4 * h;
+            const int8x16_t shift = vdupq_n_s8((int8_t)(-2 * j)), yv = vld1q_s8(y->qs + 16 * sb);
+            const uint8x16_t bit = vdupq_n_u8((uint8_t)(1u << (4 * (sb / 8) + j)));
+            const int8x16_t sc = vld2q_s8((const int8_t *)g + Q3K_SC + 32 * (sb / 2)).val[sb & 1];
+            for (int kk = 0; kk < 4; kk++) { /* rows 4kk..4kk+3 */
+                int32x4_t dot = vdupq_n_s32(-4 * y->bsums[sb]);
+                X16N_Q3K_STEP(0);
+                X16N_Q3K_STEP(1);
+                X16N_Q3K_STEP(2);
+                X16N_Q3K_STEP(3);
+                isum[kk] = vmlaq_s32(isum[kk], dot, x16n_s8_rows(sc, kk));
+            }
+        }
+        for (int k = 0; k < 4; k++) {
+            const float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)g + 4 * k)));
+            acc[k] = vfmaq_f32(acc[k], vmulq_n_f32(d, y->d), vcvtq_f32_s32(isum[k]));
+        }
+    }
+    x16n_store(s, acc, nr);
+}
+#undef X16N_Q3K_STEP
+
 #define ED_X16N_KQUANT_ENTRY(name)                                                                           \
     static void x16n_gemm_##name(int n, float *s, size_t bs, const void *vx, int nr, const void *vy, size_t by, \
                                  const void *side, size_t side_row, int nc) {                                \
@@ -313,6 +355,7 @@ static void x16n_q6_K_1(int n, float *s, const uint8_t *vx, int nr, const block_
         for (int c = 0; c < nc; c++) x16n_##name##_1(n, s + c * bs, vx, nr, (const block_q8_K *)((const uint8_t *)vy + c * by)); \
     }
 
+ED_X16N_KQUANT_ENTRY(q3_K)
 ED_X16N_KQUANT_ENTRY(q4_K)
 ED_X16N_KQUANT_ENTRY(q5_K)
 ED_X16N_KQUANT_ENTRY(q6_K)
@@ -325,6 +368,7 @@ static void set_x16_neon(ed_kernel_table *t) {
     t->types[ED_Q8_0].x16_gemm = x16n_gemm_q8_0;
     t->types[ED_Q5_0].x16_gemm = x16n_gemm_q5_0;
     t->types[ED_Q5_1].x16_gemm = x16n_gemm_q5_1;
+    t->types[ED_Q3_K].x16_gemm = x16n_gemm_q3_K;
     t->types[ED_Q4_K].x16_gemm = x16n_gemm_q4_K;
     t->types[ED_Q5_K].x16_gemm = x16n_gemm_q5_K;
     t->types[ED_Q6_K].x16_gemm = x16n_gemm_q6_K;
