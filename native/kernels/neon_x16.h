@@ -309,34 +309,49 @@ static void x16n_q6_K_1(int n, float *s, const uint8_t *vx, int nr, const block_
 /* Q3_K: the layout's offsets Q3K_* (x16.c lane_q3_K). Sub-block sb = 8n + 2j + h: qs chunks 8n + 4h + k
  * shifted down by 2j (2 low bits), hmask chunks 4h + k bit 4n + j (set: + 4), so each quant is q + 4 (0..7)
  * and its row dot starts at -4 * (the activation's sum over the sub-block): isum = Σ_sb sc_sb * Σ q y,
- * exactly the AVX2 / AVX-512 kernels' isum - 4 * msum; then acc = fma(d * d_y, isum, acc). */
+ * exactly the AVX2 / AVX-512 kernels' isum - 4 * msum; then acc = fma(d * d_y, isum, acc). Each pair of
+ * chunk loads gives its 4 sub-blocks (j = 0..3): the low bits shifted down by 2j, the high bit moved to
+ * bit 2, one bit select and a mask (scripts/neon_mca.py: a sub-block at a time, 6 vector operations an
+ * sdot, modelled 1.7x slower per dot than vec_dot_nx's prompts). */
+ED_INLINE int8x16_t x16n_q3(const int j, uint8x16_t qs, uint8x16_t hm) {
+    const uint8x16_t m3 = vdupq_n_u8(3), m7 = vdupq_n_u8(7);
+    switch (j) { /* bits 0-1: qs >> 2j, bit 2: bit j of hm */
+    case 0: return vreinterpretq_s8_u8(vandq_u8(vsliq_n_u8(qs, hm, 2), m7));
+    case 1: return vreinterpretq_s8_u8(vandq_u8(vbslq_u8(m3, vshrq_n_u8(qs, 2), vshlq_n_u8(hm, 1)), m7));
+    case 2: return vreinterpretq_s8_u8(vandq_u8(vbslq_u8(m3, vshrq_n_u8(qs, 4), hm), m7));
+    default: return vreinterpretq_s8_u8(vandq_u8(vsriq_n_u8(vshrq_n_u8(hm, 1), qs, 6), m7));
+    }
+}
+
 #define X16N_Q3K_STEP(k)                                                                                     \
     do {                                                                                                     \
-        const uint8x16_t lo = vandq_u8(vshlq_u8(vld1q_u8(q + 64 * (k) + 16 * kk), shift), m3);               \
-        const uint8x16_t hi = vandq_u8(vtstq_u8(vld1q_u8(hm + 64 * (k) + 16 * kk), bit), four);              \
-        dot = vdotq_laneq_s32(dot, vreinterpretq_s8_u8(vorrq_u8(lo, hi)), yv, k);                            \
+        const uint8x16_t qs = vld1q_u8(g + Q3K_QS + 64 * (8 * nn + 4 * h + (k)) + 16 * kk);                  \
+        const uint8x16_t hm0 = vld1q_u8(g + Q3K_HM + 64 * (4 * h + (k)) + 16 * kk);                          \
+        const uint8x16_t hm = nn ? vshrq_n_u8(hm0, 4) : hm0;                                                 \
+        for (int j = 0; j < 4; j++) dot[j] = vdotq_laneq_s32(dot[j], x16n_q3(j, qs, hm), yv[j], k);          \
     } while (0)
 
 static void x16n_q3_K_1(int n, float *s, const uint8_t *vx, int nr, const block_q8_K *yb) {
     float32x4_t acc[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
-    const uint8x16_t m3 = vdupq_n_u8(3), four = vdupq_n_u8(4);
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *g = vx + (size_t)b * Q3K_GROUP;
         const block_q8_K *y = yb + b;
         int32x4_t isum[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
-        for (int sb = 0; sb < 16; sb++) {
-            const int j = sb % 8 / 2, h = sb % 2;
-            const uint8_t *q = g + Q3K_QS + 64 * (8 * (sb / 8) + 4 * h), *hm = g + Q3K_HM + 64 * 4 * h;
-            const int8x16_t shift = vdupq_n_s8((int8_t)(-2 * j)), yv = vld1q_s8(y->qs + 16 * sb);
-            const uint8x16_t bit = vdupq_n_u8((uint8_t)(1u << (4 * (sb / 8) + j)));
-            const int8x16_t sc = vld2q_s8((const int8_t *)g + Q3K_SC + 32 * (sb / 2)).val[sb & 1];
+        for (int nh = 0; nh < 4; nh++) { /* sub-blocks 8nn + 2j + h, j = 0..3 */
+            const int nn = nh / 2, h = nh % 2;
+            int8x16_t yv[4], sc[4];
+            for (int j = 0; j < 4; j++) {
+                yv[j] = vld1q_s8(y->qs + 16 * (8 * nn + 2 * j + h));
+                sc[j] = vld2q_s8((const int8_t *)g + Q3K_SC + 32 * (4 * nn + j)).val[h]; /* pair 4nn + j */
+            }
             for (int kk = 0; kk < 4; kk++) { /* rows 4kk..4kk+3 */
-                int32x4_t dot = vdupq_n_s32(-4 * y->bsums[sb]);
+                int32x4_t dot[4];
+                for (int j = 0; j < 4; j++) dot[j] = vdupq_n_s32(-4 * y->bsums[8 * nn + 2 * j + h]);
                 X16N_Q3K_STEP(0);
                 X16N_Q3K_STEP(1);
                 X16N_Q3K_STEP(2);
                 X16N_Q3K_STEP(3);
-                isum[kk] = vmlaq_s32(isum[kk], dot, x16n_s8_rows(sc, kk));
+                for (int j = 0; j < 4; j++) isum[kk] = vmlaq_s32(isum[kk], dot[j], x16n_s8_rows(sc[j], kk));
             }
         }
         for (int k = 0; k < 4; k++) {
@@ -348,6 +363,46 @@ static void x16n_q3_K_1(int n, float *s, const uint8_t *vx, int nr, const block_
 }
 #undef X16N_Q3K_STEP
 
+/* Q2_K: the layout's offsets Q2K_* (x16.c lane_q2_K): sub-block sb's quants are chunks 8 (sb / 8) + 4 (sb %
+ * 2) + k shifted down by 2 (sb % 8 / 2), its rows' scale bytes (scale | min << 4) at Q2K_SC + 16 sb;
+ * isum = Σ_sb sc_sb * dot_sb, msum = Σ_sb m_sb * bsum_sb, then acc = fma(d * d_y, isum, acc) and acc =
+ * acc - (dmin * d_y) * msum in one rounding (vfms): the AVX2 and AVX-512 kernels' steps. */
+#define X16N_Q2K_STEP(k)                                                                                     \
+    dot = vdotq_laneq_s32(dot, vreinterpretq_s8_u8(vandq_u8(vshlq_u8(vld1q_u8(q + 64 * (k) + 16 * kk), shift), m3)), yv, k)
+
+static void x16n_q2_K_1(int n, float *s, const uint8_t *vx, int nr, const block_q8_K *yb) {
+    float32x4_t acc[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+    const uint8x16_t m3 = vdupq_n_u8(3), m15 = vdupq_n_u8(15);
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *g = vx + (size_t)b * Q2K_GROUP;
+        const block_q8_K *y = yb + b;
+        int32x4_t isum[4], msum[4];
+        for (int k = 0; k < 4; k++) isum[k] = msum[k] = vdupq_n_s32(0);
+        for (int sb = 0; sb < 16; sb++) {
+            const uint8_t *q = g + Q2K_QS + 64 * (8 * (sb / 8) + 4 * (sb % 2));
+            const int8x16_t shift = vdupq_n_s8((int8_t)(-2 * (sb % 8 / 2))), yv = vld1q_s8(y->qs + 16 * sb);
+            const uint8x16_t scm = vld1q_u8(g + Q2K_SC + 16 * sb), sc = vandq_u8(scm, m15), mn = vshrq_n_u8(scm, 4);
+            for (int kk = 0; kk < 4; kk++) { /* rows 4kk..4kk+3 */
+                int32x4_t dot = vdupq_n_s32(0);
+                X16N_Q2K_STEP(0);
+                X16N_Q2K_STEP(1);
+                X16N_Q2K_STEP(2);
+                X16N_Q2K_STEP(3);
+                isum[kk] = vmlaq_s32(isum[kk], dot, x16n_u8_rows(sc, kk));
+                msum[kk] = vmlaq_n_s32(msum[kk], x16n_u8_rows(mn, kk), y->bsums[sb]);
+            }
+        }
+        for (int k = 0; k < 4; k++) {
+            const float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)g + 4 * k)));
+            const float32x4_t dmin = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)g + 16 + 4 * k)));
+            acc[k] = vfmaq_f32(acc[k], vmulq_n_f32(d, y->d), vcvtq_f32_s32(isum[k]));
+            acc[k] = vfmsq_f32(acc[k], vmulq_n_f32(dmin, y->d), vcvtq_f32_s32(msum[k]));
+        }
+    }
+    x16n_store(s, acc, nr);
+}
+#undef X16N_Q2K_STEP
+
 #define ED_X16N_KQUANT_ENTRY(name)                                                                           \
     static void x16n_gemm_##name(int n, float *s, size_t bs, const void *vx, int nr, const void *vy, size_t by, \
                                  const void *side, size_t side_row, int nc) {                                \
@@ -355,6 +410,7 @@ static void x16n_q3_K_1(int n, float *s, const uint8_t *vx, int nr, const block_
         for (int c = 0; c < nc; c++) x16n_##name##_1(n, s + c * bs, vx, nr, (const block_q8_K *)((const uint8_t *)vy + c * by)); \
     }
 
+ED_X16N_KQUANT_ENTRY(q2_K)
 ED_X16N_KQUANT_ENTRY(q3_K)
 ED_X16N_KQUANT_ENTRY(q4_K)
 ED_X16N_KQUANT_ENTRY(q5_K)
@@ -368,6 +424,7 @@ static void set_x16_neon(ed_kernel_table *t) {
     t->types[ED_Q8_0].x16_gemm = x16n_gemm_q8_0;
     t->types[ED_Q5_0].x16_gemm = x16n_gemm_q5_0;
     t->types[ED_Q5_1].x16_gemm = x16n_gemm_q5_1;
+    t->types[ED_Q2_K].x16_gemm = x16n_gemm_q2_K;
     t->types[ED_Q3_K].x16_gemm = x16n_gemm_q3_K;
     t->types[ED_Q4_K].x16_gemm = x16n_gemm_q4_K;
     t->types[ED_Q5_K].x16_gemm = x16n_gemm_q5_K;
