@@ -78,7 +78,7 @@ typedef void (*ed_amx_gemm_fn)(int n, float *s, size_t bs, const void *vx, size_
 #define Q2K_SC 64
 #define Q2K_QS (Q2K_SC + 256)
 #define Q2K_GROUP (Q2K_QS + 1024)
-#define Q3K_SC 32
+#define Q3K_SC Q6K_SC /* Q6_K's d and scale pairs */
 #define Q3K_QS 288
 #define Q3K_HM (Q3K_QS + 1024)
 #define Q3K_GROUP (Q3K_HM + 512)

@@ -360,6 +360,25 @@ static inline __m256i x16a_q6_scale(const uint8_t *p, int odd) {
                : _mm256_blend_epi16(x, _mm256_slli_epi32(x, 16), 0xAA);
 }
 
+/* a super-block's float step of rows 8hh..8hh+7 for Q6_K (quants + 32: shift 5) and Q3_K (+ 4: shift 2), as
+ * x16_k16_finish: msum from the scale pairs against the bsums, acc = fma(d_w * d_y, isum - (msum << shift)) */
+ED_ALWAYS_INLINE void x16a_k16_finish(__m256 *acc, const __m256i *isum, const uint8_t *g, int hh, const uint8_t *vy,
+                                      size_t by, int b, const int nc, const int shift) {
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16 * hh)));
+    for (int c = 0; c < nc; c++) {
+        const block_q8_K *y = (const block_q8_K *)(vy + c * by) + b;
+        int32_t pairs[8];
+        memcpy(pairs, y->bsums, sizeof(pairs));
+        __m256i msum = _mm256_setzero_si256();
+        for (int i = 0; i < 8; i++) {
+            const __m256i p = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(g + Q6K_SC + 32 * i + 16 * hh)));
+            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(p, _mm256_set1_epi32(pairs[i])));
+        }
+        const __m256i total = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(msum, shift));
+        acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(y->d)), _mm256_cvtepi32_ps(total), acc[c]);
+    }
+}
+
 ED_ALWAYS_INLINE void x16a_q6_K_nc(int n, float *s, size_t bs, const uint8_t *vx, int nr, const uint8_t *vy,
                                    size_t by, const int nc) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -416,19 +435,7 @@ ED_ALWAYS_INLINE void x16a_q6_K_nc(int n, float *s, size_t bs, const uint8_t *vx
                     }
                 }
             }
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16 * hh)));
-            for (int c = 0; c < nc; c++) {
-                const block_q8_K *y = (const block_q8_K *)(vy + c * by) + b;
-                int32_t pairs[8];
-                memcpy(pairs, y->bsums, sizeof(pairs));
-                __m256i msum = _mm256_setzero_si256();
-                for (int i = 0; i < 8; i++) {
-                    const __m256i p = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(g + Q6K_SC + 32 * i + 16 * hh)));
-                    msum = _mm256_add_epi32(msum, _mm256_madd_epi16(p, _mm256_set1_epi32(pairs[i])));
-                }
-                const __m256i total = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(msum, 5));
-                acc[hh][c] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(y->d)), _mm256_cvtepi32_ps(total), acc[hh][c]);
-            }
+            x16a_k16_finish(acc[hh], isum, g, hh, vy, by, b, nc, 5);
         }
     }
     for (int hh = 0; hh * 8 < nr; hh++) x16a_store(s, bs, acc[hh], hh, nr, nc);
@@ -470,19 +477,7 @@ ED_ALWAYS_INLINE void x16a_q3_K_nc(int n, float *s, size_t bs, const uint8_t *vx
                 }
                 for (int c = 0; c < nc; c++) isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(part[c], sc));
             }
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16 * hh)));
-            for (int c = 0; c < nc; c++) {
-                const block_q8_K *y = (const block_q8_K *)(vy + c * by) + b;
-                int32_t pairs[8];
-                memcpy(pairs, y->bsums, sizeof(pairs));
-                __m256i msum = _mm256_setzero_si256();
-                for (int i = 0; i < 8; i++) {
-                    const __m256i p = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(g + Q3K_SC + 32 * i + 16 * hh)));
-                    msum = _mm256_add_epi32(msum, _mm256_madd_epi16(p, _mm256_set1_epi32(pairs[i])));
-                }
-                const __m256i total = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(msum, 2));
-                acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(y->d)), _mm256_cvtepi32_ps(total), acc[c]);
-            }
+            x16a_k16_finish(acc, isum, g, hh, vy, by, b, nc, 2);
         }
         x16a_store(s, bs, acc, hh, nr, nc);
     }

@@ -328,6 +328,40 @@ ED_ALWAYS_INLINE __m512i x16_q6_quants(__m512i a, __m512i b, __m512i lo, __m512i
     }
 }
 
+/* Q6_K and Q3_K (the same scale pairs at Q6K_SC == Q3K_SC): sub-block sb's 16 rows' scales as int32 lanes */
+ED_ALWAYS_INLINE __m512i x16_k16_scale(const uint8_t *g, int sb) {
+    const __m512i p = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(g + Q6K_SC + 32 * (sb / 2))));
+    return sb & 1 ? _mm512_srai_epi32(p, 16) : _mm512_srai_epi32(_mm512_slli_epi32(p, 16), 16);
+}
+
+/* isum += sc * (sub-block of 16 unsigned quants w[0..3] . the activation bytes yq[0..15]) */
+ED_ALWAYS_INLINE __m512i x16_k16_dot(__m512i isum, const __m512i *w, const int8_t *yq, __m512i sc) {
+    __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], x16_bcast4(yq));
+    __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], x16_bcast4(yq + 4));
+    i0 = _mm512_dpbusd_epi32(i0, w[2], x16_bcast4(yq + 8));
+    i1 = _mm512_dpbusd_epi32(i1, w[3], x16_bcast4(yq + 12));
+    return _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_add_epi32(i0, i1), sc));
+}
+
+/* a super-block's float step for Q6_K (quants + 32: shift 5) and Q3_K (+ 4: shift 2): msum = Σ_s sc_s *
+ * bsum_s by vpdpwssd on the scale pairs, acc = fma(d_w * d_y, (float) (isum - (msum << shift)), acc) */
+ED_ALWAYS_INLINE void x16_k16_finish(__m512 *acc, const __m512i *isum, const uint8_t *g, const uint8_t *vy, size_t by,
+                                     int b, const int nc, const int shift) {
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g));
+    for (int c = 0; c < nc; c++) {
+        const block_q8_K *y = (const block_q8_K *)(vy + c * by) + b;
+        int32_t pairs[8];
+        memcpy(pairs, y->bsums, sizeof(pairs));
+        __m512i msum = _mm512_setzero_si512();
+        for (int i = 0; i < 8; i++) {
+            const __m512i p = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(g + Q6K_SC + 32 * i)));
+            msum = _mm512_dpwssd_epi32(msum, p, _mm512_set1_epi32(pairs[i]));
+        }
+        const __m512i total = _mm512_sub_epi32(isum[c], _mm512_slli_epi32(msum, shift));
+        acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(y->d)), _mm512_cvtepi32_ps(total), acc[c]);
+    }
+}
+
 ED_ALWAYS_INLINE void x16_q6_K_nc(int n, float *s, size_t bs, const uint8_t *vx, int nr, const uint8_t *vy,
                                   size_t by, const int nc) {
     const int nb = n / QK_K;
@@ -361,9 +395,7 @@ ED_ALWAYS_INLINE void x16_q6_K_nc(int n, float *s, size_t bs, const uint8_t *vx,
                     }
                 }
                 for (int t = 0; t < 4; t++) {
-                    const int sb = 8 * h + 2 * t + q;
-                    const __m512i p = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(g + Q6K_SC + 32 * (sb / 2))));
-                    const __m512i sc = sb & 1 ? _mm512_srai_epi32(p, 16) : _mm512_srai_epi32(_mm512_slli_epi32(p, 16), 16);
+                    const __m512i sc = x16_k16_scale(g, 8 * h + 2 * t + q);
                     for (int c = 0; c < nc; c++) isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(part[t][c], sc));
                 }
             }
@@ -375,31 +407,12 @@ ED_ALWAYS_INLINE void x16_q6_K_nc(int n, float *s, size_t bs, const uint8_t *vx,
                     Q6K_LOAD(h, 4 * q + k);
                     w[k] = x16_q6_quants(a, b2, lo, hi, t, m4);
                 }
-                const __m512i p = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(g + Q6K_SC + 32 * (sb / 2))));
-                const __m512i sc = sb & 1 ? _mm512_srai_epi32(p, 16) : _mm512_srai_epi32(_mm512_slli_epi32(p, 16), 16);
-                for (int c = 0; c < nc; c++) {
-                    const int8_t *yq = ((const block_q8_K *)(vy + c * by))[b].qs + 16 * sb;
-                    __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], x16_bcast4(yq));
-                    __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], x16_bcast4(yq + 4));
-                    i0 = _mm512_dpbusd_epi32(i0, w[2], x16_bcast4(yq + 8));
-                    i1 = _mm512_dpbusd_epi32(i1, w[3], x16_bcast4(yq + 12));
-                    isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(_mm512_add_epi32(i0, i1), sc));
-                }
+                const __m512i sc = x16_k16_scale(g, sb);
+                for (int c = 0; c < nc; c++)
+                    isum[c] = x16_k16_dot(isum[c], w, ((const block_q8_K *)(vy + c * by))[b].qs + 16 * sb, sc);
             }
         }
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g));
-        for (int c = 0; c < nc; c++) {
-            const block_q8_K *y = (const block_q8_K *)(vy + c * by) + b;
-            int32_t pairs[8];
-            memcpy(pairs, y->bsums, sizeof(pairs));
-            __m512i msum = _mm512_setzero_si512();
-            for (int i = 0; i < 8; i++) {
-                const __m512i p = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(g + Q6K_SC + 32 * i)));
-                msum = _mm512_dpwssd_epi32(msum, p, _mm512_set1_epi32(pairs[i]));
-            }
-            const __m512i total = _mm512_sub_epi32(isum[c], _mm512_slli_epi32(msum, 5));
-            acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(y->d)), _mm512_cvtepi32_ps(total), acc[c]);
-        }
+        x16_k16_finish(acc, isum, g, vy, by, b, nc, 5);
     }
 #undef Q6K_LOAD
     x16_store(s, bs, acc, nr, nc);
@@ -439,30 +452,11 @@ ED_ALWAYS_INLINE void x16_q3_K_nc(int n, float *s, size_t bs, const uint8_t *vx,
                                                             _mm512_set1_epi8((char)(1 << bit)));
                 w[k] = _mm512_mask_add_epi8(lo, set, lo, four);
             }
-            const __m512i p = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(g + Q3K_SC + 32 * (sb / 2))));
-            const __m512i sc = sb & 1 ? _mm512_srai_epi32(p, 16) : _mm512_srai_epi32(_mm512_slli_epi32(p, 16), 16);
-            for (int c = 0; c < nc; c++) {
-                const int8_t *yq = ((const block_q8_K *)(vy + c * by))[b].qs + 16 * sb;
-                __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], x16_bcast4(yq));
-                __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], x16_bcast4(yq + 4));
-                i0 = _mm512_dpbusd_epi32(i0, w[2], x16_bcast4(yq + 8));
-                i1 = _mm512_dpbusd_epi32(i1, w[3], x16_bcast4(yq + 12));
-                isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(_mm512_add_epi32(i0, i1), sc));
-            }
+            const __m512i sc = x16_k16_scale(g, sb);
+            for (int c = 0; c < nc; c++)
+                isum[c] = x16_k16_dot(isum[c], w, ((const block_q8_K *)(vy + c * by))[b].qs + 16 * sb, sc);
         }
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g));
-        for (int c = 0; c < nc; c++) {
-            const block_q8_K *y = (const block_q8_K *)(vy + c * by) + b;
-            int32_t pairs[8];
-            memcpy(pairs, y->bsums, sizeof(pairs));
-            __m512i msum = _mm512_setzero_si512();
-            for (int i = 0; i < 8; i++) {
-                const __m512i p = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(g + Q3K_SC + 32 * i)));
-                msum = _mm512_dpwssd_epi32(msum, p, _mm512_set1_epi32(pairs[i]));
-            }
-            const __m512i total = _mm512_sub_epi32(isum[c], _mm512_slli_epi32(msum, 2));
-            acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(y->d)), _mm512_cvtepi32_ps(total), acc[c]);
-        }
+        x16_k16_finish(acc, isum, g, vy, by, b, nc, 2);
     }
     x16_store(s, bs, acc, nr, nc);
 }
