@@ -502,6 +502,7 @@ ED_AVX512 static inline __attribute__((always_inline)) void values_tile_avx512(f
         for (int v = 0; v < nv; v++) _mm512_storeu_ps(out + h * dh + d + 16 * v, acc[h][v]);
 }
 
+/* the last 8 columns of a row whose width is an odd multiple of 8 (rare): 256-bit sums, a head at a time */
 ED_AVX512 static void values8_avx512(float *out, const float *w, int64_t ldw, int64_t nh, int64_t dh, int64_t d,
                                      const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t) {
     for (int64_t h = 0; h < nh; h++) {
