@@ -162,6 +162,20 @@ ED_INLINE void x16n_store(float *s, const float32x4_t acc[4], int nr) {
     memcpy(s, t, sizeof(float) * (size_t)nr);
 }
 
+/* a super-block's float step for its 16 rows (4 vectors of 4): acc = fma(d * d_y, isum, acc), then, given
+ * msum, acc = acc - (dmin * d_y) * msum in one rounding (vfms); the rows' f16 d at g, dmin 32 bytes on */
+ED_INLINE void x16n_k_fold(float32x4_t acc[4], const uint8_t *g, float dy, const int32x4_t isum[4],
+                           const int32x4_t *msum) {
+    for (int k = 0; k < 4; k++) {
+        const float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)g + 4 * k)));
+        acc[k] = vfmaq_f32(acc[k], vmulq_n_f32(d, dy), vcvtq_f32_s32(isum[k]));
+        if (msum) {
+            const float32x4_t dmin = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(g + 32) + 4 * k)));
+            acc[k] = vfmsq_f32(acc[k], vmulq_n_f32(dmin, dy), vcvtq_f32_s32(msum[k]));
+        }
+    }
+}
+
 /* bytes 4k..4k+3 of v (rows 4k..4k+3) widened to int32 lanes, unsigned or signed */
 ED_INLINE int32x4_t x16n_u8_rows(const uint8x16_t v, const int k) {
     const uint16x8_t h = k < 2 ? vmovl_u8(vget_low_u8(v)) : vmovl_high_u8(v);
@@ -232,12 +246,7 @@ ED_INLINE void x16n_k_1(int n, float *s, const uint8_t *vx, int nr, const block_
                 msum[3] = vmlal_high_n_s16(msum[3], hi, ys);
             }
         }
-        for (int k = 0; k < 4; k++) {
-            const float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)g + 4 * k)));
-            const float32x4_t dmin = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(g + 32) + 4 * k)));
-            acc[k] = vfmaq_f32(acc[k], vmulq_n_f32(d, y->d), vcvtq_f32_s32(isum[k]));
-            acc[k] = vfmsq_f32(acc[k], vmulq_n_f32(dmin, y->d), vcvtq_f32_s32(msum[k]));
-        }
+        x16n_k_fold(acc, g, y->d, isum, msum);
     }
     x16n_store(s, acc, nr);
 }
@@ -297,10 +306,7 @@ static void x16n_q6_K_1(int n, float *s, const uint8_t *vx, int nr, const block_
                 for (int t = 0; t < 4; t++) isum[kk] = vmlaq_s32(isum[kk], dot[t], x16n_s8_rows(sc[t], kk));
             }
         }
-        for (int k = 0; k < 4; k++) {
-            const float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)g + 4 * k)));
-            acc[k] = vfmaq_f32(acc[k], vmulq_n_f32(d, y->d), vcvtq_f32_s32(isum[k]));
-        }
+        x16n_k_fold(acc, g, y->d, isum, NULL);
     }
     x16n_store(s, acc, nr);
 }
@@ -311,8 +317,8 @@ static void x16n_q6_K_1(int n, float *s, const uint8_t *vx, int nr, const block_
  * and its row dot starts at -4 * (the activation's sum over the sub-block): isum = Σ_sb sc_sb * Σ q y,
  * exactly the AVX2 / AVX-512 kernels' isum - 4 * msum; then acc = fma(d * d_y, isum, acc). Each pair of
  * chunk loads gives its 4 sub-blocks (j = 0..3): the low bits shifted down by 2j, the high bit moved to
- * bit 2, one bit select and a mask (scripts/neon_mca.py: a sub-block at a time, 6 vector operations an
- * sdot, modelled 1.7x slower per dot than vec_dot_nx's prompts). */
+ * bit 2, one bit select and a mask (scripts/neon_mca.py: 2.91 cycles a dot against vec_dot_nx's 3.31; a
+ * sub-block at a time, 6 vector operations an sdot, it modelled 5.57). */
 ED_INLINE int8x16_t x16n_q3(const int j, uint8x16_t qs, uint8x16_t hm) {
     const uint8x16_t m3 = vdupq_n_u8(3), m7 = vdupq_n_u8(7);
     switch (j) { /* bits 0-1: qs >> 2j, bit 2: bit j of hm */
@@ -354,10 +360,7 @@ static void x16n_q3_K_1(int n, float *s, const uint8_t *vx, int nr, const block_
                 for (int j = 0; j < 4; j++) isum[kk] = vmlaq_s32(isum[kk], dot[j], x16n_s8_rows(sc[j], kk));
             }
         }
-        for (int k = 0; k < 4; k++) {
-            const float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)g + 4 * k)));
-            acc[k] = vfmaq_f32(acc[k], vmulq_n_f32(d, y->d), vcvtq_f32_s32(isum[k]));
-        }
+        x16n_k_fold(acc, g, y->d, isum, NULL);
     }
     x16n_store(s, acc, nr);
 }
@@ -392,12 +395,7 @@ static void x16n_q2_K_1(int n, float *s, const uint8_t *vx, int nr, const block_
                 msum[kk] = vmlaq_n_s32(msum[kk], x16n_u8_rows(mn, kk), y->bsums[sb]);
             }
         }
-        for (int k = 0; k < 4; k++) {
-            const float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)g + 4 * k)));
-            const float32x4_t dmin = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)g + 16 + 4 * k)));
-            acc[k] = vfmaq_f32(acc[k], vmulq_n_f32(d, y->d), vcvtq_f32_s32(isum[k]));
-            acc[k] = vfmsq_f32(acc[k], vmulq_n_f32(dmin, y->d), vcvtq_f32_s32(msum[k]));
-        }
+        x16n_k_fold(acc, g, y->d, isum, msum);
     }
     x16n_store(s, acc, nr);
 }
