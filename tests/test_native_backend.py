@@ -192,6 +192,28 @@ def test_matmul_weights_are_repacked_at_load_where_the_kernels_take_them(tmp_pat
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * np.abs(b).max())
 
 
+def test_a_tied_token_embedding_is_held_in_the_arena_and_an_untied_one_stays_in_the_file(tmp_path):
+    """A tied token embedding (qwen2's tiny model) is the output matrix too: load copies it, bytes as the
+    file has them, into the backend's arena (huge pages); get_rows and the logits then read the copy,
+    within the matmul tolerance of the reference and planned bit for bit as eager. An untied one
+    (llama's) only feeds get_rows and stays a view of the file."""
+    model = tiny_model(tmp_path, "qwen2", native_mod.NativeBackend(threads=2))
+    mf = ModelFile(tmp_path / "qwen2.gguf")
+    assert model.output is model.tok_embd and "output.weight" not in mf.tensors
+    emb = model.tok_embd
+    assert emb.raw.ctypes.data != emb.qt.data.ctypes.data  # (qt.data: the file's bytes)
+    assert emb.ptr == emb.raw.ctypes.data and np.array_equal(emb.raw, mf.tensors["token_embd.weight"].data)
+    assert model.backend.repacked_bytes >= emb.raw.nbytes
+    eager_and_planned(model, BATCH_STEPS)
+    ref = load_model(mf, ReferenceBackend())
+    args = (np.array([3, 1, 4, 1, 5]), np.arange(5), np.zeros(5, np.int64))
+    a, b = model.forward(*args, model.new_kv_cache(8, 1)), ref.forward(*args, ref.new_kv_cache(8, 1))
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * np.abs(b).max())
+    untied = tiny_model(tmp_path, "llama", native_mod.NativeBackend(threads=1))
+    assert untied.output is not untied.tok_embd
+    assert untied.tok_embd.raw.ctypes.data == untied.tok_embd.qt.data.ctypes.data
+
+
 def _mapping_of(addr: int) -> dict[str, str]:
     """/proc/self/smaps' fields of the mapping holding addr"""
     fields: dict[str, str] = {}
