@@ -8,6 +8,7 @@ Format: ggml-org/llama.cpp `ggml/include/gguf.h` / `ggml/src/gguf.cpp` (versions
 
 from __future__ import annotations
 
+import io
 import mmap
 import os
 import stat
@@ -19,6 +20,8 @@ from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from edgellm.hugepages import huge_buffer
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -508,8 +511,12 @@ class ModelFile:
         return f"ModelFile({str(self.path)!r}, arch={self.arch!r}, tensors={len(self.tensors)})"
 
 
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 1 << 30):
-        chunks.append(chunk)
-    return b"".join(chunks)
+def _read_all(fd: int) -> memoryview:
+    """The file's bytes, read into memory of their own in huge pages (decode streams the weights from it:
+    edgellm/hugepages.py), read-only; never two copies at once."""
+    size = os.fstat(fd).st_size
+    view = memoryview(huge_buffer(size))
+    f, pos = io.FileIO(fd, closefd=False), 0
+    while pos < size and (n := f.readinto(view[pos:])):
+        pos += n
+    return view[:pos].toreadonly()

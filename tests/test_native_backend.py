@@ -214,52 +214,6 @@ def test_a_tied_token_embedding_is_held_in_the_arena_and_an_untied_one_stays_in_
     assert untied.tok_embd.raw.ctypes.data == untied.tok_embd.qt.data.ctypes.data
 
 
-def _mapping_of(addr: int) -> dict[str, str]:
-    """/proc/self/smaps' fields of the mapping holding addr"""
-    fields: dict[str, str] = {}
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and not head.endswith(":"):
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            if inside:
-                break
-            inside = lo <= addr < hi
-        elif inside:
-            fields[head.rstrip(":")] = line.split(":", 1)[1].strip()
-    return fields
-
-
-def test_repacked_weights_share_huge_page_slabs():
-    """The arena packs tensors end to end (64-byte aligned, disjoint, writable) in slabs aligned to the
-    huge page; one larger than a slab gets a slab of its own; on Linux with 2 MiB transparent huge pages
-    the slab is advised for them (smaps: THPeligible)."""
-    arena = native_mod.HugeArena(slab_bytes=4 << 20)
-    parts = [arena.take(n) for n in (1000, 3 << 20, 1 << 20, 5 << 20, 64)]
-    for a, n in zip(parts, (1000, 3 << 20, 1 << 20, 5 << 20, 64)):
-        assert a.dtype == np.uint8 and a.size == n and a.ctypes.data % 64 == 0 and a.flags.writeable
-        a[:] = n % 251
-    spans = sorted((a.ctypes.data, a.ctypes.data + a.size) for a in parts)
-    assert all(hi <= lo for (_, hi), (lo, _) in zip(spans, spans[1:]))
-    assert all(int(a[-1]) == n % 251 for a, n in zip(parts, (1000, 3 << 20, 1 << 20, 5 << 20, 64)))
-    # 1000 and 3 MiB share the first slab; 1 MiB starts a second (1024 + 3 MiB + 1 MiB > 4 MiB)...
-    assert parts[1].ctypes.data == parts[0].ctypes.data + 1024
-    assert (
-        parts[0].ctypes.data % native_mod.HUGE_PAGE == 0 and parts[2].ctypes.data % native_mod.HUGE_PAGE == 0
-    )
-    # ...5 MiB takes a slab of its own, and the 64 bytes go after it
-    assert parts[3].ctypes.data % native_mod.HUGE_PAGE == 0 and parts[4].ctypes.data == parts[
-        3
-    ].ctypes.data + (5 << 20)
-    # (qemu-user, which scripts/aarch64_runtime_tests.sh runs this under with QEMU_CPU set, drops madvise)
-    native_linux = sys.platform == "linux" and "QEMU_CPU" not in os.environ
-    if native_linux and native_mod._thp_size() == native_mod.HUGE_PAGE:
-        smaps = _mapping_of(parts[1].ctypes.data)
-        thp = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
-        if "THPeligible" in smaps and "[never]" not in thp:
-            assert smaps["THPeligible"] == "1", smaps
-
-
 @pytest.mark.skipif(
     not REPACKS, reason="this CPU's kernels keep the file's layout (x16: AVX2, AVX-512 with VNNI, sdot)"
 )

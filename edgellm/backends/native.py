@@ -12,11 +12,9 @@ the same bits for any thread count, and a replayed plan gives the same bits as t
 from __future__ import annotations
 
 import logging
-import mmap
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,6 +27,7 @@ from edgellm.backends.native_plan import Capture, CapturedDecode, Plan, Regions,
 from edgellm.backends.paged_kv import KVCache, row_bytes
 from edgellm.backends.reference import RefWeight
 from edgellm.gguf import QTensor
+from edgellm.hugepages import HugeArena
 
 log = logging.getLogger(__name__)
 
@@ -45,64 +44,6 @@ _KNOWN_TYPES = {int(t) for t in quants.supported_types()}
 MATMUL, GET_ROWS, RMS_NORM, ROPE, ATTENTION, SILU_MUL, GELU_MUL, ADD, SCALE, SOFTCAP, COPY = range(1, 12)
 X16 = 2  # ED_FLAG_X16: a matmul's weight is repacked
 REPACK_STEP_BYTES = 4 << 20  # rows repacked (and their file pages let go) at a time
-HUGE_PAGE = 2 << 20  # x86-64's and arm64's (4 KiB base pages) transparent huge page
-ARENA_BYTES = 256 << 20  # the least a slab of repacked weights reserves (touched only as it fills)
-
-
-def _thp_size() -> int:
-    """The kernel's transparent huge page size (0: unknown, or none)"""
-    try:
-        return int(Path("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size").read_text())
-    except (OSError, ValueError):
-        return 0
-
-
-class HugeArena:
-    """Memory for the repacked weights, packed end to end in slabs aligned to HUGE_PAGE and advised
-    MADV_HUGEPAGE (Linux's transparent huge pages are commonly `madvise` only). Decode streams every
-    weight once per token, and in 4 KiB pages that stream pays a TLB miss every page: a C read loop
-    over 1 GiB on an AVX-512 Xeon (2 threads) measured 25 GB/s in 4 KiB pages and 29 GB/s in huge pages.
-    One numpy buffer per tensor gets huge pages only for the aligned 2 MiB runs inside it (the q, k, v,
-    o projections of a 1.5B model, 0.2-2.6 MiB each, got none: 30% of its weights). A slab reserves
-    address space only: its pages are taken as tensors fill it, the last one partly (at most one huge
-    page's slack per slab). Qwen2.5-Coder-1.5B Q4_K_M on that Xeon: decode 22.1-22.2 -> 22.7-23.3 tok/s,
-    19.3-19.7 -> 20.7-21.2 at depth 2048. The cost is at load, where a huge page is first touched: free
-    memory in 2 MiB runs that the machine has not touched before; on a Firecracker VM, whose host backs
-    such memory only when the guest first writes it, loading that model took 1.6-3.9 s against 0.6 s."""
-
-    def __init__(self, slab_bytes: int = ARENA_BYTES):
-        self.slab_bytes = slab_bytes
-        self._slab: np.ndarray | None = None
-        self._used = 0
-
-    def take(self, nbytes: int) -> np.ndarray:
-        """A 64-byte aligned, uninitialised uint8 array of nbytes."""
-        need = (nbytes + 63) & ~63
-        if self._slab is None or self._used + need > self._slab.size:
-            self._slab, self._used = self._new_slab(max(need, self.slab_bytes)), 0
-        out = self._slab[self._used : self._used + nbytes]
-        self._used += need
-        return out
-
-    @staticmethod
-    def _new_slab(nbytes: int) -> np.ndarray:
-        size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
-        try:  # an anonymous private mapping; the slack before the first aligned page is never touched
-            mm = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        except (OSError, ValueError, AttributeError):  # (no anonymous mappings here: plain memory)
-            buf = np.empty(nbytes + 64, np.uint8)
-            return buf[-address(buf) % 64 :][:nbytes]
-        whole = np.frombuffer(mm, np.uint8)  # (the array keeps the mapping alive)
-        slab = whole[-address(whole) % HUGE_PAGE :][:size]
-        # (a kernel of 16 or 64 KiB pages has 32 or 512 MiB huge pages: one would be mostly slack)
-        if hasattr(mmap, "MADV_HUGEPAGE") and _thp_size() == HUGE_PAGE:
-            try:
-                mm.madvise(mmap.MADV_HUGEPAGE, address(slab) - address(whole), size)
-            except OSError:  # (a kernel without transparent huge pages: 4 KiB pages)
-                pass
-        return slab
-
-
 F16_KIND, Q8_0_KIND = 1, 8  # an ATTENTION op's cache kinds (ggml type ids; ed_runtime.h)
 
 
@@ -163,7 +104,7 @@ class NativeBackend(CapturedDecode, HostBackend):
         self.repacked_bytes = (
             0  # weights held repacked or copied (in memory of their own, not the file's pages)
         )
-        self._arena = HugeArena()
+        self._arena = HugeArena()  # the repacked (and tied) weights, in huge pages: edgellm/hugepages.py
 
     def prepare(self, mf: Any) -> None:
         self._file = weakref.ref(mf)
