@@ -24,10 +24,17 @@
  * 2 KiB, 21.9 / 20.1 / 18.4 at 8 KiB, 19.5 / 18.0 / 15.4 with none; Q6_K there is 20-21 GB/s from 4 to
  * 16 KiB. So Q4_K's distance is the CPU vendor's (set_x16). A later interleaved A/B on that Xeon (3 rounds,
  * 8960x1536 and 1536x8960, the machine slower that hour) showed no difference, 17.8-18.9 / 19.0-19.3 GB/s at
- * 4 KiB against 18.7-18.9 / 19.0-19.5 with none: the first sweep's gain may have been the hour's noise. */
+ * 4 KiB against 18.7-18.9 / 19.0-19.5 with none: the first sweep's gain may have been the hour's noise.
+ * Once the weights were in huge pages (edgellm/hugepages.py), the Xeon wanted both much nearer: 4
+ * interleaved rounds of the same command, Q4_K / Q6_K at 1 KiB against 4 / 8 KiB: 24.9-26.6 and 23.6-26.4
+ * against 25.0-25.8 and 21.4-23.3 (Q4_K), 22.9-24.5 and 24.3-25.6 against 22.2-23.2 and 20.2-22.3 (Q6_K);
+ * Qwen2.5-Coder-1.5B Q4_K_M decode (`edgellm bench -p 0 -n 64`, 3 interleaved rounds) 25.4-25.6 against
+ * 22.5-22.9 tok/s; 0.5-2 KiB all gave 24-25 and no Q4_K prefetch 22.8. So on Intel Q4_K, Q5_K and Q6_K
+ * prefetch 1 KiB ahead; AMD keeps the Zen 4 figures (set_x16). */
 #define ED_X16_PF 2048
-#define ED_X16_PF_Q6_K 8192
-static size_t x16_pf_q4_K; /* 0 on AMD, 4096 on Intel: set_x16 */
+static size_t x16_pf_q4_K; /* 0 on AMD, 1024 on Intel: set_x16 */
+static size_t x16_pf_q6_K; /* Q6_K and Q5_K: 8192 on AMD, 1024 on Intel */
+#define ED_X16_PF_Q6_K x16_pf_q6_K
 ED_ALWAYS_INLINE void x16_prefetch_next(const uint8_t *g, size_t ahead, size_t block_bytes, int nc) {
     if (ahead && nc <= 2)
         for (size_t off = 0; off < block_bytes; off += 64) __builtin_prefetch(g + ahead + off);
@@ -463,7 +470,8 @@ ED_ALWAYS_INLINE void x16_q3_K_nc(int n, float *s, size_t bs, const uint8_t *vx,
 ED_X16_ENTRY(x16_gemm_q3_K, x16_q3_K_nc)
 
 static void set_x16(ed_kernel_table *t) {
-    x16_pf_q4_K = ed_cpu_is_intel() ? 4096 : 0;
+    x16_pf_q4_K = ed_cpu_is_intel() ? 1024 : 0;
+    x16_pf_q6_K = ed_cpu_is_intel() ? 1024 : 8192;
     t->types[ED_Q6_K].x16_gemm = x16_gemm_q6_K;
     t->types[ED_Q2_K].x16_gemm = x16_gemm_q2_K;
     t->types[ED_Q3_K].x16_gemm = x16_gemm_q3_K;
