@@ -17,6 +17,33 @@ from cffi import FFI
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CFLAGS = ["-O3", "-std=c11", "-fPIC", "-pthread"]
+# Loops start on a cache line, so a kernel's speed does not hang on where the linker happens to put it:
+# on the AMX Xeon, the same Q4_K / Q6_K decode code decoded Qwen2.5-Coder-1.5B at 22.9-23.2 or 25.2-25.8
+# tok/s as unrelated code before it moved the loops by 16 bytes; with this, 24.4-25.2 either way.
+# Where the compiler does not take the flag (an old clang), it is left out.
+OPTIONAL_CFLAGS = ["-falign-loops=64"]
+
+
+def _compiler_takes(flag: str) -> bool:
+    """Whether the C compiler setuptools will use ($CC, else sysconfig's) compiles an empty file with
+    `flag`."""
+    import os
+    import shlex
+    import subprocess
+    import sysconfig
+    import tempfile
+
+    cc = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "probe.c"
+        src.write_text("int probe(void) { return 0; }\n")
+        try:
+            run = subprocess.run(
+                [*cc, flag, "-Werror", "-c", str(src), "-o", str(Path(tmp) / "probe.o")], capture_output=True
+            )
+        except OSError:
+            return False
+        return run.returncode == 0
 
 
 def _cdef() -> str:
@@ -41,7 +68,7 @@ def make_builder(relative: bool) -> FFI:
             path(p) for p in sorted((HERE / "runtime").glob("*.c")) + sorted((HERE / "kernels").glob("*.c"))
         ],
         include_dirs=[path(HERE / "runtime"), path(HERE)],
-        extra_compile_args=CFLAGS,
+        extra_compile_args=CFLAGS + [f for f in OPTIONAL_CFLAGS if _compiler_takes(f)],
         extra_link_args=["-pthread"],
         libraries=["m"],
     )
