@@ -101,9 +101,7 @@ class NativeBackend(CapturedDecode, HostBackend):
         self._ropes = RopeTables()  # plans keep the tables they point into
         self._init_plans()
         self._file: Any = None  # the ModelFile being bound (prepare): its pages of repacked weights go
-        self.repacked_bytes = (
-            0  # weights held repacked or copied (in memory of their own, not the file's pages)
-        )
+        self.repacked_bytes = 0  # weights repacked or copied (in memory of their own, not the file's pages)
         self._arena = HugeArena()  # the repacked (and tied) weights, in huge pages: edgellm/hugepages.py
 
     def prepare(self, mf: Any) -> None:
