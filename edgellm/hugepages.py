@@ -21,10 +21,6 @@ import numpy as np
 HUGE_PAGE = 2 << 20  # x86-64's and arm64's (4 KiB base pages) transparent huge page
 
 
-def address(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]
-
-
 def thp_size() -> int:
     """The kernel's transparent huge page size (0: unknown, or none)"""
     try:
@@ -43,12 +39,12 @@ def huge_buffer(nbytes: int) -> np.ndarray:
         mm = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     except (OSError, ValueError, AttributeError):  # (no anonymous mappings here: plain memory)
         buf = np.empty(nbytes + 64, np.uint8)
-        return buf[-address(buf) % 64 :][:nbytes]
+        return buf[-buf.ctypes.data % 64 :][:nbytes]
     whole = np.frombuffer(mm, np.uint8)  # (the array keeps the mapping alive)
-    out = whole[-address(whole) % HUGE_PAGE :][:size]
+    out = whole[-whole.ctypes.data % HUGE_PAGE :][:size]
     if hasattr(mmap, "MADV_HUGEPAGE") and thp_size() == HUGE_PAGE:
         try:
-            mm.madvise(mmap.MADV_HUGEPAGE, address(out) - address(whole), size)
+            mm.madvise(mmap.MADV_HUGEPAGE, out.ctypes.data - whole.ctypes.data, size)
         except OSError:  # (a kernel without transparent huge pages: 4 KiB pages)
             pass
     return out[:nbytes]
