@@ -14,8 +14,22 @@ from tiny_models import Spec, random_weights, write_gguf
 from edgellm.gguf import ModelFile
 from edgellm.hugepages import HUGE_PAGE, HugeArena, thp_size
 
+
+def _thp_off_for_this_process() -> bool:
+    """prctl(PR_SET_THP_DISABLE), as some container runtimes set it (/proc/self/status: THP_enabled: 0)"""
+    try:
+        return "THP_enabled:\t0" in Path("/proc/self/status").read_text()
+    except OSError:
+        return False
+
+
 # (qemu-user, which scripts/aarch64_runtime_tests.sh runs tests under with QEMU_CPU set, drops madvise)
-ADVISED = sys.platform == "linux" and "QEMU_CPU" not in os.environ and thp_size() == HUGE_PAGE
+ADVISED = (
+    sys.platform == "linux"
+    and "QEMU_CPU" not in os.environ
+    and thp_size() == HUGE_PAGE
+    and not _thp_off_for_this_process()
+)
 
 
 def _mapping_of(addr: int) -> dict[str, str]:
