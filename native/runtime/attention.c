@@ -477,45 +477,61 @@ ED_AVX2 static void values_avx(float *out, const float *w, int64_t ldw, int64_t 
 
 /* values_avx's bits in AVX-512's 512-bit registers (each column's sum alone, so any width gives the same
  * bits): nh heads x nv vectors of 16 columns (nh * nv <= 24) held over all the keys, each value vector
- * converted once per key (one pass over the tile's columns); an odd 8 columns in a 256-bit vector */
-ED_AVX512 static inline __attribute__((always_inline)) void values_tile_avx512(float *out, const float *w, int64_t ldw,
-                                                                              const int nh, const int nv, int64_t dh,
-                                                                              int64_t d, const uint16_t *kv,
+ * converted once per key (one pass over the tile's columns); value rows at kv + slots[j] * stride bytes,
+ * f16 or (q8, a constant where inlined) q8_0 blocks, a value then being d * q (exact), as values16_avx */
+ED_AVX512 static inline __attribute__((always_inline)) void values_tile_avx512(float *out, int64_t ldo, const float *w,
+                                                                              int64_t ldw, const int nh, const int nv,
+                                                                              const int q8, int64_t d, const char *kv,
                                                                               int64_t stride, const int64_t *slots,
                                                                               int64_t t) {
+    /* the tile's bytes of a row: [e0, e1) */
+    const int64_t e0 = q8 ? d / 32 * (int64_t)sizeof(kv_q8) : 2 * d;
+    const int64_t e1 = q8 ? (d + 16 * nv + 31) / 32 * (int64_t)sizeof(kv_q8) : 2 * (d + 16 * nv);
     __m512 acc[6][8]; /* nh * nv <= 24 */
     for (int h = 0; h < nh; h++)
-        for (int v = 0; v < nv; v++) acc[h][v] = _mm512_loadu_ps(out + h * dh + d + 16 * v);
+        for (int v = 0; v < nv; v++) acc[h][v] = _mm512_loadu_ps(out + h * ldo + d + 16 * v);
     for (int64_t j = 0; j < t; j++) {
-        if (j + ED_VPF < t)
-            for (int v = 0; v < nv; v += 2) __builtin_prefetch(kv + slots[j + ED_VPF] * stride + d + 16 * v);
-        const uint16_t *src = kv + slots[j] * stride + d;
+        if (j + ED_VPF < t) {
+            const char *next = kv + slots[j + ED_VPF] * stride;
+            for (int64_t e = e0; e < e1; e += 64) __builtin_prefetch(next + e);
+            if (q8) __builtin_prefetch(next + e1 - 1); /* rows of 34-byte blocks end off the 64-byte steps */
+        }
+        const char *row = kv + slots[j] * stride;
         __m512 wj[6];
         for (int h = 0; h < nh; h++) wj[h] = _mm512_set1_ps(w[h * ldw + j]);
 #pragma GCC unroll 8
         for (int v = 0; v < nv; v++) {
-            const __m512 x = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + 16 * v)));
+            __m512 x;
+            if (q8) {
+                const kv_q8 *blk = (const kv_q8 *)row + (d + 16 * v) / 32;
+                const __m128i qs = _mm_loadu_si128((const __m128i *)(blk->qs + (d + 16 * v) % 32));
+                x = _mm512_mul_ps(_mm512_set1_ps(ed_rt_f16_lut[blk->d]), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(qs)));
+            } else {
+                x = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + d + 16 * v)));
+            }
             for (int h = 0; h < nh; h++) acc[h][v] = _mm512_add_ps(acc[h][v], _mm512_mul_ps(wj[h], x));
         }
     }
     for (int h = 0; h < nh; h++)
-        for (int v = 0; v < nv; v++) _mm512_storeu_ps(out + h * dh + d + 16 * v, acc[h][v]);
+        for (int v = 0; v < nv; v++) _mm512_storeu_ps(out + h * ldo + d + 16 * v, acc[h][v]);
 }
 
-/* the last 8 columns of a row whose width is an odd multiple of 8 (rare): 256-bit sums, a head at a time */
-ED_AVX512 static void values8_avx512(float *out, const float *w, int64_t ldw, int64_t nh, int64_t dh, int64_t d,
-                                     const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t) {
+/* the last 8 columns of a row whose width is an odd multiple of 8 (rare; f16 rows only): 256-bit sums, a
+ * head at a time */
+ED_AVX512 static void values8_avx512(float *out, int64_t ldo, const float *w, int64_t ldw, int64_t nh, int64_t d,
+                                     const char *kv, int64_t stride, const int64_t *slots, int64_t t) {
     for (int64_t h = 0; h < nh; h++) {
-        __m256 acc = _mm256_loadu_ps(out + h * dh + d);
+        __m256 acc = _mm256_loadu_ps(out + h * ldo + d);
         for (int64_t j = 0; j < t; j++) {
-            const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kv + slots[j] * stride + d)));
+            const uint16_t *src = (const uint16_t *)(kv + slots[j] * stride) + d;
+            const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)src));
             acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(w[h * ldw + j]), x));
         }
-        _mm256_storeu_ps(out + h * dh + d, acc);
+        _mm256_storeu_ps(out + h * ldo + d, acc);
     }
 }
 
-#define ED_VT(NH, NV) values_tile_avx512(o, wh, ldw, NH, NV, dh, d, kv, stride, slots, t)
+#define ED_VT(NH, NV) values_tile_avx512(o, ldo, wh, ldw, NH, NV, q8, d, kv, stride, slots, t)
 #define ED_VT4(NH) /* NH heads x up to 4 vectors */                                                          \
     switch (nv) {                                                                                            \
     case 4: ED_VT(NH, 4); break;                                                                              \
@@ -526,12 +542,17 @@ ED_AVX512 static void values8_avx512(float *out, const float *w, int64_t ldw, in
     if (nv == 8) ED_VT(NH, 8);                                                                               \
     else ED_VT4(NH)
 
-/* heads 6 at a time (group 7 and up as even shares) x 64 columns, 3 or fewer x 128 */
-ED_AVX512 static void values_avx512(float *out, const float *w, int64_t ldw, int64_t group, int64_t dh, int64_t d0,
-                                    int64_t d1, const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t) {
+/* out[h * ldo + d] += w[h * ldw + j] * value j [d] for d in [d0, d1): heads 6 at a time (group 7 and up as
+ * even shares) x 64 columns, 3 or fewer x 128; value rows of kind q8 (a constant where inlined; q8_0
+ * columns come in whole blocks) at kv + slots[j] * stride bytes */
+ED_AVX512 static inline __attribute__((always_inline)) void values_kind_avx512(float *out, int64_t ldo, const float *w,
+                                                                              int64_t ldw, int64_t group, const int q8,
+                                                                              int64_t d0, int64_t d1, const char *kv,
+                                                                              int64_t stride, const int64_t *slots,
+                                                                              int64_t t) {
     for (int64_t h0 = 0; h0 < group;) {
         const int64_t left = group - h0, nh = left <= 6 ? left : left <= 12 ? (left + 1) / 2 : 6;
-        float *o = out + h0 * dh;
+        float *o = out + h0 * ldo;
         const float *wh = w + h0 * ldw;
         int64_t d = d0;
         for (; d + 16 <= d1;) {
@@ -547,13 +568,25 @@ ED_AVX512 static void values_avx512(float *out, const float *w, int64_t ldw, int
             }
             d += 16 * nv;
         }
-        if (d < d1) values8_avx512(o, wh, ldw, nh, dh, d, kv, stride, slots, t);
+        if (d < d1) values8_avx512(o, ldo, wh, ldw, nh, d, kv, stride, slots, t);
         h0 += nh;
     }
 }
 #undef ED_VT
 #undef ED_VT4
 #undef ED_VT8
+
+ED_AVX512 static void values_avx512(float *out, const float *w, int64_t ldw, int64_t group, int64_t dh, int64_t d0,
+                                    int64_t d1, const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t) {
+    values_kind_avx512(out, dh, w, ldw, group, 0, d0, d1, (const char *)kv, 2 * stride, slots, t);
+}
+
+/* q8_values_all in 512-bit registers: q8_values_all_avx2's bits (each column's sum alone) */
+ED_AVX512 static void q8_values_all_avx512(float *out, int64_t ldo, const float *w, int64_t ldw, int64_t group,
+                                           int64_t nb, const char *base, int64_t stride, const int64_t *slots,
+                                           int64_t t) {
+    values_kind_avx512(out, ldo, w, ldw, group, 1, 0, nb * 32, base, stride, slots, t);
+}
 
 /* the 8 int32 lanes of each of 8 vectors summed, vector k's sum in lane k (exact) */
 ED_AVX2 static __m256i isum8(const __m256i *p) {
@@ -587,6 +620,115 @@ ED_AVX2 static void q8_scores_all_avx2(const kv_q8 *q, int64_t group, int64_t nb
             float r[8];
             _mm256_storeu_ps(r, acc);
             memcpy(sc + h * ldsc + j0, r, sizeof(float) * (size_t)nk);
+        }
+    }
+}
+
+/* q8_0 scores with AVX512-VNNI, 16 keys at a time: each key block's 32 bytes are transposed so that vector w
+ * holds dword w of the 16 keys (key k in lane k) as unsigned bytes x + 128, once for all the heads; then
+ * a head's 8 vpdpbusd against its block's dwords (broadcast) leave the 16 keys' integer sums in the lanes,
+ * from -128 x the sum of the head's block (so sum (x + 128) q - 128 sum q = sum x q: exact, no horizontal
+ * sums, no saturation). The float steps are q8_scores' per lane: f32(d_k * d_q) * isum added block by block
+ * in order from 0. q8_scores_all_avx2 had 8 keys x 8-lane partial sums reduced per head and block. */
+#define ED_AVX512VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,avx,f16c")))
+#define ED_Q8T_BLOCKS 16   /* the most blocks a head (dh <= 512) for the transposed keys on the stack */
+#define ED_Q8T_SUMS 4096   /* the most (head, block) pairs of q a call for their sums on the stack */
+
+/* qs[k]: 32 bytes of key k (k < 16) -> tw[w] lane k = dword w of key k, each byte + 128: an 8 x 8 dword
+ * transpose in each 256-bit half (keys 0-7, keys 8-15) */
+ED_AVX512VNNI static inline __attribute__((always_inline)) void q8_transpose16(const int8_t *const *qs, __m512i *tw) {
+    __m512i z[8], t[8], u[8];
+    for (int i = 0; i < 8; i++)
+        z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)qs[i])),
+                                  _mm256_loadu_si256((const __m256i *)qs[i + 8]), 1);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(z[i], z[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(z[i], z[i + 1]);
+    }
+    for (int g = 0; g < 8; g += 4) {
+        u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
+        u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+        u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+        u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+    }
+    /* per 256-bit half: the 128-bit lanes 0 of a and b, or 1 of each */
+    const __m512i lo = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0), hi = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    for (int w = 0; w < 4; w++) {
+        tw[w] = _mm512_xor_si512(_mm512_permutex2var_epi64(u[w], lo, u[w + 4]), bias);
+        tw[w + 4] = _mm512_xor_si512(_mm512_permutex2var_epi64(u[w], hi, u[w + 4]), bias);
+    }
+}
+
+/* the scores of nh (<= 8, a constant where inlined) heads against 16 transposed keys: sc[h * ldsc + k] for
+ * the keys in mask m */
+ED_AVX512VNNI static inline __attribute__((always_inline)) void q8_scores16_vnni(const kv_q8 *q, const int nh, int64_t nb,
+                                                                                const __m512i (*tw)[8], const __m512 *dk,
+                                                                                const int32_t *qsum, float *sc,
+                                                                                int64_t ldsc, __mmask16 m) {
+    __m512 acc[8];
+    for (int h = 0; h < nh; h++) acc[h] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m512i s[8];
+        for (int h = 0; h < nh; h++) s[h] = _mm512_set1_epi32(qsum[h * nb + b]);
+        for (int w = 0; w < 8; w++)
+            for (int h = 0; h < nh; h++) {
+                int32_t qd;
+                memcpy(&qd, q[h * nb + b].qs + 4 * w, 4);
+                s[h] = _mm512_dpbusd_epi32(s[h], tw[b][w], _mm512_set1_epi32(qd));
+            }
+        for (int h = 0; h < nh; h++) {
+            const __m512 d = _mm512_mul_ps(dk[b], _mm512_set1_ps(ed_rt_f16_lut[q[h * nb + b].d]));
+            acc[h] = _mm512_add_ps(acc[h], _mm512_mul_ps(d, _mm512_cvtepi32_ps(s[h])));
+        }
+    }
+    for (int h = 0; h < nh; h++) _mm512_mask_storeu_ps(sc + h * ldsc, m, acc[h]);
+}
+
+ED_AVX512VNNI static void q8_scores_all_vnni(const kv_q8 *q, int64_t group, int64_t nb, const char *base,
+                                             int64_t stride, const int64_t *slots, int64_t t, float *sc, int64_t ldsc) {
+    if (nb > ED_Q8T_BLOCKS || group * nb > ED_Q8T_SUMS) {
+        q8_scores_all_avx2(q, group, nb, base, stride, slots, t, sc, ldsc);
+        return;
+    }
+    int32_t qsum[ED_Q8T_SUMS]; /* -128 x the sum of each block of q */
+    for (int64_t i = 0; i < group * nb; i++) {
+        int32_t sum = 0;
+        for (int e = 0; e < 32; e++) sum += q[i].qs[e];
+        qsum[i] = -128 * sum;
+    }
+    __m512i tw[ED_Q8T_BLOCKS][8];
+    __m512 dk[ED_Q8T_BLOCKS];
+    const int64_t row_bytes = nb * (int64_t)sizeof(kv_q8);
+    for (int64_t j0 = 0; j0 < t; j0 += 16) {
+        const int nk = t - j0 < 16 ? (int)(t - j0) : 16;
+        const kv_q8 *key[16];
+        for (int k = 0; k < 16; k++) key[k] = (const kv_q8 *)(base + slots[j0 + (k < nk ? k : nk - 1)] * stride);
+        for (int64_t j = j0 + 32; j < j0 + 48 && j < t; j++) /* the rows two steps ahead */
+            for (int64_t e = 0; e < row_bytes + 63; e += 64)
+                __builtin_prefetch(base + slots[j] * stride + (e < row_bytes ? e : row_bytes - 1));
+        for (int64_t b = 0; b < nb; b++) {
+            const int8_t *qs[16];
+            uint16_t d[16];
+            for (int k = 0; k < 16; k++) qs[k] = key[k][b].qs, d[k] = key[k][b].d;
+            q8_transpose16(qs, tw[b]);
+            dk[b] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)d));
+        }
+        const __mmask16 m = (__mmask16)((1u << nk) - 1);
+        for (int64_t h0 = 0; h0 < group; h0 += 8) {
+            const kv_q8 *qh = q + h0 * nb;
+            const int32_t *sh = qsum + h0 * nb;
+            float *s = sc + h0 * ldsc + j0;
+            switch (group - h0 < 8 ? group - h0 : 8) {
+            case 8: q8_scores16_vnni(qh, 8, nb, tw, dk, sh, s, ldsc, m); break;
+            case 7: q8_scores16_vnni(qh, 7, nb, tw, dk, sh, s, ldsc, m); break;
+            case 6: q8_scores16_vnni(qh, 6, nb, tw, dk, sh, s, ldsc, m); break;
+            case 5: q8_scores16_vnni(qh, 5, nb, tw, dk, sh, s, ldsc, m); break;
+            case 4: q8_scores16_vnni(qh, 4, nb, tw, dk, sh, s, ldsc, m); break;
+            case 3: q8_scores16_vnni(qh, 3, nb, tw, dk, sh, s, ldsc, m); break;
+            case 2: q8_scores16_vnni(qh, 2, nb, tw, dk, sh, s, ldsc, m); break;
+            default: q8_scores16_vnni(qh, 1, nb, tw, dk, sh, s, ldsc, m); break;
+            }
         }
     }
 }
@@ -629,9 +771,12 @@ ED_AVX static void mul_avx(float *x, int64_t n, float s) {
 static const attn_loops loops_avx = {qk_avx,       pv_avx,     round_f16_avx,      scores_avx,         values_avx,
                                      q8_scores_all_avx2, q8_values_all_avx2, max_of_avx,
                                      sub_avx,      div_avx,    mul_avx};
-static const attn_loops loops_avx512 = {qk_avx,       pv_avx,     round_f16_avx,      scores_avx512,      values_avx512,
-                                        q8_scores_all_avx2, q8_values_all_avx2, max_of_avx,
-                                        sub_avx,      div_avx,    mul_avx};
+static const attn_loops loops_avx512 = {qk_avx,        pv_avx,  round_f16_avx, scores_avx512,
+                                        values_avx512, q8_scores_all_avx2, q8_values_all_avx512, max_of_avx,
+                                        sub_avx,       div_avx, mul_avx};
+static const attn_loops loops_avx512_vnni = {qk_avx,        pv_avx,  round_f16_avx, scores_avx512,
+                                             values_avx512, q8_scores_all_vnni, q8_values_all_avx512, max_of_avx,
+                                             sub_avx,       div_avx, mul_avx};
 #endif
 
 #if defined(__aarch64__)
@@ -769,7 +914,7 @@ static const attn_loops loops_neon = {qk_neon,  pv_neon, round_f16_neon, scores_
 
 static const attn_loops *loops(const ed_kernel_table *kt) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (kt->level == ED_LEVEL_AVX512) return &loops_avx512;
+    if (kt->level == ED_LEVEL_AVX512) return ed_cpu_has_avx512vnni() ? &loops_avx512_vnni : &loops_avx512;
     if (kt->level == ED_LEVEL_AVX2) return &loops_avx;
 #endif
 #if defined(__aarch64__)

@@ -2,7 +2,8 @@
  * (x86: AVX + F16C, AVX-512VL; aarch64: NEON), each loop must give the portable C loops' bits exactly on
  * random f16 keys and values: qk and pv for groups of 1..7 heads and head sizes with and without a tail
  * past a multiple of 8, scores and values over keys at scattered slots (values also over column ranges
- * and key counts past its key blocks), and the f16 rounding. Built and run by
+ * and key counts past its key blocks), the same two over q8_0 blocks (q8_scores_all, q8_values_all; at
+ * the AVX-512 level with and without VNNI), and the f16 rounding. Built and run by
  * tests/test_native_kernels_cross.py, for this machine and for aarch64 under qemu. Exit status 0 iff every
  * check passes.
  */
@@ -43,6 +44,56 @@ static int same(const char *what, const char *level, const float *a, const float
 #define MAX_DH 264
 #define CACHE_ROWS 96 /* slots of the key and value caches */
 #define HKV 2         /* kv heads a cache row holds: the loops read head 1 */
+
+/* random q8_0 blocks; with `extreme`, some -128s (which a cache of another writer could hold; q's own blocks
+ * come from the Q8_0 quantizer, -127..127) */
+static void fill_q8(kv_q8 *b, int64_t n, int extreme) {
+    for (int64_t i = 0; i < n; i++) {
+        b[i].d = ed_f32_to_f16(uniform(0.001f, 0.05f));
+        for (int e = 0; e < 32; e++) b[i].qs[e] = (int8_t)(next_u32() % 255 - 127);
+        if (extreme && i % 5 == 0) b[i].qs[i % 32] = -128;
+    }
+}
+
+/* q8_scores_all and q8_values_all against the portable loops: head sizes of 1..17 blocks (past the
+ * transposed scores' stack), groups past their 8-head chunks, key counts around their 16-key steps,
+ * values over a cache row's later blocks (a column range) */
+static int check_q8(const attn_loops *L, const char *level, int *checks) {
+    enum { MAXNB = 17, ROWS = 40, GROUPS = 20, KEYS = 70 };
+    static kv_q8 cache[ROWS * HKV * MAXNB], q[GROUPS * MAXNB];
+    static float sc1[GROUPS * KEYS], sc2[GROUPS * KEYS], w[GROUPS * KEYS];
+    static float out1[GROUPS * MAXNB * 32], out2[GROUPS * MAXNB * 32];
+    static int64_t slots[KEYS];
+    const int64_t nbs[] = {1, 2, 4, 8, 16, 17}, groups[] = {1, 3, 6, 8, 9, 20}, ts[] = {1, 15, 16, 17, 70};
+    int fails = 0;
+    fill_q8(cache, ROWS * HKV * MAXNB, 1);
+    for (size_t i = 0; i < sizeof nbs / sizeof nbs[0]; i++) {
+        const int64_t nb = nbs[i], stride = HKV * nb * (int64_t)sizeof(kv_q8), dh = nb * 32;
+        const char *base = (const char *)cache + nb * (int64_t)sizeof(kv_q8); /* head 1 of each row */
+        for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
+            const int64_t group = groups[g];
+            fill_q8(q, group * nb, 0);
+            for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++) {
+                const int64_t t = ts[k];
+                for (int64_t j = 0; j < t; j++) slots[j] = next_u32() % ROWS;
+                memset(sc1, 0, sizeof sc1), memset(sc2, 0, sizeof sc2);
+                L->q8_scores_all(q, group, nb, base, stride, slots, t, sc1, KEYS);
+                loops_c.q8_scores_all(q, group, nb, base, stride, slots, t, sc2, KEYS);
+                fails += same("q8 scores", level, sc1, sc2, group * KEYS, nb * 1000 + t), (*checks)++;
+                fill(w, group * KEYS, 1.0f);
+                for (int64_t b0 = 0; b0 < nb; b0 += nb > 1 ? nb - 1 : 1) { /* whole rows, then the last block */
+                    fill(out1, group * dh, 2.0f);
+                    memcpy(out2, out1, sizeof(float) * (size_t)(group * dh));
+                    const char *cols = base + b0 * (int64_t)sizeof(kv_q8);
+                    L->q8_values_all(out1 + b0 * 32, dh, w, KEYS, group, nb - b0, cols, stride, slots, t);
+                    loops_c.q8_values_all(out2 + b0 * 32, dh, w, KEYS, group, nb - b0, cols, stride, slots, t);
+                    fails += same("q8 values", level, out1, out2, group * dh, nb * 1000 + t), (*checks)++;
+                }
+            }
+        }
+    }
+    return fails;
+}
 
 static int check_level(const attn_loops *L, const char *level) {
     static float q[MAX_GROUP * MAX_DH], row[MAX_DH], s1[MAX_GROUP], s2[MAX_GROUP];
@@ -98,6 +149,7 @@ static int check_level(const attn_loops *L, const char *level) {
     L->round_f16(x1, 4099);
     loops_c.round_f16(x2, 4099);
     fails += same("round_f16", level, x1, x2, 4099, 4099), checks++;
+    fails += check_q8(L, level, &checks);
     printf("%s attention loops: %d checks, %d failed\n", level, checks, fails);
     return fails;
 }
@@ -111,6 +163,12 @@ int main(void) {
         if (!kt || loops(kt) == &loops_c) continue; /* a level this CPU lacks, or one with the portable loops */
         fails += check_level(loops(kt), names[level]);
         levels++;
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (loops(kt) == &loops_avx512_vnni) { /* and the AVX-512 CPUs without VNNI */
+            fails += check_level(&loops_avx512, "avx512 without vnni");
+            levels++;
+        }
+#endif
     }
     printf("%s: %d levels with their own loops checked\n", fails ? "FAILED" : "OK", levels);
     return fails != 0;
