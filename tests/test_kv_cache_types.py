@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from test_arch_tiny import ARCHS, TOKENS, TOL, available_backends, build, rel_err, run
 
+from edgellm.arch.base import hadamard, kv_rotations
 from edgellm.backends.paged_kv import KVCache, q8_0_decode, q8_0_encode, q8_0_values
 
 rng = np.random.default_rng(11)
@@ -71,19 +72,22 @@ def test_kv_bytes_per_token_counts_the_smaller_rows(tmp_path):
     assert model.new_kv_cache(64, 1).nbytes == 64 * model.kv_bytes_per_token()
 
 
+@pytest.mark.parametrize("head", [32, 64])  # 64: through the Walsh-Hadamard rotations (kv_rotations)
 @pytest.mark.parametrize("backend", available_backends())
-def test_a_model_over_a_q8_0_cache_is_the_references_on_every_backend(tmp_path, backend):
+def test_a_model_over_a_q8_0_cache_is_the_references_on_every_backend(tmp_path, backend, head):
     """Prefill then decode steps (the decode path a backend may capture as a plan) over q8_0 K and V: the
     reference's logits with the same cache; and not the f16 cache's (the rows really are quantized)."""
-    ref = build(tmp_path, ARCHS["qwen3"])[0]
-    model = build(tmp_path, ARCHS["qwen3"], backend)[0]
+    arch = dict(ARCHS["qwen3"], key_length=head)
+    ref = build(tmp_path, arch)[0]
+    model = build(tmp_path, arch, backend)[0]
     if not model.backend.supports("kv_cache", "q8_0"):
         with pytest.raises(ValueError, match="q8_0"):
             model.set_cache_types("q8_0", "q8_0")
         return
     ref.set_cache_types("q8_0", "q8_0")
     model.set_cache_types("q8_0", "q8_0")
-    f16 = build(tmp_path, ARCHS["qwen3"])[0]
+    assert [r and r[0] for r in model.kv_rotation] == ([64, 64] if head == 64 else [None, None])
+    f16 = build(tmp_path, arch)[0]
     outs = []
     for m in (ref, model, f16):
         kv = m.new_kv_cache(32, 1)
@@ -96,6 +100,56 @@ def test_a_model_over_a_q8_0_cache_is_the_references_on_every_backend(tmp_path, 
     assert rel_err(got, want) < TOL
     assert rel_err(plain, want) > 1e-5  # q8_0 moved the logits ...
     assert rel_err(plain, want) < 0.05  # ... by what 8-bit rows should
+
+
+def test_the_walsh_hadamard_matrix_is_llamacpps():
+    """Sylvester's order, entries +-f32(1 / sqrtf(n)) with the sign (-1)^popcount(i & j) (ggml_gen_hadamard),
+    symmetric and orthonormal (its own inverse); a size that is not a power of two is refused."""
+    for n in (1, 2, 64, 256):
+        h = hadamard(n)
+        i, j = np.indices((n, n))
+        sign = np.where(np.vectorize(lambda v: bin(v).count("1") % 2)(i & j) == 1, -1, 1)
+        assert h.dtype == np.float32 and (h == sign * np.float32(1.0 / np.sqrt(np.float32(n)))).all()
+        assert (h == h.T).all()
+        assert np.abs(h.astype(np.float64) @ h - np.eye(n)).max() < 1e-6
+    with pytest.raises(ValueError, match="power of two, not 48"):
+        hadamard(48)
+
+
+@pytest.mark.parametrize(
+    ("types", "head", "want"),
+    [
+        (("f16", "f16"), 64, (0, 0)),
+        (("q8_0", "q8_0"), 64, (64, 64)),
+        (("q8_0", "q8_0"), 128, (128, 64)),  # K: the largest power of two dividing the head; V: 64
+        (("q8_0", "f16"), 256, (256, 0)),
+        (("f16", "q8_0"), 256, (0, 64)),
+        (("q8_0", "q8_0"), 192, (64, 64)),
+        (("q8_0", "q8_0"), 96, (0, 0)),  # not a multiple of 64: llama.cpp rotates neither
+    ],
+)
+def test_quantized_caches_rotate_as_llamacpps(types, head, want, monkeypatch):
+    assert kv_rotations(*types, head) == want
+    monkeypatch.setenv("EDGELLM_KV_ROTATION", "0")
+    assert kv_rotations(*types, head) == (0, 0)
+
+
+def test_the_rotations_keep_the_attention_and_move_it_nearer_f16(tmp_path, monkeypatch):
+    """Heads of 64 over a q8_0 cache: q and k rotated alike and the output rotated back give the f16 cache's
+    logits to within what 8-bit rows move them, nearer than the same cache without the rotations; K alone
+    rotated, or V, keeps them too."""
+    arch = dict(ARCHS["qwen3"], key_length=64)
+    plain = build(tmp_path, arch)[0]
+    want = run(plain, TOKENS)
+    errs = {}
+    runs = [("1", ("q8_0", "q8_0")), ("0", ("q8_0", "q8_0")), ("1", ("q8_0", "f16")), ("1", ("f16", "q8_0"))]
+    for rotate, types in runs:
+        monkeypatch.setenv("EDGELLM_KV_ROTATION", rotate)
+        model = build(tmp_path, arch)[0]
+        model.set_cache_types(*types)
+        errs[rotate, types] = rel_err(run(model, TOKENS), want)
+    assert all(0 < e < 0.02 for e in errs.values()), errs
+    assert errs["1", ("q8_0", "q8_0")] < errs["0", ("q8_0", "q8_0")], errs  # 0.0038 < 0.0040 here
 
 
 def test_the_llm_api_and_its_engine_use_the_cache_types(tmp_path):

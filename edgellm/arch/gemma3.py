@@ -167,7 +167,7 @@ class Gemma3Model(DecoderModel):
             v = b.matmul(L.wv, h).reshape(n, c.n_head_kv, c.head_dim)
             q = b.scale(b.rope(b.rms_norm(q, L.q_norm, c.rms_eps), positions, rope), c.attn_scale)
             k = b.rope(b.rms_norm(k, L.k_norm, c.rms_eps), positions, rope)
-            a = b.attention(
+            a = self.attend(
                 q, k, v, kv, il, seq_ids, positions, 1.0, window=c.sliding_window if local else None
             )
             a = b.matmul(L.wo, a.reshape(n, -1))

@@ -171,7 +171,7 @@ class LlamaModel(DecoderModel):
             q = b.rope(q.reshape(n, c.n_head, c.head_dim), positions, c.rope)
             k = b.rope(k.reshape(n, c.n_head_kv, c.head_dim), positions, c.rope)
             v = v.reshape(n, c.n_head_kv, c.head_dim)
-            a = b.attention(q, k, v, kv, il, seq_ids, positions, scale, window=c.sliding_window)
+            a = self.attend(q, k, v, kv, il, seq_ids, positions, scale, window=c.sliding_window)
             x = b.add(x, b.matmul(L.wo, a.reshape(n, -1)))
             h = b.rms_norm(x, L.ffn_norm, c.rms_eps)
             f = b.silu_mul(b.matmul(L.w_gate, h), b.matmul(L.w_up, h))

@@ -116,7 +116,7 @@ class Phi3Model(DecoderModel):
                 q, k, v = b.matmul(L.wq, h), b.matmul(L.wk, h), b.matmul(L.wv, h)
             q = b.scale(b.rope(q.reshape(n, c.n_head, Dh), positions, c.rope), q_scale)
             k = b.rope(k.reshape(n, c.n_head_kv, Dh), positions, c.rope)
-            a = b.attention(q, k, v.reshape(n, c.n_head_kv, Dh), kv, il, seq_ids, positions, 1.0)
+            a = self.attend(q, k, v.reshape(n, c.n_head_kv, Dh), kv, il, seq_ids, positions, 1.0)
             x = b.add(x, b.matmul(L.wo, a.reshape(n, -1)))
             h = b.rms_norm(x, L.ffn_norm, c.rms_eps)
             gu = b.matmul(L.w_gate_up, h)  # (N, 2F)

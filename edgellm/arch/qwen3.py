@@ -55,7 +55,7 @@ class Qwen3Model(LlamaModel):
             q = b.rms_norm(q.reshape(n, c.n_head, Dh), self.q_norm[il], c.rms_eps)
             k = b.rms_norm(k.reshape(n, c.n_head_kv, Dh), self.k_norm[il], c.rms_eps)
             q, k = b.rope(q, positions, c.rope), b.rope(k, positions, c.rope)
-            a = b.attention(q, k, v.reshape(n, c.n_head_kv, Dh), kv, il, seq_ids, positions, scale)
+            a = self.attend(q, k, v.reshape(n, c.n_head_kv, Dh), kv, il, seq_ids, positions, scale)
             x = b.add(x, b.matmul(L.wo, a.reshape(n, -1)))
             h = b.rms_norm(x, L.ffn_norm, c.rms_eps)
             x = b.add(x, b.matmul(L.w_down, b.silu_mul(b.matmul(L.w_gate, h), b.matmul(L.w_up, h))))
