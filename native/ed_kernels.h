@@ -145,6 +145,13 @@ int ed_cpu_has_avx512bf16(void);
 /* Whether AMX int8 tiles are usable: amx_tile + amx_int8, the OS saving tile state, and Linux granting
  * this process the tile data (arch_prctl ARCH_REQ_XCOMP_PERM); EDGELLM_AMX=0 switches them off. */
 int ed_cpu_has_amx(void);
+/* Whether AVX-VNNI (VEX vpdpbusd at 256 bits) is present and this build has its kernels (ED_BUILD_AVXVNNI):
+ * the AVX2 table's legacy x16 GEMMs then take it; EDGELLM_AVXVNNI=0 switches it off. */
+#if (defined(__x86_64__) || defined(_M_X64)) &&                                                                    \
+    (defined(__clang__) ? __clang_major__ >= 12 : (defined(__GNUC__) && __GNUC__ >= 11))
+#define ED_BUILD_AVXVNNI 1 /* GCC 11 and clang 12 know the avxvnni target and _mm256_dpbusd_avx_epi32 */
+#endif
+int ed_cpu_has_avxvnni(void);
 /* The CPU's vendor is Intel (CPUID leaf 0): tunings measured per vendor, e.g. x16 Q4_K's prefetch. */
 int ed_cpu_is_intel(void);
 /* The kernel table for a level, or NULL when that level was not compiled into this build or the CPU

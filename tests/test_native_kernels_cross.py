@@ -261,6 +261,10 @@ def test_kernels_match_numpy_on_every_host_level(case_file, tmp_path, compiler):
         assert "\navx2 " in out, out  # the AVX2 level ran too
     if " avx512bw " in flags and " avx512vl " in flags:
         assert "\navx512 " in out, out
+    if " avx_vnni " in flags:  # the AVX2 table's legacy x16 GEMMs by AVX-VNNI (avx2_vnni.c), and without
+        assert "avxvnni 1" in out, out
+        out = _run([str(exe), str(case_file)], {"EDGELLM_AVXVNNI": "0"})
+        assert "avxvnni 0" in out and "\navx2 " in out and "OK:" in out, out
     if " amx_int8 " in flags:  # AMX machines' tiles over the file's blocks: the table of EDGELLM_REPACK=0
         out = _run([str(exe), str(case_file)], {"EDGELLM_REPACK": "0"})
         assert "amx 1" in out and "OK:" in out, out

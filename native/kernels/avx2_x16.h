@@ -511,4 +511,5 @@ static void set_x16_avx2(ed_kernel_table *t) {
     t->types[ED_Q4_K].x16_gemm = x16a_gemm_q4_K;
     t->types[ED_Q5_K].x16_gemm = x16a_gemm_q5_K;
     t->types[ED_Q6_K].x16_gemm = x16a_gemm_q6_K;
+    if (ed_cpu_has_avxvnni()) ed_set_x16_avxvnni(t); /* Q4_0 .. Q8_0, IQ4_NL by vpdpbusd (avx2_vnni.c) */
 }

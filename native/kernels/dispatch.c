@@ -24,6 +24,7 @@
 
 enum {
     F_AVX2 = 1, F_AVX512 = 2, F_AVX512VNNI = 4, F_DOTPROD = 8, F_AMX = 16, F_AVX512BF16 = 32, F_INTEL = 64,
+    F_AVXVNNI = 128,
     F_KNOWN = 1 << 30
 };
 static int g_features;
@@ -69,6 +70,14 @@ static int detect(void) {
     const int avx2 = (b >> 5) & 1, avx512f = (b >> 16) & 1, avx512bw = (b >> 30) & 1;
     const int avx512vl = (b >> 31) & 1, avx512vnni = (c >> 11) & 1;
     if (os_ymm && avx2 && fma && f16c) f |= F_AVX2;
+#if defined(ED_BUILD_AVXVNNI)
+    if ((f & F_AVX2) && leaf7_subleaves >= 1) { /* AVX-VNNI: CPUID.(7,1) EAX bit 4; EDGELLM_AVXVNNI=0 drops it */
+        const char *env = getenv("EDGELLM_AVXVNNI");
+        unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
+        __cpuid_count(7, 1, a1, b1, c1, d1);
+        if (((a1 >> 4) & 1) && !(env && env[0] == '0')) f |= F_AVXVNNI;
+    }
+#endif
     if ((f & F_AVX2) && os_zmm && avx512f && avx512bw && avx512vl) {
         f |= F_AVX512;
         if (avx512vnni) f |= F_AVX512VNNI;
@@ -114,6 +123,8 @@ int ed_cpu_has_dotprod(void) { return (features() & F_DOTPROD) != 0; }
 int ed_cpu_has_avx512vnni(void) { return (features() & F_AVX512VNNI) != 0; }
 
 int ed_cpu_has_amx(void) { return (features() & F_AMX) != 0; }
+
+int ed_cpu_has_avxvnni(void) { return (features() & F_AVXVNNI) != 0; }
 
 int ed_cpu_has_avx512bf16(void) { return (features() & F_AVX512BF16) != 0; }
 

@@ -138,6 +138,7 @@ int ed_fill_avx2(ed_kernel_table *t);
 /* Whether levels with x16 kernels install them (EDGELLM_REPACK=0 says no; x16.c) */
 int ed_repack_enabled(void);
 void ed_fill_avx2_q23k(ed_kernel_table *t); /* the AVX2 Q2_K/Q3_K kernels, set by ed_fill_avx2 */
+int ed_set_x16_avxvnni(ed_kernel_table *t); /* avx2_vnni.c: the legacy x16 GEMMs by AVX-VNNI; 0 where not built */
 int ed_fill_avx512(ed_kernel_table *t);
 int ed_fill_neon(ed_kernel_table *t, int dotprod);
 

@@ -101,11 +101,12 @@ int ed_runtime_level(void) {
     return kt ? kt->level : -1;
 }
 
-/* the level and, where the level has one, its variant: "avx512+vnni", "avx512+vnni+amx", "neon+dotprod" */
+/* the level and, where the level has one, its variant: "avx2+vnni" (AVX-VNNI), "avx512+vnni",
+ * "avx512+vnni+amx", "neon+dotprod" */
 const char *ed_runtime_level_name(void) {
     switch (ed_runtime_level()) {
     case ED_LEVEL_SCALAR: return "scalar";
-    case ED_LEVEL_AVX2: return "avx2";
+    case ED_LEVEL_AVX2: return ed_cpu_has_avxvnni() ? "avx2+vnni" : "avx2";
     case ED_LEVEL_AVX512: return ed_cpu_has_amx() ? "avx512+vnni+amx" : ed_cpu_has_avx512vnni() ? "avx512+vnni" : "avx512";
     case ED_LEVEL_NEON: return ed_cpu_has_dotprod() ? "neon+dotprod" : "neon";
     default: return "none";

@@ -567,8 +567,9 @@ int main(int argc, char **argv) {
     for (uint32_t i = 0; i < count; i++) max_n = cs[i].n > max_n ? cs[i].n : max_n;
     float *xr = malloc(max_n * sizeof(float));
 
-    printf("cpu level %s, dotprod %d, avx512vnni %d, avx512bf16 %d, amx %d; %u cases\n", level_name(ed_cpu_level()),
-           ed_cpu_has_dotprod(), ed_cpu_has_avx512vnni(), ed_cpu_has_avx512bf16(), ed_cpu_has_amx(), count);
+    printf("cpu level %s, dotprod %d, avx512vnni %d, avx512bf16 %d, amx %d, avxvnni %d; %u cases\n",
+           level_name(ed_cpu_level()), ed_cpu_has_dotprod(), ed_cpu_has_avx512vnni(), ed_cpu_has_avx512bf16(),
+           ed_cpu_has_amx(), ed_cpu_has_avxvnni(), count);
     int failures = 0, levels = 0;
     for (int level = 0; level < 4; level++) {
         const ed_kernel_table *k = ed_kernels(level);
