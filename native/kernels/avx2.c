@@ -56,15 +56,9 @@ static inline __m256i nibbles32(const uint8_t *p) {
     return _mm256_and_si256(_mm256_set1_epi8(0x0F), _mm256_srlv_epi64(t, _mm256_set_epi64x(4, 4, 0, 0)));
 }
 
-/* 32 bits -> 32 bytes, 0xFF where the bit is set (ggml bytes_from_bits_32) */
-static inline __m256i bits32(const uint8_t *p) {
-    uint32_t x;
-    memcpy(&x, p, 4);
-    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
-    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuf);
-    b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
-    return _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
-}
+
+#define ED_ALWAYS_INLINE static inline __attribute__((always_inline))
+#include "avx2_x16_legacy.h" /* bits32; the x16 helpers and the legacy types' x16 GEMM (for avx2_x16.h) */
 
 /* Σ pairs of u8 * s8 products, as 8 float lanes of 4-element sums */
 static inline __m256 dot_us8(__m256i ax, __m256i sy) {
@@ -347,7 +341,6 @@ static inline wblock prep_q5_1(const block_q5_1 *x) {
     return w;
 }
 
-#define ED_ALWAYS_INLINE static inline __attribute__((always_inline))
 
 /* Q8_0 activations, nc rows: acc[c] += (dx * dy_c) * dot_s8(x, y_c) */
 ED_ALWAYS_INLINE void rows_s8(const wblock *w, const uint8_t *vy, size_t by, int ib, __m256 *acc, const int nc) {
