@@ -30,7 +30,7 @@ def kv_rotations(type_k: str, type_v: str, head_dim: int) -> tuple[int, int]:
     quantized and the head a multiple of 64, in blocks of the largest power of two dividing the head;
     V (and the attention's output, rotated back) likewise, in blocks of 64. Rotating spreads a head's
     outliers over its block before q8_0 rounds it: Qwen2.5-Coder-0.5B's perplexity with a q8_0 cache
-    (README) moved half as far from f16's. EDGELLM_KV_ROTATION=0 turns it off (llama.cpp:
+    (README) moved about a third as far from f16's. EDGELLM_KV_ROTATION=0 turns it off (llama.cpp:
     LLAMA_ATTN_ROT_DISABLE=1)."""
     if os.environ.get("EDGELLM_KV_ROTATION", "1") == "0" or head_dim % 64:
         return 0, 0

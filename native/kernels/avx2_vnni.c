@@ -1,6 +1,7 @@
 /* The legacy types' repacked (x16) GEMM at the AVX2 level on CPUs with AVX-VNNI (the VEX vpdpbusd of Intel's
- * Alder Lake and later cores, Zen 5): avx2_x16_legacy.h's x16a_legacy_nc compiled with ED_X16A_VNNI, set
- * over the AVX2 table's entries by set_x16_avx2 (avx2_x16.h) where ed_cpu_has_avxvnni(). The integer dots
+ * hybrid cores from Alder Lake on and the E-core Xeons, none with AVX-512): avx2_x16_legacy.h's
+ * x16a_legacy_nc compiled with ED_X16A_VNNI, set over the AVX2 table's entries by set_x16_avx2
+ * (avx2_x16.h) where ed_cpu_has_avxvnni(). The integer dots
  * are the AVX-512 VNNI kernels' (avx512_x16.h, ED_X16_GEMM) at 256 bits: each weight vector as unsigned
  * bytes (nibbles, Q5's fifth bits, Q8_0's stored x + 128, IQ4_NL's values + 128) against the activation's
  * signed bytes, the offset taken off once per block as -offset x the block's sum (the side table). The
