@@ -56,7 +56,6 @@ static inline __m256i nibbles32(const uint8_t *p) {
     return _mm256_and_si256(_mm256_set1_epi8(0x0F), _mm256_srlv_epi64(t, _mm256_set_epi64x(4, 4, 0, 0)));
 }
 
-
 #define ED_ALWAYS_INLINE static inline __attribute__((always_inline))
 #include "avx2_x16_legacy.h" /* bits32; the x16 helpers and the legacy types' x16 GEMM (for avx2_x16.h) */
 
@@ -340,7 +339,6 @@ static inline wblock prep_q5_1(const block_q5_1 *x) {
     w.dm = f16x2(x);
     return w;
 }
-
 
 /* Q8_0 activations, nc rows: acc[c] += (dx * dy_c) * dot_s8(x, y_c) */
 ED_ALWAYS_INLINE void rows_s8(const wblock *w, const uint8_t *vy, size_t by, int ib, __m256 *acc, const int nc) {
