@@ -7,7 +7,7 @@
  * integers are exact, so every lane's float steps (convert, scale product, FMA per block or super-block)
  * are the AVX-512 kernels' (avx512_x16.h) and give their bits: kernel_check's x16_ref checks both.
  */
-/* decode: Q5_K and Q6_K prefetch this far ahead, as ED_X16_PF_Q6_K (avx512_x16.h); Q5_K's group reads its
+/* decode: Q5_K and Q6_K prefetch this far ahead, as AMD's x16_pf_q6_K (avx512_x16.h); Q5_K's group reads its
  * fifth bits' lines again for each pair of sub-blocks, and without it streamed at ~0.75x the file layout
  * (1 thread, Zen 3: 9.4 against 12.7 GB/s; 12.3-13.4 with it) */
 #define X16A_PF_FAR 8192

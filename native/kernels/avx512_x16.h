@@ -34,7 +34,6 @@
 #define ED_X16_PF 2048
 static size_t x16_pf_q4_K; /* 0 on AMD, 1024 on Intel: set_x16 */
 static size_t x16_pf_q6_K; /* Q6_K and Q5_K: 8192 on AMD, 1024 on Intel */
-#define ED_X16_PF_Q6_K x16_pf_q6_K
 ED_ALWAYS_INLINE void x16_prefetch_next(const uint8_t *g, size_t ahead, size_t block_bytes, int nc) {
     if (ahead && nc <= 2)
         for (size_t off = 0; off < block_bytes; off += 64) __builtin_prefetch(g + ahead + off);
@@ -225,7 +224,7 @@ ED_ALWAYS_INLINE void x16_k_nc(int n, float *s, size_t bs, const uint8_t *vx, in
     const __m512i m4 = _mm512_set1_epi8(0x0F), m16 = _mm512_set1_epi8(16);
     for (int b = 0; b < nb; b++) {
         const uint8_t *g = vx + (size_t)b * group;
-        x16_prefetch_next(g, q5 ? ED_X16_PF_Q6_K : x16_pf_q4_K, group, nc); /* Q5_K: as AVX2's (avx2_x16.h) */
+        x16_prefetch_next(g, q5 ? x16_pf_q6_K : x16_pf_q4_K, group, nc); /* Q5_K: as AVX2's (avx2_x16.h) */
         __m512i isum[ED_X16_NC];
         for (int c = 0; c < nc; c++) isum[c] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) { /* sub-block j: pair j / 2, low (even) or high (odd) nibbles */
@@ -382,7 +381,7 @@ ED_ALWAYS_INLINE void x16_q6_K_nc(int n, float *s, size_t bs, const uint8_t *vx,
     const __m512i lo = _mm512_and_si512(qh, m33), hi = _mm512_and_si512(_mm512_srli_epi16(qh, 2), m33)
     for (int b = 0; b < nb; b++) {
         const uint8_t *g = vx + (size_t)b * Q6K_GROUP;
-        x16_prefetch_next(g, ED_X16_PF_Q6_K, Q6K_GROUP, nc);
+        x16_prefetch_next(g, x16_pf_q6_K, Q6K_GROUP, nc);
         __m512i isum[ED_X16_NC];
         for (int c = 0; c < nc; c++) isum[c] = _mm512_setzero_si512();
         if (nc <= 2) { /* decode: each chunk's 4 vectors made once, one sum per sub-block and row */
