@@ -7,10 +7,14 @@
  * integers are exact, so every lane's float steps (convert, scale product, FMA per block or super-block)
  * are the AVX-512 kernels' (avx512_x16.h) and give their bits: kernel_check's x16_ref checks both.
  */
-/* decode: Q5_K and Q6_K prefetch this far ahead, as AMD's x16_pf_q6_K (avx512_x16.h); Q5_K's group reads its
- * fifth bits' lines again for each pair of sub-blocks, and without it streamed at ~0.75x the file layout
- * (1 thread, Zen 3: 9.4 against 12.7 GB/s; 12.3-13.4 with it) */
-#define X16A_PF_FAR 8192
+/* decode: Q5_K and Q6_K prefetch this far ahead (set_x16_avx2). Q5_K's group reads its fifth bits' lines
+ * again for each pair of sub-blocks, and without it streamed at ~0.75x the file layout (1 thread, Zen 3:
+ * 9.4 against 12.7 GB/s; 12.3-13.4 with it 8 KiB ahead, as AMD's x16_pf_q6_K in avx512_x16.h). On the
+ * Sapphire Rapids-class Xeon held to this level (weights in huge pages) 8 KiB is too far: Qwen2.5-Coder-1.5B
+ * Q4_K_M decode (`EDGELLM_NATIVE_LEVEL=avx2 edgellm bench -p 0 -n 64 -r 2`, 5-6 interleaved runs each) read
+ * 20.9-21.5 GB/s at 8 KiB, 22.0-23.3 at 2 KiB, 20.8-21.6 at 4 KiB, 21.0-22.0 at 1 KiB; a Q4_K prefetch
+ * (0.25-1 KiB ahead) added nothing, as the AVX-512 kernels found on AMD. So Intel 2 KiB, AMD 8 KiB. */
+static size_t x16a_pf_far;
 
 /* avx2.c has included avx2_x16_legacy.h: the helpers, x16a_legacy_nc and ED_X16A_ENTRY */
 #define X16A_Q4_0(NC) x16a_legacy_nc(ED_Q4_0, n, s, bs, vx, nr, y, by, sd, side_row, NC)
@@ -78,7 +82,7 @@ ED_ALWAYS_INLINE void x16a_k_1(int n, float *s, const uint8_t *vx, int nr, const
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *g = vx + (size_t)b * group;
         if (q5)
-            for (size_t off = 0; off < group; off += 64) __builtin_prefetch(g + X16A_PF_FAR + off);
+            for (size_t off = 0; off < group; off += 64) __builtin_prefetch(g + x16a_pf_far + off);
         __m256i isum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
 #pragma GCC unroll 4
         for (int p = 0; p < 4; p++) {
@@ -274,7 +278,7 @@ ED_ALWAYS_INLINE void x16a_q6_K_nc(int n, float *s, size_t bs, const uint8_t *vx
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *g = vx + (size_t)b * Q6K_GROUP;
         if (nc == 1)
-            for (size_t off = 0; off < Q6K_GROUP; off += 64) __builtin_prefetch(g + X16A_PF_FAR + off);
+            for (size_t off = 0; off < Q6K_GROUP; off += 64) __builtin_prefetch(g + x16a_pf_far + off);
         for (int hh = 0; hh * 8 < nr; hh++) { /* rows 8hh..8hh+7: the low or high 32 bytes of each chunk */
             __m256i isum[ED_X16A_NC];
             for (int c = 0; c < nc; c++) isum[c] = _mm256_setzero_si256();
@@ -386,6 +390,7 @@ ED_X16A_ENTRY(x16a_gemm_q3_K, X16A_Q3_K)
  * time, for decode too) decoded at 0.6-0.7x the file layout. The legacy blocks gain in both (SmolLM2
  * Q4_0: pp128 394 -> 832, tg 141 -> 215). */
 static void set_x16_avx2(ed_kernel_table *t) {
+    x16a_pf_far = ed_cpu_is_intel() ? 2048 : 8192;
     t->types[ED_Q4_0].x16_gemm = x16a_gemm_q4_0;
     t->types[ED_Q4_1].x16_gemm = x16a_gemm_q4_1;
     t->types[ED_Q5_0].x16_gemm = x16a_gemm_q5_0;
