@@ -381,53 +381,60 @@ ED_AVX512 static void scores_avx512(const float *q, int64_t group, int64_t dh, c
     }
 }
 
-/* out[h * ldo + d0 .. d0 + 16) += w[h * ldw + j] * value j for nh (<= 4, a constant where inlined) heads, j
- * in order: 2 * nh independent sums. Value rows at kv + slots[j] * stride bytes, f16 or (q8, a constant
- * where inlined) q8_0 blocks, a value then being d * q (exact). With pf_end > pf_begin, also prefetches
- * value row j + ED_VPF's bytes [pf_begin, pf_end) while at key j (up to key t_pf). */
+/* out[h * ldo + d .. d + 8 * nv) += w[h * ldw + j] * value j for nh heads x nv vectors of 8 columns
+ * (constants where inlined: nh * nv <= 12, so the sums, the nv converted values and a weight fit the 16
+ * registers), j in order: nh * nv independent sums, each value vector converted once per key for all nh
+ * heads. Value rows at kv + slots[j] * stride bytes, f16 or (q8, a constant where inlined) q8_0 blocks, a
+ * value then being d * q (exact). With pf_end > pf_begin, also prefetches value row j + ED_VPF's bytes
+ * [pf_begin, pf_end) while at key j (up to key t_pf). */
 #define ED_VPF 8
 #define ED_AVX2 __attribute__((target("avx2,f16c")))
-ED_AVX2 static inline __attribute__((always_inline)) void values16_avx(float *out, int64_t ldo, const float *w,
-                                                                     int64_t ldw, const int nh, const int q8,
-                                                                     int64_t d0, const char *kv, int64_t stride,
-                                                                     const int64_t *slots, int64_t t,
-                                                                     int64_t pf_begin, int64_t pf_end, int64_t t_pf) {
-    __m256 lo[4], hi[4];
-    for (int h = 0; h < nh; h++) {
-        lo[h] = _mm256_loadu_ps(out + h * ldo + d0);
-        hi[h] = _mm256_loadu_ps(out + h * ldo + d0 + 8);
-    }
+ED_AVX2 static inline __attribute__((always_inline)) void values_tile_avx(float *out, int64_t ldo, const float *w,
+                                                                        int64_t ldw, const int nh, const int nv,
+                                                                        const int q8, int64_t d, const char *kv,
+                                                                        int64_t stride, const int64_t *slots,
+                                                                        int64_t t, int64_t pf_begin, int64_t pf_end,
+                                                                        int64_t t_pf) {
+    __m256 acc[8][4]; /* nh * nv <= 12 */
+    for (int h = 0; h < nh; h++)
+        for (int v = 0; v < nv; v++) acc[h][v] = _mm256_loadu_ps(out + h * ldo + d + 8 * v);
     for (int64_t j = 0; j < t; j++) {
         if (pf_end > pf_begin && j + ED_VPF < t_pf)
             for (int64_t e = pf_begin; e < pf_end; e += 64) __builtin_prefetch(kv + slots[j + ED_VPF] * stride + e);
         const char *row = kv + slots[j] * stride;
-        __m256 v0, v1;
-        if (q8) {
-            const kv_q8 *blk = (const kv_q8 *)row + d0 / 32;
-            const int8_t *qs = blk->qs + d0 % 32;
-            const __m256 d = _mm256_set1_ps(ed_rt_f16_lut[blk->d]);
-            v0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)qs))));
-            v1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8)))));
-        } else {
-            const uint16_t *src = (const uint16_t *)row + d0;
-            v0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)src));
-            v1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + 8)));
+        __m256 x[4];
+        for (int v = 0; v < nv; v++) {
+            if (q8) {
+                const kv_q8 *blk = (const kv_q8 *)row + (d + 8 * v) / 32;
+                const __m128i qs = _mm_loadl_epi64((const __m128i *)(blk->qs + (d + 8 * v) % 32));
+                x[v] = _mm256_mul_ps(_mm256_set1_ps(ed_rt_f16_lut[blk->d]), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(qs)));
+            } else {
+                x[v] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + d + 8 * v)));
+            }
         }
         for (int h = 0; h < nh; h++) {
             const __m256 wj = _mm256_set1_ps(w[h * ldw + j]);
-            lo[h] = _mm256_add_ps(lo[h], _mm256_mul_ps(wj, v0));
-            hi[h] = _mm256_add_ps(hi[h], _mm256_mul_ps(wj, v1));
+            for (int v = 0; v < nv; v++) acc[h][v] = _mm256_add_ps(acc[h][v], _mm256_mul_ps(wj, x[v]));
         }
     }
-    for (int h = 0; h < nh; h++) {
-        _mm256_storeu_ps(out + h * ldo + d0, lo[h]);
-        _mm256_storeu_ps(out + h * ldo + d0 + 8, hi[h]);
-    }
+    for (int h = 0; h < nh; h++)
+        for (int v = 0; v < nv; v++) _mm256_storeu_ps(out + h * ldo + d + 8 * v, acc[h][v]);
 }
+
+#define ED_VT(NH, NV) values_tile_avx(o, ldo, wh, ldw, NH, NV, q8, d, kv, stride, sl, nj, pb, pe, tp)
+#define ED_VT2(NH) /* NH heads x up to 2 vectors */                                                          \
+    if (nv == 2) ED_VT(NH, 2);                                                                                \
+    else ED_VT(NH, 1);
+#define ED_VT4(NH) /* NH heads x up to 4 vectors */                                                          \
+    if (nv == 4) ED_VT(NH, 4);                                                                                \
+    else ED_VT2(NH)
 
 /* Keys in blocks of ED_VBLOCK: the block's value rows [d0, d1) come from memory in the first column pass
  * (which prefetches the lines of the rows ED_VPF keys ahead) and from L1 in the others; each sum's terms
- * are still added in key order (an accumulator goes to out and back between blocks, exactly). */
+ * are still added in key order (an accumulator goes to out and back between blocks, exactly). Heads go
+ * 8 at a time (9 and up as even shares), a tile being 2 or fewer heads x 32 columns, 3 to 6 x 16, 7 or 8
+ * x 8: with a Qwen2.5-1.5B group of 6 each value converts once for the 6 heads, not for 4 and again for
+ * 2, and no tile has fewer than 4 sums to wait on. */
 #define ED_VBLOCK 32
 /* values_avx and q8_values_all_avx2: out[h * ldo + d] += w[h * ldw + j] * value j [d] for d in [d0, d1), value
  * rows at kv + slots[j] * stride bytes of kind q8 (a constant where inlined; q8_0 columns come in whole
@@ -439,36 +446,35 @@ ED_AVX2 static inline __attribute__((always_inline)) void values_blocks(float *o
                                                                       int64_t pf_end, const int64_t *slots, int64_t t) {
     for (int64_t j0 = 0; j0 < t; j0 += ED_VBLOCK) {
         const int64_t nj = t - j0 < ED_VBLOCK ? t - j0 : ED_VBLOCK;
-        for (int64_t h0 = 0; h0 < group; h0 += 4) {
-            const int64_t nh = group - h0 < 4 ? group - h0 : 4;
+        for (int64_t h0 = 0; h0 < group;) {
+            const int64_t left = group - h0, nh = left <= 8 ? left : left <= 16 ? (left + 1) / 2 : 8;
             float *o = out + h0 * ldo;
             const float *wh = w + h0 * ldw + j0;
             const int64_t *sl = slots + j0;
-            int64_t d = d0;
-            for (; d + 16 <= d1; d += 16) {
+            for (int64_t d = d0; d < d1;) {
                 const int first = h0 == 0 && d == d0; /* prefetches the next rows' [pf_begin, pf_end) */
                 const int64_t pb = first ? pf_begin : 0, pe = first ? pf_end : 0, tp = t - j0;
+                const int64_t n8 = (d1 - d) / 8, most = nh <= 2 ? 4 : nh <= 6 ? 2 : 1;
+                const int64_t nv = n8 >= most ? most : n8 >= 2 ? 2 : 1;
                 switch (nh) {
-                case 4: values16_avx(o, ldo, wh, ldw, 4, q8, d, kv, stride, sl, nj, pb, pe, tp); break;
-                case 3: values16_avx(o, ldo, wh, ldw, 3, q8, d, kv, stride, sl, nj, pb, pe, tp); break;
-                case 2: values16_avx(o, ldo, wh, ldw, 2, q8, d, kv, stride, sl, nj, pb, pe, tp); break;
-                default: values16_avx(o, ldo, wh, ldw, 1, q8, d, kv, stride, sl, nj, pb, pe, tp); break;
+                case 8: ED_VT(8, 1); break;
+                case 7: ED_VT(7, 1); break;
+                case 6: ED_VT2(6) break;
+                case 5: ED_VT2(5) break;
+                case 4: ED_VT2(4) break;
+                case 3: ED_VT2(3) break;
+                case 2: ED_VT4(2) break;
+                default: ED_VT4(1) break;
                 }
+                d += 8 * nv;
             }
-            for (; d < d1; d += 8) { /* an odd block of 8 (f16 rows only) */
-                __m256 acc[4];
-                for (int64_t h = 0; h < nh; h++) acc[h] = _mm256_loadu_ps(o + h * ldo + d);
-                for (int64_t j = 0; j < nj; j++) {
-                    const uint16_t *src = (const uint16_t *)(kv + sl[j] * stride) + d;
-                    const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)src));
-                    for (int64_t h = 0; h < nh; h++)
-                        acc[h] = _mm256_add_ps(acc[h], _mm256_mul_ps(_mm256_set1_ps(wh[h * ldw + j]), v));
-                }
-                for (int64_t h = 0; h < nh; h++) _mm256_storeu_ps(o + h * ldo + d, acc[h]);
-            }
+            h0 += nh;
         }
     }
 }
+#undef ED_VT
+#undef ED_VT2
+#undef ED_VT4
 
 ED_AVX2 static void values_avx(float *out, const float *w, int64_t ldw, int64_t group, int64_t dh, int64_t d0,
                                int64_t d1, const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t) {
@@ -478,7 +484,7 @@ ED_AVX2 static void values_avx(float *out, const float *w, int64_t ldw, int64_t 
 /* values_avx's bits in AVX-512's 512-bit registers (each column's sum alone, so any width gives the same
  * bits): nh heads x nv vectors of 16 columns (nh * nv <= 24) held over all the keys, each value vector
  * converted once per key (one pass over the tile's columns); value rows at kv + slots[j] * stride bytes,
- * f16 or (q8, a constant where inlined) q8_0 blocks, a value then being d * q (exact), as values16_avx */
+ * f16 or (q8, a constant where inlined) q8_0 blocks, a value then being d * q (exact), as values_tile_avx */
 ED_AVX512 static inline __attribute__((always_inline)) void values_tile_avx512(float *out, int64_t ldo, const float *w,
                                                                               int64_t ldw, const int nh, const int nv,
                                                                               const int q8, int64_t d, const char *kv,

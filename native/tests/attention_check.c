@@ -1,6 +1,7 @@
 /* Standalone check of attention's inner loops (native/runtime/attention.c): for every level this CPU runs
  * (x86: AVX + F16C, AVX-512VL; aarch64: NEON), each loop must give the portable C loops' bits exactly on
- * random f16 keys and values: qk and pv for groups of 1..7 heads and head sizes with and without a tail
+ * random f16 keys and values: qk and pv for groups of 1..9, 12, 17 and 20 heads (past the values' 8-head
+ * chunks and their even shares) and head sizes with and without a tail
  * past a multiple of 8, scores and values over keys at scattered slots (values also over column ranges
  * and key counts past its key blocks), the same two over q8_0 blocks (q8_scores_all, q8_values_all; at
  * the AVX-512 level with and without VNNI), and the f16 rounding. Built and run by
@@ -40,7 +41,7 @@ static int same(const char *what, const char *level, const float *a, const float
     return 1;
 }
 
-#define MAX_GROUP 7
+#define MAX_GROUP 20
 #define MAX_DH 264
 #define CACHE_ROWS 96 /* slots of the key and value caches */
 #define HKV 2         /* kv heads a cache row holds: the loops read head 1 */
@@ -107,7 +108,9 @@ static int check_level(const attn_loops *L, const char *level) {
     for (size_t i = 0; i < sizeof dhs / sizeof dhs[0]; i++) {
         const int64_t dh = dhs[i], stride = HKV * dh;
         const uint16_t *kv = cache + dh; /* head 1 of each row */
-        for (int64_t group = 1; group <= MAX_GROUP; group++) {
+        const int64_t groups[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 17, MAX_GROUP};
+        for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
+            const int64_t group = groups[g];
             fill(q, group * dh, 1.0f);
             fill(w, group * 80, 1.0f);
             L->qk(q, group, dh, kv, row, s1);
