@@ -56,11 +56,12 @@ typedef struct {
      * kv head) at once, keys at kv + slots[j] * stride. scores: sc[h * ldsc + j] = q_h . f16(key j) (qk's
      * bits; keys 8 at a time, their lane sums reduced together); values: out_h[d] += w[h * ldw + j] *
      * f16(value j)[d] for j = 0..t-1 in order and d in [d0, d1) (multiples of 8) (pv's bits; the sums held
-     * in registers over all keys). */
+     * in registers over all keys). The values loops' slots[t .. t_pf) are mapped too (the keys of a later
+     * call, t_pf >= t): their rows may be prefetched, their values are not read. */
     void (*scores)(const float *q, int64_t group, int64_t dh, const uint16_t *kv, int64_t stride,
                    const int64_t *slots, int64_t t, float *kbuf, float *sc, int64_t ldsc);
     void (*values)(float *out, const float *w, int64_t ldw, int64_t group, int64_t dh, int64_t d0, int64_t d1,
-                   const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t);
+                   const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t, int64_t t_pf);
     /* All t keys / values of a (token, kv head) at once over q8_0 rows (runs of nb blocks at base +
      * slots[j] * stride bytes): sc[h * ldsc + j] = q_h . key j with q8_scores' bits; out[h * ldo + d] +=
      * w[h * ldw + j] * (d_b * q[d]) for j in order and d < nb * 32, multiply then add (pv's steps on the
@@ -68,7 +69,7 @@ typedef struct {
     void (*q8_scores_all)(const kv_q8 *q, int64_t group, int64_t nb, const char *base, int64_t stride,
                           const int64_t *slots, int64_t t, float *sc, int64_t ldsc);
     void (*q8_values_all)(float *out, int64_t ldo, const float *w, int64_t ldw, int64_t group, int64_t nb,
-                          const char *base, int64_t stride, const int64_t *slots, int64_t t);
+                          const char *base, int64_t stride, const int64_t *slots, int64_t t, int64_t t_pf);
     /* softmax's elementwise steps: the largest of x[0..n) (NaN never wins: -inf if all are), x -= m,
      * x /= d, x *= s (exact per element, so any width gives the same bits) */
     float (*max_of)(const float *x, int64_t n);
@@ -159,7 +160,8 @@ static void scores_c(const float *q, int64_t group, int64_t dh, const uint16_t *
 }
 
 static void values_c(float *out, const float *w, int64_t ldw, int64_t group, int64_t dh, int64_t d0, int64_t d1,
-                     const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t) {
+                     const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t, int64_t t_pf) {
+    (void)t_pf;
     for (int64_t j = 0; j < t; j++) {
         const uint16_t *v = kv + slots[j] * stride;
         for (int64_t h = 0; h < group; h++) {
@@ -179,7 +181,8 @@ static void q8_scores_all_c(const kv_q8 *q, int64_t group, int64_t nb, const cha
 }
 
 static void q8_values_all_c(float *out, int64_t ldo, const float *w, int64_t ldw, int64_t group, int64_t nb,
-                            const char *base, int64_t stride, const int64_t *slots, int64_t t) {
+                            const char *base, int64_t stride, const int64_t *slots, int64_t t, int64_t t_pf) {
+    (void)t_pf;
     for (int64_t j = 0; j < t; j++) {
         const kv_q8 *v = (const kv_q8 *)(base + slots[j] * stride);
         for (int64_t h = 0; h < group; h++) {
@@ -385,22 +388,20 @@ ED_AVX512 static void scores_avx512(const float *q, int64_t group, int64_t dh, c
  * (constants where inlined: nh * nv <= 12, so the sums, the nv converted values and a weight fit the 16
  * registers), j in order: nh * nv independent sums, each value vector converted once per key for all nh
  * heads. Value rows at kv + slots[j] * stride bytes, f16 or (q8, a constant where inlined) q8_0 blocks, a
- * value then being d * q (exact). With pf_end > pf_begin, also prefetches value row j + ED_VPF's bytes
- * [pf_begin, pf_end) while at key j (up to key t_pf). */
+ * value then being d * q (exact). At key j it also prefetches lines[j], lines[j + t], ... (below npf). */
 #define ED_VPF 8
 #define ED_AVX2 __attribute__((target("avx2,f16c")))
 ED_AVX2 static inline __attribute__((always_inline)) void values_tile_avx(float *out, int64_t ldo, const float *w,
                                                                         int64_t ldw, const int nh, const int nv,
                                                                         const int q8, int64_t d, const char *kv,
                                                                         int64_t stride, const int64_t *slots,
-                                                                        int64_t t, int64_t pf_begin, int64_t pf_end,
-                                                                        int64_t t_pf) {
+                                                                        int64_t t, const char *const *lines,
+                                                                        int64_t npf) {
     __m256 acc[8][4]; /* nh * nv <= 12 */
     for (int h = 0; h < nh; h++)
         for (int v = 0; v < nv; v++) acc[h][v] = _mm256_loadu_ps(out + h * ldo + d + 8 * v);
     for (int64_t j = 0; j < t; j++) {
-        if (pf_end > pf_begin && j + ED_VPF < t_pf)
-            for (int64_t e = pf_begin; e < pf_end; e += 64) __builtin_prefetch(kv + slots[j + ED_VPF] * stride + e);
+        for (int64_t i = j; i < npf; i += t) __builtin_prefetch(lines[i]);
         const char *row = kv + slots[j] * stride;
         __m256 x[4];
         for (int v = 0; v < nv; v++) {
@@ -421,7 +422,7 @@ ED_AVX2 static inline __attribute__((always_inline)) void values_tile_avx(float 
         for (int v = 0; v < nv; v++) _mm256_storeu_ps(out + h * ldo + d + 8 * v, acc[h][v]);
 }
 
-#define ED_VT(NH, NV) values_tile_avx(o, ldo, wh, ldw, NH, NV, q8, d, kv, stride, sl, nj, pb, pe, tp)
+#define ED_VT(NH, NV) values_tile_avx(o, ldo, wh, ldw, NH, NV, q8, d, kv, stride, sl, nj, pf, npf)
 #define ED_VT2(NH) /* NH heads x up to 2 vectors */                                                          \
     if (nv == 2) ED_VT(NH, 2);                                                                                \
     else ED_VT(NH, 1);
@@ -429,33 +430,58 @@ ED_AVX2 static inline __attribute__((always_inline)) void values_tile_avx(float 
     if (nv == 4) ED_VT(NH, 4);                                                                                \
     else ED_VT2(NH)
 
-/* Keys in blocks of ED_VBLOCK: the block's value rows [d0, d1) come from memory in the first column pass
- * (which prefetches the lines of the rows ED_VPF keys ahead) and from L1 in the others; each sum's terms
- * are still added in key order (an accumulator goes to out and back between blocks, exactly). Heads go
- * 8 at a time (9 and up as even shares), a tile being 2 or fewer heads x 32 columns, 3 to 6 x 16, 7 or 8
- * x 8: with a Qwen2.5-1.5B group of 6 each value converts once for the 6 heads, not for 4 and again for
- * 2, and no tile has fewer than 4 sums to wait on. */
+/* Keys in blocks of ED_VBLOCK, each block's columns [d0, d1) in tiles of heads x columns: heads 8 at a
+ * time (9 and up as even shares), a tile being 2 or fewer heads x 32 columns, 3 to 6 x 16, 7 or 8 x 8
+ * (with a Qwen2.5-1.5B group of 6 each value converts once for the 6 heads, not for 4 and again for 2,
+ * and no tile has fewer than 4 sums to wait on). Each sum's terms are still added in key order (an
+ * accumulator goes to out and back between blocks, exactly). A block's rows come from L1: its lines were
+ * prefetched while the block before was multiplied, a few at each key of each tile. Prefetched only ahead
+ * of the key loop of the first tile, as before, they came too late: in a 2048-deep Qwen2.5-1.5B decode
+ * step at the AVX2 level, a third of the values' time was spent waiting on those prefetches. */
 #define ED_VBLOCK 32
+#define ED_VLINES (ED_VBLOCK * 10) /* prefetched lines of a block at most (a 256-wide f16 head: 8-9 a row) */
+static inline int64_t values_heads(int64_t left) { return left <= 8 ? left : left <= 16 ? (left + 1) / 2 : 8; }
+static inline int64_t values_vectors(int64_t nh, int64_t n8) {
+    const int64_t most = nh <= 2 ? 4 : nh <= 6 ? 2 : 1;
+    return n8 >= most ? most : n8 >= 2 ? 2 : 1;
+}
+
 /* values_avx and q8_values_all_avx2: out[h * ldo + d] += w[h * ldw + j] * value j [d] for d in [d0, d1), value
  * rows at kv + slots[j] * stride bytes of kind q8 (a constant where inlined; q8_0 columns come in whole
- * blocks); the first column pass of a key block prefetches the rows' bytes [pf_begin, pf_end) */
+ * blocks), the rows' bytes [pf_begin, pf_end) prefetched a block ahead (past t, up to key t_pf) */
 ED_AVX2 static inline __attribute__((always_inline)) void values_blocks(float *out, int64_t ldo, const float *w,
                                                                       int64_t ldw, int64_t group, const int q8,
                                                                       int64_t d0, int64_t d1, const char *kv,
                                                                       int64_t stride, int64_t pf_begin,
-                                                                      int64_t pf_end, const int64_t *slots, int64_t t) {
+                                                                      int64_t pf_end, const int64_t *slots, int64_t t,
+                                                                      int64_t t_pf) {
+    int64_t tiles = 0; /* of a block */
+    for (int64_t h0 = 0, nh; h0 < group; h0 += nh) {
+        nh = values_heads(group - h0);
+        for (int64_t d = d0; d < d1; d += 8 * values_vectors(nh, (d1 - d) / 8)) tiles++;
+    }
+    const char *lines[ED_VLINES];
     for (int64_t j0 = 0; j0 < t; j0 += ED_VBLOCK) {
         const int64_t nj = t - j0 < ED_VBLOCK ? t - j0 : ED_VBLOCK;
-        for (int64_t h0 = 0; h0 < group;) {
-            const int64_t left = group - h0, nh = left <= 8 ? left : left <= 16 ? (left + 1) / 2 : 8;
+        int64_t nlines = 0; /* the next block's lines, shared out among this block's tiles */
+        for (int64_t j = j0 + ED_VBLOCK; j < j0 + 2 * ED_VBLOCK && j < t_pf; j++) {
+            const uintptr_t row = (uintptr_t)(kv + slots[j] * stride);
+            for (uintptr_t a = (row + (uintptr_t)pf_begin) & ~(uintptr_t)63; a < row + (uintptr_t)pf_end && nlines < ED_VLINES;
+                 a += 64)
+                lines[nlines++] = (const char *)a;
+        }
+        const int64_t share = (nlines + tiles - 1) / tiles;
+        int64_t tile = 0;
+        for (int64_t h0 = 0, nh; h0 < group; h0 += nh) {
+            nh = values_heads(group - h0);
             float *o = out + h0 * ldo;
             const float *wh = w + h0 * ldw + j0;
             const int64_t *sl = slots + j0;
-            for (int64_t d = d0; d < d1;) {
-                const int first = h0 == 0 && d == d0; /* prefetches the next rows' [pf_begin, pf_end) */
-                const int64_t pb = first ? pf_begin : 0, pe = first ? pf_end : 0, tp = t - j0;
-                const int64_t n8 = (d1 - d) / 8, most = nh <= 2 ? 4 : nh <= 6 ? 2 : 1;
-                const int64_t nv = n8 >= most ? most : n8 >= 2 ? 2 : 1;
+            for (int64_t d = d0; d < d1; tile++) {
+                const int64_t nv = values_vectors(nh, (d1 - d) / 8);
+                const int64_t first = tile * share < nlines ? tile * share : nlines;
+                const char *const *pf = lines + first;
+                const int64_t npf = nlines - first < share ? nlines - first : share;
                 switch (nh) {
                 case 8: ED_VT(8, 1); break;
                 case 7: ED_VT(7, 1); break;
@@ -468,7 +494,6 @@ ED_AVX2 static inline __attribute__((always_inline)) void values_blocks(float *o
                 }
                 d += 8 * nv;
             }
-            h0 += nh;
         }
     }
 }
@@ -477,8 +502,9 @@ ED_AVX2 static inline __attribute__((always_inline)) void values_blocks(float *o
 #undef ED_VT4
 
 ED_AVX2 static void values_avx(float *out, const float *w, int64_t ldw, int64_t group, int64_t dh, int64_t d0,
-                               int64_t d1, const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t) {
-    values_blocks(out, dh, w, ldw, group, 0, d0, d1, (const char *)kv, 2 * stride, 2 * d0, 2 * d1, slots, t);
+                               int64_t d1, const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t,
+                               int64_t t_pf) {
+    values_blocks(out, dh, w, ldw, group, 0, d0, d1, (const char *)kv, 2 * stride, 2 * d0, 2 * d1, slots, t, t_pf);
 }
 
 /* values_avx's bits in AVX-512's 512-bit registers (each column's sum alone, so any width gives the same
@@ -489,7 +515,7 @@ ED_AVX512 static inline __attribute__((always_inline)) void values_tile_avx512(f
                                                                               int64_t ldw, const int nh, const int nv,
                                                                               const int q8, int64_t d, const char *kv,
                                                                               int64_t stride, const int64_t *slots,
-                                                                              int64_t t) {
+                                                                              int64_t t, int64_t t_pf) {
     /* the tile's bytes of a row: [e0, e1) */
     const int64_t e0 = q8 ? d / 32 * (int64_t)sizeof(kv_q8) : 2 * d;
     const int64_t e1 = q8 ? (d + 16 * nv + 31) / 32 * (int64_t)sizeof(kv_q8) : 2 * (d + 16 * nv);
@@ -497,7 +523,7 @@ ED_AVX512 static inline __attribute__((always_inline)) void values_tile_avx512(f
     for (int h = 0; h < nh; h++)
         for (int v = 0; v < nv; v++) acc[h][v] = _mm512_loadu_ps(out + h * ldo + d + 16 * v);
     for (int64_t j = 0; j < t; j++) {
-        if (j + ED_VPF < t) {
+        if (j + ED_VPF < t_pf) {
             const char *next = kv + slots[j + ED_VPF] * stride;
             for (int64_t e = e0; e < e1; e += 64) __builtin_prefetch(next + e);
             if (q8) __builtin_prefetch(next + e1 - 1); /* rows of 34-byte blocks end off the 64-byte steps */
@@ -537,7 +563,7 @@ ED_AVX512 static void values8_avx512(float *out, int64_t ldo, const float *w, in
     }
 }
 
-#define ED_VT(NH, NV) values_tile_avx512(o, ldo, wh, ldw, NH, NV, q8, d, kv, stride, slots, t)
+#define ED_VT(NH, NV) values_tile_avx512(o, ldo, wh, ldw, NH, NV, q8, d, kv, stride, slots, t, t_pf)
 #define ED_VT4(NH) /* NH heads x up to 4 vectors */                                                          \
     switch (nv) {                                                                                            \
     case 4: ED_VT(NH, 4); break;                                                                              \
@@ -550,12 +576,12 @@ ED_AVX512 static void values8_avx512(float *out, int64_t ldo, const float *w, in
 
 /* out[h * ldo + d] += w[h * ldw + j] * value j [d] for d in [d0, d1): heads 6 at a time (group 7 and up as
  * even shares) x 64 columns, 3 or fewer x 128; value rows of kind q8 (a constant where inlined; q8_0
- * columns come in whole blocks) at kv + slots[j] * stride bytes */
+ * columns come in whole blocks) at kv + slots[j] * stride bytes, prefetched ED_VPF keys ahead up to key t_pf */
 ED_AVX512 static inline __attribute__((always_inline)) void values_kind_avx512(float *out, int64_t ldo, const float *w,
                                                                               int64_t ldw, int64_t group, const int q8,
                                                                               int64_t d0, int64_t d1, const char *kv,
                                                                               int64_t stride, const int64_t *slots,
-                                                                              int64_t t) {
+                                                                              int64_t t, int64_t t_pf) {
     for (int64_t h0 = 0; h0 < group;) {
         const int64_t left = group - h0, nh = left <= 6 ? left : left <= 12 ? (left + 1) / 2 : 6;
         float *o = out + h0 * ldo;
@@ -583,15 +609,16 @@ ED_AVX512 static inline __attribute__((always_inline)) void values_kind_avx512(f
 #undef ED_VT8
 
 ED_AVX512 static void values_avx512(float *out, const float *w, int64_t ldw, int64_t group, int64_t dh, int64_t d0,
-                                    int64_t d1, const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t) {
-    values_kind_avx512(out, dh, w, ldw, group, 0, d0, d1, (const char *)kv, 2 * stride, slots, t);
+                                    int64_t d1, const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t,
+                                    int64_t t_pf) {
+    values_kind_avx512(out, dh, w, ldw, group, 0, d0, d1, (const char *)kv, 2 * stride, slots, t, t_pf);
 }
 
 /* q8_values_all in 512-bit registers: q8_values_all_avx2's bits (each column's sum alone) */
 ED_AVX512 static void q8_values_all_avx512(float *out, int64_t ldo, const float *w, int64_t ldw, int64_t group,
                                            int64_t nb, const char *base, int64_t stride, const int64_t *slots,
-                                           int64_t t) {
-    values_kind_avx512(out, ldo, w, ldw, group, 1, 0, nb * 32, base, stride, slots, t);
+                                           int64_t t, int64_t t_pf) {
+    values_kind_avx512(out, ldo, w, ldw, group, 1, 0, nb * 32, base, stride, slots, t, t_pf);
 }
 
 /* the 8 int32 lanes of each of 8 vectors summed, vector k's sum in lane k (exact) */
@@ -744,8 +771,10 @@ ED_AVX512VNNI static void q8_scores_all_vnni(const kv_q8 *q, int64_t group, int6
 }
 
 ED_AVX2 static void q8_values_all_avx2(float *out, int64_t ldo, const float *w, int64_t ldw, int64_t group, int64_t nb,
-                                       const char *base, int64_t stride, const int64_t *slots, int64_t t) {
-    values_blocks(out, ldo, w, ldw, group, 1, 0, nb * 32, base, stride, 0, nb * (int64_t)sizeof(kv_q8), slots, t);
+                                       const char *base, int64_t stride, const int64_t *slots, int64_t t,
+                                       int64_t t_pf) {
+    values_blocks(out, ldo, w, ldw, group, 1, 0, nb * 32, base, stride, 0, nb * (int64_t)sizeof(kv_q8), slots, t,
+                  t_pf);
 }
 
 /* max(x, m) keeps m where x is NaN or equal (vmaxps returns its second operand then), as x > m ? x : m */
@@ -902,7 +931,8 @@ ED_NEON_INLINE void values_tile_neon(float *out, const float *w, int64_t ldw, co
     }
 
 static void values_neon(float *out, const float *w, int64_t ldw, int64_t group, int64_t dh, int64_t d0, int64_t d1,
-                        const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t) {
+                        const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t, int64_t t_pf) {
+    (void)t_pf;
     for (int64_t j0 = 0; j0 < t; j0 += ED_VBLOCK_NEON) {
         const int64_t nj = t - j0 < ED_VBLOCK_NEON ? t - j0 : ED_VBLOCK_NEON;
         for (int64_t h0 = 0; h0 < group; h0 += 4) {
@@ -1050,8 +1080,8 @@ static int attend_keys(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_
     }
     scale_scores(op, sc, group * t, L);
     softmax(sc, group, t, t, !v8, L, ctx->kt);
-    if (v8) L->q8_values_all(out, dh, sc, t, group, nb, vc, vrow, slots, t);
-    else L->values(out, sc, t, group, dh, 0, dh, (const uint16_t *)vc, hkv * dh, slots, t);
+    if (v8) L->q8_values_all(out, dh, sc, t, group, nb, vc, vrow, slots, t, t);
+    else L->values(out, sc, t, group, dh, 0, dh, (const uint16_t *)vc, hkv * dh, slots, t, t);
     return 1;
 }
 
@@ -1118,9 +1148,9 @@ static int attend_tile(const ed_op *op, ed_ctx *ctx, const attn_loops *L, int64_
     memset(acc, 0, sizeof(float) * rows * dh);
     if (v8) {
         const int64_t nb = dh / 32, vrow = hkv * nb * (int64_t)sizeof(kv_q8);
-        L->q8_values_all(acc, dh, sc, t, rows, nb, (const char *)op->src4 + g * (vrow / hkv), vrow, slots, t);
+        L->q8_values_all(acc, dh, sc, t, rows, nb, (const char *)op->src4 + g * (vrow / hkv), vrow, slots, t, t);
     } else {
-        L->values(acc, sc, t, rows, dh, 0, dh, (const uint16_t *)op->src4 + g * dh, hkv * dh, slots, t);
+        L->values(acc, sc, t, rows, dh, 0, dh, (const uint16_t *)op->src4 + g * dh, hkv * dh, slots, t, t);
     }
     for (int64_t i = 0; i < nt; i++)
         memcpy((float *)op->dst + ((r0 + i) * n_head + g * group) * dh, acc + i * group * dh, sizeof(float) * group * dh);
@@ -1297,10 +1327,10 @@ static void split_values(const ed_op *op, ed_ctx *ctx, const attn_loops *L, cons
             if (v8)
                 L->q8_values_all(out + d0, dh, w + g * group * sp->ld + u, sp->ld, group, (d1 - d0) / 32,
                                  (const char *)op->src4 + (g * dh + d0) / 32 * (int64_t)sizeof(kv_q8),
-                                 hkv * dh / 32 * (int64_t)sizeof(kv_q8), slots + u, nu);
+                                 hkv * dh / 32 * (int64_t)sizeof(kv_q8), slots + u, nu, t - u);
             else
                 L->values(out, w + g * group * sp->ld + u, sp->ld, group, dh, d0, d1, (const uint16_t *)op->src4 + g * dh,
-                          hkv * dh, slots + u, nu);
+                          hkv * dh, slots + u, nu, t - u);
         }
     }
 }

@@ -76,7 +76,7 @@ static int check_q8(const attn_loops *L, const char *level, int *checks) {
             fill_q8(q, group * nb, 0);
             for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++) {
                 const int64_t t = ts[k];
-                for (int64_t j = 0; j < t; j++) slots[j] = next_u32() % ROWS;
+                for (int64_t j = 0; j < KEYS; j++) slots[j] = next_u32() % ROWS; /* past t: prefetched only */
                 memset(sc1, 0, sizeof sc1), memset(sc2, 0, sizeof sc2);
                 L->q8_scores_all(q, group, nb, base, stride, slots, t, sc1, KEYS);
                 loops_c.q8_scores_all(q, group, nb, base, stride, slots, t, sc2, KEYS);
@@ -86,8 +86,9 @@ static int check_q8(const attn_loops *L, const char *level, int *checks) {
                     fill(out1, group * dh, 2.0f);
                     memcpy(out2, out1, sizeof(float) * (size_t)(group * dh));
                     const char *cols = base + b0 * (int64_t)sizeof(kv_q8);
-                    L->q8_values_all(out1 + b0 * 32, dh, w, KEYS, group, nb - b0, cols, stride, slots, t);
-                    loops_c.q8_values_all(out2 + b0 * 32, dh, w, KEYS, group, nb - b0, cols, stride, slots, t);
+                    const int64_t t_pf = b0 ? KEYS : t;
+                    L->q8_values_all(out1 + b0 * 32, dh, w, KEYS, group, nb - b0, cols, stride, slots, t, t_pf);
+                    loops_c.q8_values_all(out2 + b0 * 32, dh, w, KEYS, group, nb - b0, cols, stride, slots, t, t_pf);
                     fails += same("q8 values", level, out1, out2, group * dh, nb * 1000 + t), (*checks)++;
                 }
             }
@@ -125,16 +126,17 @@ static int check_level(const attn_loops *L, const char *level) {
             const int64_t ts[] = {1, 5, 33, 70};
             for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++) {
                 const int64_t t = ts[k];
-                for (int64_t j = 0; j < t; j++) slots[j] = next_u32() % CACHE_ROWS;
+                for (int64_t j = 0; j < 80; j++) slots[j] = next_u32() % CACHE_ROWS; /* past t: prefetched only */
                 L->scores(q, group, dh, kv, stride, slots, t, row, sc1, t);
                 loops_c.scores(q, group, dh, kv, stride, slots, t, row, sc2, t);
                 fails += same("scores", level, sc1, sc2, group * t, dh * 1000 + t), checks++;
                 const int64_t ranges[][2] = {{0, dh}, {8, dh}, {0, dh - 8}, {dh / 2 / 8 * 8, dh}};
                 for (int r = 0; r < 4; r++) {
+                    const int64_t t_pf = r % 2 ? 80 : t;
                     fill(out1, group * dh, 2.0f);
                     memcpy(out2, out1, sizeof(float) * (size_t)(group * dh));
-                    L->values(out1, sc1, t, group, dh, ranges[r][0], ranges[r][1], kv, stride, slots, t);
-                    loops_c.values(out2, sc1, t, group, dh, ranges[r][0], ranges[r][1], kv, stride, slots, t);
+                    L->values(out1, sc1, t, group, dh, ranges[r][0], ranges[r][1], kv, stride, slots, t, t_pf);
+                    loops_c.values(out2, sc1, t, group, dh, ranges[r][0], ranges[r][1], kv, stride, slots, t, t_pf);
                     fails += same("values", level, out1, out2, group * dh, dh * 1000 + t), checks++;
                 }
             }
