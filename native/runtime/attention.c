@@ -389,7 +389,6 @@ ED_AVX512 static void scores_avx512(const float *q, int64_t group, int64_t dh, c
  * registers), j in order: nh * nv independent sums, each value vector converted once per key for all nh
  * heads. Value rows at kv + slots[j] * stride bytes, f16 or (q8, a constant where inlined) q8_0 blocks, a
  * value then being d * q (exact). At key j it also prefetches lines[j], lines[j + t], ... (below npf). */
-#define ED_VPF 8
 #define ED_AVX2 __attribute__((target("avx2,f16c")))
 ED_AVX2 static inline __attribute__((always_inline)) void values_tile_avx(float *out, int64_t ldo, const float *w,
                                                                         int64_t ldw, const int nh, const int nv,
@@ -460,6 +459,7 @@ ED_AVX2 static inline __attribute__((always_inline)) void values_blocks(float *o
         nh = values_heads(group - h0);
         for (int64_t d = d0; d < d1; d += 8 * values_vectors(nh, (d1 - d) / 8)) tiles++;
     }
+    if (!tiles) return; /* no columns */
     const char *lines[ED_VLINES];
     for (int64_t j0 = 0; j0 < t; j0 += ED_VBLOCK) {
         const int64_t nj = t - j0 < ED_VBLOCK ? t - j0 : ED_VBLOCK;
@@ -507,6 +507,7 @@ ED_AVX2 static void values_avx(float *out, const float *w, int64_t ldw, int64_t 
     values_blocks(out, dh, w, ldw, group, 0, d0, d1, (const char *)kv, 2 * stride, 2 * d0, 2 * d1, slots, t, t_pf);
 }
 
+#define ED_VPF 8 /* the AVX-512 value tiles prefetch the rows this many keys ahead */
 /* values_avx's bits in AVX-512's 512-bit registers (each column's sum alone, so any width gives the same
  * bits): nh heads x nv vectors of 16 columns (nh * nv <= 24) held over all the keys, each value vector
  * converted once per key (one pass over the tile's columns); value rows at kv + slots[j] * stride bytes,
