@@ -40,13 +40,23 @@ static int64_t slot_of(const ed_op *op, int64_t seq, int64_t pos) {
 
 typedef struct { uint16_t d; int8_t qs[32]; } kv_q8; /* ggml's block_q8_0 */
 
-/* The inner loops, in four builds with the same float operations in the same order (so the same bits):
+/* The inner loops, in four builds with the same float operations in the same order (so the same bits; the
+ * f16 loops' q and w hold f16 values, as the callers round them, so their products may fuse: below):
  * portable C, AVX + F16C for x86 CPUs with the kernels' AVX2 level (which requires F16C), at the
  * AVX-512 level the same with scores and values held in AVX-512VL's 32 vector registers, and NEON on
  * AArch64 (native/tests/attention_check.c compares each with the portable C).
  *   qk: s[h] = q_h . f16(krow) for the group's heads, each dot over 8 lanes (lane l takes elements
  *       l, l+8, ...) combined as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7));
- *   pv: out_h += w[h * wstride] * f16(vrow), multiply then add (rounded twice, no FMA). */
+ *   pv: out_h += w[h * wstride] * f16(vrow), multiply then add.
+ * Exact products: over an f16 cache both factors of every product are f16 values (q and the weights are
+ * rounded to f16 first), 11 significant bits each, so the product is exact in f32 (22 bits, exponents far
+ * inside f32's range) and a fused multiply-add rounds once, as the add alone does: the same bits as
+ * multiply then add, in half the floating-point instructions. The NEON loops fuse those (llvm-mca's
+ * Cortex-A72 model, the Pi 4's core: a values tile of 4 heads x 16 columns 62 -> 32 cycles a key, qk's 4
+ * heads 29 -> 15 cycles per 8 elements). The x86 loops multiply then add: fused they measured no faster
+ * on the Sapphire Rapids-class Xeon (scripts/bench_attention.py, 2048 keys, the AVX2 level 0-20% slower
+ * where a tile's 8 sums then wait on the FMA's latency, AVX-512 within noise). q8_0 products (unrounded
+ * weights times d * q, or d_k * d_q times an integer sum) are not exact and are never fused. */
 typedef struct {
     void (*qk)(const float *q, int64_t group, int64_t dh, const uint16_t *krow, float *row, float *s);
     void (*pv)(float *out, const float *w, int64_t wstride, int64_t group, int64_t dh, const uint16_t *vrow,
@@ -823,7 +833,7 @@ static const attn_loops loops_avx512_vnni = {qk_avx,        pv_avx,  round_f16_a
 #include <arm_neon.h>
 /* The portable loops in NEON (baseline on AArch64: the Pi 4's level as well as the Pi 5's): f16 keys and
  * values converted by fcvtl instead of the 256 KiB table, each (head, key) dot in qk_c's 8 lanes as two
- * vectors (lanes 0-3, 4-7), multiply then add as separate vmulq / vaddq (never fused), f16 rounding by
+ * vectors (lanes 0-3, 4-7), products of f16 values fused (vfmaq: exact products, the file's note), f16 rounding by
  * fcvtn / fcvtl (nearest even, as ed_f16_round), so the bits are the portable loops' (native/tests/
  * attention_check.c compares them). */
 #define ED_NEON_INLINE static inline __attribute__((always_inline))
@@ -838,8 +848,8 @@ ED_NEON_INLINE void qk4_neon(const float *q, const int nh, int64_t dh, const uin
     for (int64_t d = 0; d < d8; d += 8) {
         const float32x4_t k0 = kv4_neon(krow + d), k1 = kv4_neon(krow + d + 4);
         for (int h = 0; h < nh; h++) {
-            lo[h] = vaddq_f32(lo[h], vmulq_f32(vld1q_f32(q + h * dh + d), k0));
-            hi[h] = vaddq_f32(hi[h], vmulq_f32(vld1q_f32(q + h * dh + d + 4), k1));
+            lo[h] = vfmaq_f32(lo[h], vld1q_f32(q + h * dh + d), k0);
+            hi[h] = vfmaq_f32(hi[h], vld1q_f32(q + h * dh + d + 4), k1);
         }
     }
     float l[4][8];
@@ -873,7 +883,7 @@ static void pv_neon(float *out, const float *w, int64_t wstride, int64_t group, 
         const float32x4_t v = kv4_neon(vrow + d);
         for (int64_t h = 0; h < group; h++) {
             float *y = out + h * dh + d;
-            vst1q_f32(y, vaddq_f32(vld1q_f32(y), vmulq_f32(vdupq_n_f32(w[h * wstride]), v)));
+            vst1q_f32(y, vfmaq_f32(vld1q_f32(y), vdupq_n_f32(w[h * wstride]), v));
         }
     }
     for (int64_t d = d4; d < dh; d++)
@@ -916,7 +926,7 @@ ED_NEON_INLINE void values_tile_neon(float *out, const float *w, int64_t ldw, co
         for (int v = 0; v < nv; v++) x[v] = kv4_neon(src + 4 * v);
         for (int h = 0; h < nh; h++) {
             const float32x4_t wj = vdupq_n_f32(w[h * ldw + j]);
-            for (int v = 0; v < nv; v++) acc[h][v] = vaddq_f32(acc[h][v], vmulq_f32(wj, x[v]));
+            for (int v = 0; v < nv; v++) acc[h][v] = vfmaq_f32(acc[h][v], wj, x[v]);
         }
     }
     for (int h = 0; h < nh; h++)

@@ -26,6 +26,17 @@ static void fill(float *x, int64_t n, float scale) {
     for (int64_t i = 0; i < n; i++) x[i] = uniform(-scale, scale);
 }
 
+/* f16 values as float, as the callers give the f16 loops their q and weights (rounded to f16): mostly
+ * uniform in [-scale, scale], every fifth any finite f16 (subnormals to 65504), to reach the ends of the
+ * products the loops fuse on the promise that they are exact */
+static void fill_f16_valued(float *x, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t h = (uint16_t)next_u32();
+        if ((h & 0x7C00) == 0x7C00) h &= 0xBBFF; /* inf / NaN -> a finite value */
+        x[i] = i % 5 == 4 ? ed_f16_to_f32(h) : ed_f16_round(uniform(-scale, scale));
+    }
+}
+
 static void fill_f16(uint16_t *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = ed_f32_to_f16(uniform(-4.0f, 4.0f));
 }
@@ -100,7 +111,7 @@ static int check_q8(const attn_loops *L, const char *level, int *checks) {
 static int check_level(const attn_loops *L, const char *level) {
     static float q[MAX_GROUP * MAX_DH], row[MAX_DH], s1[MAX_GROUP], s2[MAX_GROUP];
     static float out1[MAX_GROUP * MAX_DH], out2[MAX_GROUP * MAX_DH], w[MAX_GROUP * 80];
-    static float sc1[MAX_GROUP * 80], sc2[MAX_GROUP * 80];
+    static float sc1[MAX_GROUP * 80], sc2[MAX_GROUP * 80], wv[MAX_GROUP * 80];
     static uint16_t cache[CACHE_ROWS * HKV * MAX_DH];
     static int64_t slots[80];
     const int64_t dhs[] = {20, 40, 64, 72, 128, 256, 264};
@@ -112,8 +123,8 @@ static int check_level(const attn_loops *L, const char *level) {
         const int64_t groups[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 17, MAX_GROUP};
         for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
             const int64_t group = groups[g];
-            fill(q, group * dh, 1.0f);
-            fill(w, group * 80, 1.0f);
+            fill_f16_valued(q, group * dh, 1.0f);
+            fill_f16_valued(w, group * 80, 1.0f);
             L->qk(q, group, dh, kv, row, s1);
             loops_c.qk(q, group, dh, kv, row, s2);
             fails += same("qk", level, s1, s2, group, dh), checks++;
@@ -130,13 +141,15 @@ static int check_level(const attn_loops *L, const char *level) {
                 L->scores(q, group, dh, kv, stride, slots, t, row, sc1, t);
                 loops_c.scores(q, group, dh, kv, stride, slots, t, row, sc2, t);
                 fails += same("scores", level, sc1, sc2, group * t, dh * 1000 + t), checks++;
+                memcpy(wv, sc1, sizeof(float) * (size_t)(group * t)); /* weights: f16 values, as softmax leaves them */
+                loops_c.round_f16(wv, group * t);
                 const int64_t ranges[][2] = {{0, dh}, {8, dh}, {0, dh - 8}, {dh / 2 / 8 * 8, dh}};
                 for (int r = 0; r < 4; r++) {
                     const int64_t t_pf = r % 2 ? 80 : t;
                     fill(out1, group * dh, 2.0f);
                     memcpy(out2, out1, sizeof(float) * (size_t)(group * dh));
-                    L->values(out1, sc1, t, group, dh, ranges[r][0], ranges[r][1], kv, stride, slots, t, t_pf);
-                    loops_c.values(out2, sc1, t, group, dh, ranges[r][0], ranges[r][1], kv, stride, slots, t, t_pf);
+                    L->values(out1, wv, t, group, dh, ranges[r][0], ranges[r][1], kv, stride, slots, t, t_pf);
+                    loops_c.values(out2, wv, t, group, dh, ranges[r][0], ranges[r][1], kv, stride, slots, t, t_pf);
                     fails += same("values", level, out1, out2, group * dh, dh * 1000 + t), checks++;
                 }
             }
