@@ -249,6 +249,7 @@ class LLM:
         special_in_content: bool = False,
         continue_final: bool = False,
         tools: list[dict] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
         """Render messages with the chat template and tokenize (one BOS). Only the template's own text is
         parsed for special tokens: a message's content that spells one (`<|im_end|>`, `<|im_start|>system`)
@@ -256,8 +257,9 @@ class LLM:
         whole rendered prompt; `special_in_content=True` does that, for callers who put control tokens
         in their messages on purpose. `continue_final`: the last message (the assistant's start of an
         answer) is continued rather than answered (assistant prefill). `tools` (OpenAI's function list)
-        are passed to the template, which renders them if it knows how."""
-        text = self.chat_text(messages, continue_final, tools)
+        are passed to the template, which renders them if it knows how; `template_kwargs` are more of its
+        variables (e.g. `enable_thinking`), as transformers' `apply_chat_template` takes them."""
+        text = self.chat_text(messages, continue_final, tools, template_kwargs)
         tok = self.tokenizer
         risky = [] if special_in_content else [c for c in _contents(messages) if tok.has_special_text(c)]
         if not risky:  # the common case: the very ids llama.cpp makes
@@ -278,22 +280,28 @@ class LLM:
         return ids + tok.encode(text[cursor:], add_special=False, parse_special=True)
 
     def chat_text(
-        self, messages: list[dict[str, Any]], continue_final: bool = False, tools: list[dict] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        continue_final: bool = False,
+        tools: list[dict] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         """The rendered prompt text. With `continue_final` it ends right after the last message's content,
         its end-of-turn markers cut (as transformers' `continue_final_message` does)."""
         # like llama.cpp (common/chat.cpp): a template's own BOS is dropped when the tokenizer adds one
-        strip = self.tokenizer.add_bos
+        strip, kw = self.tokenizer.add_bos, template_kwargs or {}
         if not continue_final:
-            return self.template.render(messages, tools=tools, add_generation_prompt=True, strip_bos=strip)
+            return self.template.render(
+                messages, tools=tools, add_generation_prompt=True, strip_bos=strip, **kw
+            )
         last = messages[-1].get("content") if messages else None
         if not isinstance(last, str):
             raise ValueError("the message to continue must have text content")
         if not last.strip():  # nothing to continue: the answer's start is the generation prompt
             return self.template.render(
-                messages[:-1], tools=tools, add_generation_prompt=True, strip_bos=strip
+                messages[:-1], tools=tools, add_generation_prompt=True, strip_bos=strip, **kw
             )
-        text = self.template.render(messages, tools=tools, add_generation_prompt=False, strip_bos=strip)
+        text = self.template.render(messages, tools=tools, add_generation_prompt=False, strip_bos=strip, **kw)
         at = text.rfind(last.rstrip())
         if at < 0:
             raise ValueError("the chat template changes the last message, so it cannot be continued")

@@ -229,5 +229,7 @@ def model_entry(name: str, size: int, digest: str, details: dict, modified: floa
     }
 
 
-def not_found(name: str) -> APIError:
-    return APIError(404, f"model '{name}' not found", code="model_not_found")
+def not_found(name: str, served: str = "") -> APIError:
+    """Ollama's 404 for a model it does not have (`served`: the one this server has, said after it)."""
+    also = f" (this server has '{served}')" if served else ""
+    return APIError(404, f"model '{name}' not found{also}", code="model_not_found")

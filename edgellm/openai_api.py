@@ -159,6 +159,7 @@ class GenerationParams:
     grammar: Any = None  # a structured.Grammar the output must match
     grammar_field: str = ""  # the request field it came from (errors name it)
     tools: Any = None  # chat: a tools.ToolRequest
+    template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat: chat_template_kwargs
     speculative: bool = True  # false (or llama-server's speculative.n_max 0): no guessing for this one
 
 
@@ -414,9 +415,48 @@ def parse_completion(body: Any, lim: Limits) -> GenerationParams:
     return p
 
 
+# OpenAI chat fields for what a local text model cannot give: refused by name, as OpenAI refuses them for
+# models without the feature (the value that is the same as not sending one is accepted)
+CHAT_UNSUPPORTED: list[tuple[str, Callable[[Any], bool], str]] = [
+    ("modalities", lambda v: v == ["text"], 'only text output is supported (modalities: ["text"])'),
+    ("audio", lambda v: False, "audio output is not supported"),
+    ("prediction", lambda v: False, "predicted outputs are not supported"),
+    ("web_search_options", lambda v: False, "web search is not supported"),
+    ("reasoning_effort", lambda v: False, "reasoning options are not supported"),
+]
+# the chat template's own variables and ChatTemplate.render's parameters, which chat_template_kwargs
+# may not set
+TEMPLATE_RESERVED = (
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+    "strip_bos",
+    "strip_eos",
+)
+
+
+def _template_kwargs(body: dict) -> dict[str, Any]:
+    """llama-server's and vLLM's chat_template_kwargs: extra variables for the chat template (e.g.
+    enable_thinking), an object whose keys are not the template's own variables."""
+    kw = body.get("chat_template_kwargs")
+    if kw is None:
+        return {}
+    if not isinstance(kw, dict):
+        raise bad("chat_template_kwargs", "must be an object of template variables")
+    for k in kw:
+        if not k.isidentifier() or k in TEMPLATE_RESERVED or k == "self":
+            raise bad("chat_template_kwargs", f"{k!r} cannot be set: give other variable names")
+    return dict(kw)
+
+
 def parse_chat(body: Any, lim: Limits) -> GenerationParams:
     """POST /v1/chat/completions: messages are checked here for shape; the template checks the rest."""
     p = _common(body, lim, ("max_tokens", "max_completion_tokens", "n_predict"), logprobs="chat")
+    for name, default_ok, what in CHAT_UNSUPPORTED:
+        _refuse_if_set(body, name, default_ok, what)
+    p.template_kwargs = _template_kwargs(body)
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise bad("messages", "must be a non-empty list of messages")

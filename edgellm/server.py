@@ -293,7 +293,7 @@ def create_app(state: State) -> FastAPI:
         llm = state.llm
         try:
             text = llm.template.render(
-                p.prompts[0], add_generation_prompt=True, strip_bos=llm.tokenizer.add_bos
+                p.prompts[0], add_generation_prompt=True, strip_bos=llm.tokenizer.add_bos, **p.template_kwargs
             )
         except (ValueError, TypeError, RecursionError) as e:
             raise APIError(400, f"cannot render the chat template: {e}", param="messages") from None
@@ -960,7 +960,7 @@ def _ollama_matches(state: State, name: str) -> bool:
 
 def _ollama_check_model(state: State, name: Any) -> None:
     if not isinstance(name, str) or not _ollama_matches(state, name):
-        raise ol.not_found(str(name) + f" (this server has '{state.model_id}')")
+        raise ol.not_found(str(name), state.model_id)
 
 
 async def _ollama(state: State, request: Request, chat: bool):
@@ -1074,7 +1074,11 @@ def _prompt_ids(llm: Any, p: oa.GenerationParams, chat: bool, special: bool = Fa
                     raise oa.bad("tools", f"{why}: use a model whose template does (Qwen2.5, Hermes, ...)")
                 msgs, fns = tools.template_messages(msgs), p.tools.tools
             ids = llm.chat_prompt(
-                msgs, special_in_content=special, continue_final=p.continue_final, tools=fns
+                msgs,
+                special_in_content=special,
+                continue_final=p.continue_final,
+                tools=fns,
+                template_kwargs=p.template_kwargs,
             )
             return [ids]
         if p.suffix:  # an insertion: the model's fill-in-the-middle prompt

@@ -535,6 +535,55 @@ def test_llama_server_fields_edgellm_cannot_honour_are_refused_by_name(field, va
     oa.parse_completion({"prompt": "hi", field: 0}, lim)  # the value that turns it off is accepted
 
 
+@pytest.mark.parametrize(
+    "field,value,off",
+    [
+        ("modalities", ["text", "audio"], ["text"]),
+        ("audio", {"voice": "alloy", "format": "wav"}, None),
+        ("prediction", {"type": "content", "content": "Hello"}, None),
+        ("web_search_options", {}, None),
+        ("reasoning_effort", "high", None),
+    ],
+)
+def test_openai_chat_fields_for_what_a_local_text_model_cannot_give_are_refused_by_name(field, value, off):
+    from edgellm import openai_api as oa
+
+    lim = oa.Limits(n_ctx=512, n_vocab=49152)
+    msgs = [{"role": "user", "content": "hi"}]
+    with pytest.raises(oa.APIError) as e:
+        oa.parse_chat({"messages": msgs, field: value}, lim)
+    assert e.value.status == 400 and e.value.param == field and e.value.code == "unsupported_parameter"
+    oa.parse_chat({"messages": msgs, field: off}, lim)  # the value that asks for nothing is accepted
+
+
+def test_chat_template_kwargs_reach_the_template_and_cannot_replace_its_own_variables(smollm2_path):
+    from edgellm import openai_api as oa
+    from edgellm import server as srv
+    from edgellm.llm import LLM
+
+    lim = oa.Limits(n_ctx=512, n_vocab=49152)
+    msgs = [{"role": "user", "content": "hi"}]
+    p = oa.parse_chat({"messages": msgs, "chat_template_kwargs": {"enable_thinking": False}}, lim)
+    assert p.template_kwargs == {"enable_thinking": False}
+    assert oa.parse_chat({"messages": msgs}, lim).template_kwargs == {}
+    for bad in ([1], "x", {"messages": []}, {"strip_bos": True}, {"bos_token": "x"}, {"self": 1}, {"a b": 1}):
+        with pytest.raises(oa.APIError) as e:
+            oa.parse_chat({"messages": msgs, "chat_template_kwargs": bad}, lim)
+        assert e.value.param == "chat_template_kwargs"
+    # the chat route hands them to the template: a template that reads one
+    src = "{% for m in messages %}{{ m.content }}{% endfor %}[{{ greeting | default('none') }}]"
+    llm = LLM(smollm2_path, backend="reference", chat_template=src, n_ctx=256)
+    assert llm.chat_text(msgs) == "hi[none]"
+    assert llm.chat_text(msgs, template_kwargs={"greeting": "hello"}) == "hi[hello]"
+    p = oa.parse_chat({"messages": msgs, "chat_template_kwargs": {"greeting": "hello"}}, lim)
+    [ids] = srv._prompt_ids(llm, p, chat=True)
+    assert llm.detokenize(ids).endswith("hi[hello]")
+    p = oa.parse_chat({"messages": msgs, "chat_template_kwargs": {"greeting": {"x": object()}}}, lim)
+    with pytest.raises(oa.APIError) as e:  # not JSON-like: the template refuses it, a 400
+        srv._prompt_ids(llm, p, chat=True)
+    assert e.value.status == 400
+
+
 def test_a_client_trickling_header_lines_is_closed_within_the_header_timeout(smollm2_path, tmp_path):
     pytest.importorskip("uvicorn")
     with Server(smollm2_path, tmp_path / "slow.log", "--header-timeout", "1") as s:
@@ -652,7 +701,7 @@ def test_ollama_routes_refuse_what_they_cannot_honour_by_name(server):
     r = httpx.post(url + "/api/generate", json={"prompt": "x", "options": {"mirostat": 2}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "options.mirostat"
     r = httpx.post(url + "/api/chat", json={"model": "llama3:8b", "messages": []})
-    assert r.status_code == 404 and "llama3:8b" in r.json()["error"]["message"]
+    assert r.status_code == 404 and r.json()["error"]["message"].startswith("model 'llama3:8b' not found (")
     r = httpx.post(url + "/api/pull", json={"model": "llama3:8b"})
     assert r.status_code == 404 and "offline" in r.json()["error"]["message"]
     # runner options are accepted (they change nothing here)
