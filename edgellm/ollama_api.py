@@ -3,9 +3,11 @@ server.py). Mirrors ollama/ollama docs/api.md and api/types.go: `/api/generate` 
 NDJSON (one JSON object per line, `done: false` pieces then one `done: true` with counts and nanosecond
 durations) unless `"stream": false`; sampling comes in `options` under Ollama's names.
 
-A field edgellm cannot honour is refused with a 400 naming it (`format`, `tools`, `images`, `raw` with a
-template, options such as `mirostat`), never ignored. Options that only tune Ollama's own runner
-(`num_gpu`, `num_thread`, `num_batch`, `use_mmap`, ...) change nothing here and are accepted.
+A field edgellm cannot honour is refused with a 400 naming it (`images`, `think`, a per-request `template`,
+options such as `mirostat`), never ignored. `/api/chat`'s `tools` go through the model's chat template
+and come back as `message.tool_calls` with object arguments (tools.py: the Hermes / Qwen format).
+Options that only tune Ollama's own runner (`num_gpu`, `num_thread`, `num_batch`, `use_mmap`, ...) change
+nothing here and are accepted.
 """
 
 from __future__ import annotations
@@ -106,8 +108,47 @@ def _refuse(body: dict, name: str, ok: Any, why: str) -> None:
 
 def _common_refusals(body: dict) -> None:
     _refuse(body, "images", lambda v: v == [], "images are not supported")
-    _refuse(body, "tools", lambda v: v == [], "tools are not supported yet")
     _refuse(body, "think", lambda v: v is False, "thinking control is not supported")
+
+
+def _tool_calls(calls: Any, i: int) -> list[dict]:
+    """An assistant message's Ollama tool calls ({function: {name, arguments}}, arguments an object or
+    its JSON text) as OpenAI-shaped calls with object arguments, as the chat templates read them."""
+    import json
+
+    if not isinstance(calls, list):
+        raise oa.bad("messages", f"messages[{i}].tool_calls must be a list")
+    out = []
+    for c in calls:
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise oa.bad("messages", f"messages[{i}].tool_calls: each needs a function with a name")
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                raise oa.bad("messages", f"messages[{i}].tool_calls: arguments must be JSON") from None
+        if not isinstance(args, dict):
+            raise oa.bad("messages", f"messages[{i}].tool_calls: arguments must be an object")
+        out.append({"type": "function", "function": {"name": fn["name"], "arguments": args}})
+    return out
+
+
+def answer_tool_calls(calls: list[dict]) -> list[dict]:
+    """tools.split's calls (OpenAI's, arguments as JSON text) as Ollama answers them."""
+    import json
+
+    return [
+        {
+            "function": {
+                "index": k,
+                "name": c["function"]["name"],
+                "arguments": json.loads(c["function"]["arguments"]),
+            }
+        }
+        for k, c in enumerate(calls)
+    ]
 
 
 def output_format(body: dict) -> Any:
@@ -137,6 +178,7 @@ def parse_generate(body: Any, n_ctx: int) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise oa.bad("", "the request body must be a JSON object")
     _common_refusals(body)
+    _refuse(body, "tools", lambda v: v == [], "tools are only supported on /api/chat")
     _refuse(body, "template", lambda v: v == "", "a per-request template is not supported")
     _refuse(body, "context", lambda v: v == [], "context (previous token ids) is not supported")
     prompt = body.get("prompt", "")
@@ -155,13 +197,17 @@ def parse_generate(body: Any, n_ctx: int) -> dict[str, Any]:
 
 
 def parse_chat(body: Any, n_ctx: int) -> dict[str, Any]:
-    """POST /api/chat: {messages: [{role, content}], stream?, options?, keep_alive?}."""
+    """POST /api/chat: {messages: [{role, content, tool_calls?, tool_name?}], tools?, stream?, options?,
+    keep_alive?}."""
+    from edgellm import tools
+
     if not isinstance(body, dict):
         raise oa.bad("", "the request body must be a JSON object")
     _common_refusals(body)
     msgs = body.get("messages")
     if not isinstance(msgs, list):
         raise oa.bad("messages", "must be a list of messages")
+    out = []
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not m["role"]:
             raise oa.bad("messages", f"messages[{i}] must be an object with a role")
@@ -169,11 +215,20 @@ def parse_chat(body: Any, n_ctx: int) -> dict[str, Any]:
             raise oa.bad("messages", f"messages[{i}].content must be a string")
         if m.get("images"):
             raise oa.bad("messages", "images are not supported", code="unsupported_parameter")
+        msg = {"role": m["role"], "content": m.get("content", "")}
         if m.get("tool_calls"):
-            raise oa.bad("messages", "tool calls are not supported yet", code="unsupported_parameter")
+            msg["tool_calls"] = _tool_calls(m["tool_calls"], i)
+        name = m.get("tool_name")
+        if name is not None:  # a tool's answer: which tool gave it
+            if not isinstance(name, str):
+                raise oa.bad("messages", f"messages[{i}].tool_name must be a string")
+            msg["name"] = name
+        out.append(msg)
+    if body.get("tool_choice") is not None:  # OpenAI's, not Ollama's: the model always chooses here
+        raise oa.bad("tool_choice", "Ollama's chat has no tool_choice", code="unsupported_parameter")
     sampling, max_tokens, stop = parse_options(body, n_ctx)
     return dict(
-        model=model_name(body), messages=[{"role": m["role"], "content": m.get("content", "")} for m in msgs],
+        model=model_name(body), messages=out, tools=tools.parse({"tools": body.get("tools")}),
         format=output_format(body),
         stream=body.get("stream", True) is not False, sampling=sampling, max_tokens=max_tokens, stop=stop,
     )  # fmt: skip

@@ -974,9 +974,18 @@ async def _ollama(state: State, request: Request, chat: bool):
     if not chat and not q["prompt"]:  # Ollama: an empty prompt loads the model and answers done
         return {"model": name, "created_at": ol.now(), "response": "", "done": True, "done_reason": "load"}
 
+    treq = q.get("tools")
+    names = treq.names if treq is not None and treq.active else None  # parse tool calls from the answer
+    if names and not tools.renders_tools(llm.template.source):
+        why = "this model's chat template does not render tools, so the model cannot see them"
+        raise oa.bad("tools", f"{why}: use a model whose template does (Qwen2.5, Hermes, ...)")
+
     def ids() -> list[int]:
         if chat:
-            return llm.chat_prompt(q["messages"], special_in_content=state.config.special_in_messages)
+            special = state.config.special_in_messages
+            return llm.chat_prompt(
+                q["messages"], special_in_content=special, tools=treq.tools if names else None
+            )
         if q["suffix"]:  # an insertion: the model's fill-in-the-middle prompt
             return la.infill_ids(llm.tokenizer, q["prompt"], q["suffix"], n_ctx=llm.n_ctx)
         if q["raw"]:
@@ -998,10 +1007,12 @@ async def _ollama(state: State, request: Request, chat: bool):
     streams = _submit(engine, [GenRequest(prompt, params, q["max_tokens"], tuple(q["stop"]), None, grammar)])
     usage = request.state.edgellm_usage = [0, 0, 0]
 
-    def piece(text: str) -> dict:
+    def piece(text: str, calls: list[dict] | None = None) -> dict:
         if chat:
-            return {"model": name, "created_at": ol.now(), "message": {"role": "assistant", "content": text},
-                    "done": False}  # fmt: skip
+            msg = {"role": "assistant", "content": text}
+            if calls:
+                msg["tool_calls"] = ol.answer_tool_calls(calls)
+            return {"model": name, "created_at": ol.now(), "message": msg, "done": False}
         return {"model": name, "created_at": ol.now(), "response": text, "done": False}
 
     def events() -> AsyncIterator[Event]:
@@ -1014,12 +1025,18 @@ async def _ollama(state: State, request: Request, chat: bool):
 
         async def ndjson() -> AsyncIterator[str]:
             reason, ttft = "stop", None
+            splitter = tools.StreamSplitter(names) if names else None  # holds back what may be a call
             try:
                 async for ev in events():
                     if ev.finish_reason is not None:
                         reason, ttft = ev.finish_reason, ev.usage.ttft_s if ev.usage else None
-                    if ev.text:
-                        yield json.dumps(piece(ev.text)) + "\n"
+                    text = splitter.push(ev.text) if splitter and ev.text else ev.text
+                    if text:
+                        yield json.dumps(piece(text)) + "\n"
+                if splitter:
+                    rest, calls = splitter.finish()
+                    if rest or calls:
+                        yield json.dumps(piece(rest, calls)) + "\n"
                 yield json.dumps(last(reason, ttft)) + "\n"
             except APIError as e:
                 yield json.dumps({"error": e.message}) + "\n"
@@ -1035,7 +1052,11 @@ async def _ollama(state: State, request: Request, chat: bool):
                 reason, ttft = ev.finish_reason, ev.usage.ttft_s if ev.usage else None
     finally:
         _cancel_all(streams)
-    return last(reason, ttft, "".join(texts))
+    text, calls = tools.split("".join(texts), names) if names else ("".join(texts), [])
+    answer = last(reason, ttft, text)
+    if calls:
+        answer["message"]["tool_calls"] = ol.answer_tool_calls(calls)
+    return answer
 
 
 def _submit(engine: Engine, reqs: list[GenRequest]) -> list:

@@ -8,9 +8,12 @@ The request's `tools` are rendered by the template (a template that never reads 
 SmolLM2's, cannot show them to the model: the request is refused); the answer's `<tool_call>` blocks are
 parsed back into OpenAI's `tool_calls`. `tool_choice` "required" or a named function constrains the answer
 to such blocks, with the arguments matching the function's parameter schema (structured.py); "auto" lets
-the model choose and parses what it wrote; "none" renders no tools. This is the format of Qwen2.5,
-Qwen3, Hermes 2/3 and the models trained on them (llama.cpp: common/chat.cpp's Hermes 2 Pro handler);
-other families' formats (Llama 3.1 JSON calls, Mistral [TOOL_CALLS], ...) are not parsed.
+the model choose and parses what it wrote; "none" renders no tools. Small models often leave the tags out
+and answer with the call's JSON alone: an answer that is nothing but such calls (one or more objects naming
+a known function with object arguments, perhaps in a ```json fence) is taken as calls too, as llama.cpp's
+Hermes 2 Pro parser took a bare `{"name": ...}` (common/chat.cpp, before its PEG parsers). This is the
+format of Qwen2.5, Qwen3, Hermes 2/3 and the models trained on them (llama.cpp: common/chat.cpp's Hermes 2
+Pro handler); other families' formats (Llama 3.1 JSON calls, Mistral [TOOL_CALLS], ...) are not parsed.
 """
 
 from __future__ import annotations
@@ -145,30 +148,75 @@ def new_call(name: str, arguments: Any) -> dict:
     }
 
 
+def _call(obj: Any, names: list[str]) -> dict | None:
+    """A parsed block's call: a known function's name with object arguments, else None."""
+    ok = isinstance(obj, dict) and obj.get("name") in names and isinstance(obj.get("arguments", {}), dict)
+    return new_call(obj["name"], obj.get("arguments", {})) if ok else None
+
+
+_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
+
+
+def _bare_calls(text: str, names: list[str]) -> list[dict]:
+    """The calls of an answer that is nothing but calls' JSON objects without tags (perhaps fenced), or []."""
+    body = text.strip()
+    fenced = _FENCE.match(body)
+    body = fenced.group(1) if fenced else body
+    calls, pos, dec = [], 0, json.JSONDecoder()
+    while pos < len(body):
+        try:
+            obj, pos = dec.raw_decode(body, pos)
+        except ValueError:
+            return []
+        call = _call(obj, names)
+        if call is None:
+            return []
+        calls.append(call)
+        while pos < len(body) and body[pos] in " \t\r\n":
+            pos += 1
+    return calls
+
+
 def split(text: str, names: list[str]) -> tuple[str, list[dict]]:
     """An answer's text outside its tool-call blocks, and the calls (to known functions, with object
-    arguments) parsed from them; a block that does not parse stays in the text."""
+    arguments) parsed from them; a block that does not parse stays in the text. Without blocks, an answer
+    that is only calls' JSON (see the module's note) is those calls."""
     calls: list[dict] = []
     kept: list[str] = []
     pos = 0
     for m in _BLOCK.finditer(text):
         try:
-            obj = json.loads(m.group(1))
+            call = _call(json.loads(m.group(1)), names)
         except ValueError:
             continue
-        ok = isinstance(obj, dict) and obj.get("name") in names
-        if not (ok and isinstance(obj.get("arguments", {}), dict)):
+        if call is None:
             continue
         kept.append(text[pos : m.start()])
         pos = m.end()
-        calls.append(new_call(obj["name"], obj.get("arguments", {})))
+        calls.append(call)
     kept.append(text[pos:])
+    if not calls and OPEN not in text:
+        bare = _bare_calls(text, names)
+        if bare:
+            return "", bare
     return "".join(kept).strip() if calls else text, calls
+
+
+def _bare_start(head: str) -> bool | None:
+    """Whether an answer beginning `head` (blanks stripped) is bare JSON (an object, or a ```json or ```
+    fence around one), or None while too little has come to tell."""
+    fence = head[3:].lstrip() if head.startswith("```") else None
+    if head.startswith("{") or (fence is not None and fence.removeprefix("json").lstrip().startswith("{")):
+        return True
+    if not head or "```json".startswith(head) or (fence is not None and "json".startswith(fence.rstrip())):
+        return None
+    return False
 
 
 class StreamSplitter:
     """Streams an answer's plain text as it comes and holds back anything that may be a tool call
-    (from `<tool_call>` on, or a tail that could begin it); `finish()` parses what was held."""
+    (from `<tool_call>` on, or a tail that could begin it, or an answer that begins as bare JSON: `{` or a
+    fence); `finish()` parses what was held."""
 
     def __init__(self, names: list[str]):
         self.names = names
@@ -180,6 +228,11 @@ class StreamSplitter:
         self.buf += text
         if self.in_call:
             return ""
+        if self.sent == 0:  # the answer's start: bare JSON is held to the end
+            bare = _bare_start(self.buf.lstrip())
+            if bare is not False:
+                self.in_call = bare is True
+                return ""
         at = self.buf.find(OPEN, self.sent)
         if at >= 0:
             self.in_call = True

@@ -693,6 +693,52 @@ def test_the_official_ollama_client_works_unchanged(server):
     assert oai["choices"][0]["message"]["content"] == chat.message.content
 
 
+def test_ollama_chat_reads_tools_tool_calls_and_tool_messages():
+    from edgellm import ollama_api as ol
+    from edgellm import openai_api as oa
+
+    fn = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    msgs = [
+        {"role": "user", "content": "x"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}],
+        },
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "f", "arguments": '{"b": 2}'}}],
+        },
+        {"role": "tool", "content": "42", "tool_name": "f"},
+    ]
+    q = ol.parse_chat({"messages": msgs, "tools": [fn]}, 512)
+    assert q["tools"].names == ["f"] and q["tools"].choice == "auto"
+    assert [m.get("tool_calls", [{}])[0].get("function") for m in q["messages"][1:3]] == [
+        {"name": "f", "arguments": {"a": 1}},
+        {"name": "f", "arguments": {"b": 2}},
+    ]
+    assert q["messages"][3] == {"role": "tool", "content": "42", "name": "f"}
+    assert ol.parse_chat({"messages": msgs[:1]}, 512)["tools"] is None
+    calls = [{"function": {"name": "f", "arguments": '{"c": [1]}'}}]
+    assert ol.answer_tool_calls(calls) == [{"function": {"index": 0, "name": "f", "arguments": {"c": [1]}}}]
+    bad = [
+        ({"messages": msgs[:1], "tools": [{"type": "x"}]}, "tools"),
+        ({"messages": msgs[:1], "tools": [fn], "tool_choice": "required"}, "tool_choice"),
+        ({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"function": {}}]}]}, "messages"),
+    ] + [
+        ({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": a}}]}]},
+         "messages") for a in ("{", "[1]")
+    ] + [({"messages": [{"role": "tool", "content": "1", "tool_name": 3}]}, "messages")]  # fmt: skip
+    for body, param in bad:
+        with pytest.raises(oa.APIError) as e:
+            ol.parse_chat(body, 512)
+        assert e.value.param == param, body
+    with pytest.raises(oa.APIError) as e:
+        ol.parse_generate({"prompt": "x", "tools": [fn]}, 512)
+    assert e.value.param == "tools"
+
+
 def test_ollama_routes_refuse_what_they_cannot_honour_by_name(server):
     url = server.url
     assert httpx.get(url + "/api/version").json()["version"]
@@ -700,6 +746,9 @@ def test_ollama_routes_refuse_what_they_cannot_honour_by_name(server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "format"
     r = httpx.post(url + "/api/generate", json={"prompt": "x", "options": {"mirostat": 2}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "options.mirostat"
+    tools_ = [{"type": "function", "function": {"name": "f"}}]
+    r = httpx.post(url + "/api/chat", json={"messages": [{"role": "user", "content": "x"}], "tools": tools_})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools"  # SmolLM2's template has none
     r = httpx.post(url + "/api/chat", json={"model": "llama3:8b", "messages": []})
     assert r.status_code == 404 and r.json()["error"]["message"].startswith("model 'llama3:8b' not found (")
     r = httpx.post(url + "/api/pull", json={"model": "llama3:8b"})
@@ -1176,6 +1225,37 @@ def test_tool_calls_with_the_openai_client_on_qwen(qwen_server):
         model="m", messages=follow, tools=[WEATHER], max_tokens=30, temperature=0
     )
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls") and r.usage.prompt_tokens > 100
+
+
+def test_auto_tool_calls_on_qwen_openai_and_ollama(qwen_server):
+    """tool_choice auto (Ollama's chat has no other): the model's call, which Qwen2.5-Coder-0.5B writes as
+    bare JSON without the <tool_call> tags, comes back as tool calls on both APIs, whole and streamed;
+    Ollama's assistant tool_calls and tool messages go back through the template."""
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    r = _post(qwen_server, "/v1/chat/completions", {"messages": msgs, "tools": [WEATHER], "max_tokens": 60,
+                                                     "temperature": 0}).json()  # fmt: skip
+    c = r["choices"][0]
+    assert c["finish_reason"] == "tool_calls" and c["message"]["content"] is None, r
+    assert c["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    body = {
+        "model": "",
+        "messages": msgs,
+        "tools": [WEATHER],
+        "options": {"temperature": 0, "num_predict": 60},
+    }
+    whole = _post(qwen_server, "/api/chat", dict(body, stream=False)).json()
+    [call] = whole["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and set(call["function"]["arguments"]) == {"city"}
+    assert whole["message"]["content"] == "" and whole["done"] and whole["done_reason"] == "stop"
+    lines = [json.loads(x) for x in _post(qwen_server, "/api/chat", body).text.splitlines()]
+    streamed = [x["message"]["tool_calls"] for x in lines if x["message"].get("tool_calls")]
+    assert streamed == [[call]] and lines[-1]["done"] and not any(x["message"]["content"] for x in lines)
+    follow = msgs + [
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": '{"temp_c": 18}', "tool_name": "get_weather"},
+    ]
+    r = _post(qwen_server, "/api/chat", dict(body, messages=follow, stream=False)).json()
+    assert r["done"] and r["prompt_eval_count"] > whole["prompt_eval_count"] + 20, r
 
 
 def test_prompt_lookup_speculation_reports_its_guesses(qwen_server):

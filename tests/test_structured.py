@@ -180,6 +180,32 @@ def test_tool_call_blocks_are_split_from_text_and_streamed_safely():
     assert plain.push("a <to") == "a " and plain.push("ast> c") == "<toast> c"  # a held tail, not a call
 
 
+def test_bare_json_calls_without_tags_are_calls_and_are_held_back_when_streamed():
+    names = ["get_weather"]
+    call = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+    for text in (call, f"  {call}\n", f"```json\n{call}\n```", f"```\n{call}```", f"{call}\n{call}"):
+        content, calls = tools.split(text, names)
+        assert content == "" and calls and all(c["function"]["name"] == "get_weather" for c in calls), text
+    assert len(tools.split(f"{call}\n{call}", names)[1]) == 2
+    for text in (
+        f"Here: {call}",  # text around it: an answer that quotes JSON
+        f"{call} and more",
+        '{"name": "rm_rf", "arguments": {}}',  # not a tool of the request
+        '{"name": "get_weather", "arguments": "Oslo"}',
+        '{"name": "get_weather", "arguments": {}',
+        "```python\nprint(1)\n```",
+    ):
+        assert tools.split(text, names) == (text, []), text
+    s = tools.StreamSplitter(names)
+    assert [s.push(p) for p in ["\n", "```", "json\n", call[:9], call[9:], "\n```"]] == [""] * 6
+    assert s.finish()[0] == "" and len(s.finish()[1]) == 1
+    code = tools.StreamSplitter(names)
+    assert code.push("```") == "" and code.push("py") == "```py" and code.push("thon") == "thon"
+    quoted = tools.StreamSplitter(names)  # bare-looking but not a call: all of it comes out at the end
+    assert quoted.push('{"a": ') == "" and quoted.push("1}") == ""
+    assert quoted.finish() == ('{"a": 1}', [])
+
+
 def test_a_forced_tool_call_on_qwen_parses(qwen_coder_path):
     """Qwen2.5-Coder-0.5B's template renders the tools; tool_choice required constrains the answer to a
     <tool_call> whose arguments match the function's schema."""
