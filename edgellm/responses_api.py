@@ -1,4 +1,4 @@
-"""OpenAI's Responses API (`POST /v1/responses`) for plain text turns, over the chat pipeline.
+"""OpenAI's Responses API (`POST /v1/responses`) for text turns and function tools, over the chat pipeline.
 
 Mirrors the OpenAI API reference for /v1/responses (the request's `input` and `instructions`, the Response
 object, its streaming events in order: response.created, response.in_progress, output_item.added,
@@ -7,7 +7,11 @@ response.completed). `input` is a string or a list of messages whose content is 
 output_text parts); `developer` is the system role. Responses are kept in memory (the last
 MAX_STORED, unless `store` is false) so `previous_response_id` continues a conversation and
 `GET /v1/responses/{id}` returns one. `text.format` (json_schema, json_object) constrains the output.
-Anything else a client may ask (tools, reasoning, images, files, background runs) is refused by name.
+Function tools (`tools` of type function, `tool_choice`, `parallel_tool_calls`) go through tools.py as on
+chat completions: the model's calls come back as `function_call` output items (streamed as
+response.function_call_arguments.delta / .done), and `function_call` / `function_call_output` input items
+carry them and their results into the next turn. Anything else a client may ask (built-in tools,
+reasoning, images, files, background runs) is refused by name.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import time
 from typing import Any
 
 from edgellm import openai_api as oa
+from edgellm import tools as tl
 
 MAX_STORED = 1024
 
@@ -40,9 +45,17 @@ def _text_of(content: Any, where: str) -> str:
     return "".join(out)
 
 
-def input_messages(body: dict) -> list[dict[str, str]]:
-    """`instructions` and `input` as chat messages."""
-    msgs: list[dict[str, str]] = []
+def _string(item: dict, key: str, where: str) -> str:
+    v = item.get(key)
+    if not isinstance(v, str) or not v:
+        raise oa.bad("input", f"{where}.{key} must be a non-empty string")
+    return v
+
+
+def input_messages(body: dict) -> list[dict[str, Any]]:
+    """`input` as chat messages: function_call items as an assistant's tool_calls (consecutive ones in one
+    message), function_call_output items as tool messages."""
+    msgs: list[dict[str, Any]] = []
     x = body.get("input")
     if isinstance(x, str):
         msgs.append({"role": "user", "content": x})
@@ -51,6 +64,23 @@ def input_messages(body: dict) -> list[dict[str, str]]:
             if not isinstance(item, dict):
                 raise oa.bad("input", f"input[{i}] must be an object")
             kind = item.get("type", "message")
+            if kind == "function_call":
+                call = {"id": _string(item, "call_id", f"input[{i}]"), "type": "function",
+                        "function": {"name": _string(item, "name", f"input[{i}]"),
+                                     "arguments": item.get("arguments", "{}")}}  # fmt: skip
+                if not isinstance(call["function"]["arguments"], str):
+                    raise oa.bad("input", f"input[{i}].arguments must be a string (JSON)")
+                if msgs and msgs[-1]["role"] == "assistant" and msgs[-1].get("tool_calls"):
+                    msgs[-1]["tool_calls"].append(call)
+                else:
+                    msgs.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                continue
+            if kind == "function_call_output":
+                out = item.get("output")
+                text = out if isinstance(out, str) else _text_of(out, f"input[{i}].output")
+                msgs.append({"role": "tool", "tool_call_id": _string(item, "call_id", f"input[{i}]"),
+                             "content": text})  # fmt: skip
+                continue
             if kind != "message":
                 raise oa.bad(
                     "input", f"input[{i}]: {kind!r} items are not supported", code="unsupported_parameter"
@@ -65,13 +95,32 @@ def input_messages(body: dict) -> list[dict[str, str]]:
     return msgs
 
 
+def parse_tools(body: dict) -> tl.ToolRequest | None:
+    """The Responses API's function tools ({type: function, name, description?, parameters?, strict?},
+    flat) and tool_choice ({type: function, name} for a named one) as tools.py's request."""
+    raw = body.get("tools")
+    choice = body.get("tool_choice", "auto")
+    if isinstance(raw, list):
+        for i, t in enumerate(raw):
+            kind = t.get("type") if isinstance(t, dict) else None
+            if kind != "function":
+                raise oa.bad("tools", f"tools[{i}]: {kind!r} tools are not supported (only function tools)",
+                             code="unsupported_parameter")  # fmt: skip
+        raw = [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters")
+                                                 if t.get(k) is not None}} for t in raw]  # fmt: skip
+    if isinstance(choice, dict):
+        if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
+            raise oa.bad("tool_choice", "must be auto, none, required or {'type': 'function', 'name': ...}")
+        choice = {"type": "function", "function": {"name": choice["name"]}}
+    return tl.parse({"tools": raw, "tool_choice": choice,
+                     "parallel_tool_calls": body.get("parallel_tool_calls", True)})  # fmt: skip
+
+
 def parse(body: Any, lim: oa.Limits) -> tuple[oa.GenerationParams, list[dict], dict[str, Any]]:
     """(params, the turn's new messages, the fields echoed back in the Response)."""
     if not isinstance(body, dict):
         raise oa.bad("", "the request body must be a JSON object")
     ref = oa._refuse_if_set
-    ref(body, "tools", lambda v: v == [], "tools are not supported")
-    ref(body, "tool_choice", lambda v: v in ("auto", "none"), "tools are not supported")
     ref(body, "reasoning", lambda v: v == {}, "reasoning options are not supported")
     ref(body, "include", lambda v: v == [], "include is not supported")
     ref(body, "background", lambda v: v is False, "background responses are not supported")
@@ -97,14 +146,24 @@ def parse(body: Any, lim: oa.Limits) -> tuple[oa.GenerationParams, list[dict], d
     fields = {k: body[k] for k in ("n", "logprobs", "echo", "suffix", "stop", "max_tokens") if k in body}
     if fields:
         raise oa.bad(next(iter(fields)), "is not a /v1/responses field", code="unsupported_parameter")
-    p = oa._common(dict(body, stream_options=None), lim, ("max_output_tokens",), logprobs="chat")
+    p = oa._common(
+        dict(body, stream_options=None, tools=None, parallel_tool_calls=None),
+        lim,
+        ("max_output_tokens",),
+        logprobs="chat",
+    )
     if grammar is not None:
         p.grammar, p.grammar_field = grammar, "text.format"
+    p.tools = parse_tools(body)
+    if p.tools is not None and p.tools.forced and p.grammar is not None:
+        raise oa.bad("tool_choice", "a forced tool call cannot be combined with text.format")
     msgs = input_messages(body)
     echo = {
         "instructions": instructions, "max_output_tokens": p.max_tokens, "previous_response_id": prev,
         "temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0), "store": store,
         "metadata": metadata, "text": {"format": fmt or {"type": "text"}},
+        "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice") or "auto",
+        "parallel_tool_calls": p.tools.parallel if p.tools is not None else True,
     }  # fmt: skip
     return p, msgs, echo
 
@@ -141,15 +200,20 @@ def response(
     text: str | None,
     finish: str | None,
     usage: tuple[int, int, int] = (0, 0, 0),
+    calls: list[dict] | None = None,
+    message: bool | None = None,
 ) -> dict[str, Any]:
-    """A Response object: in progress (text None) or finished (finish "stop" / "length")."""
+    """A Response object: in progress (text None) or finished (finish "stop" / "length"), its output the
+    answer's message (`message`; by default unless the answer is only tool calls) and a function_call item
+    per call (tools.new_call's)."""
     done = text is not None
     status = "in_progress" if not done else ("incomplete" if finish == "length" else "completed")
     output = []
-    if done:
+    if done and (message if message is not None else (text or not calls)):
         part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
         output = [{"type": "message", "id": msg_id, "status": "completed", "role": "assistant",
                    "content": [part]}]  # fmt: skip
+    output += [function_call_item(c) for c in calls or []]
     n_in, n_out, cached = usage
     return {
         "id": rid, "object": "response", "created_at": created, "status": status,
@@ -161,6 +225,13 @@ def response(
                   "total_tokens": n_in + n_out} if done else None,
         **echo,
     }  # fmt: skip
+
+
+def function_call_item(call: dict, status: str = "completed") -> dict[str, Any]:
+    """A call (tools.new_call's) as the Responses API's function_call output item."""
+    fn = call["function"]
+    return {"type": "function_call", "id": "fc_" + call["id"].removeprefix("call_"), "call_id": call["id"],
+            "name": fn["name"], "arguments": fn["arguments"], "status": status}  # fmt: skip
 
 
 def now() -> int:

@@ -718,8 +718,9 @@ class _Timings:
 
 
 async def _responses(state: State, request: Request):
-    """POST /v1/responses: a text turn through the chat template, whole or as the Responses API's
-    named server-sent events; a stored response's conversation continues with previous_response_id."""
+    """POST /v1/responses: a turn through the chat template, whole or as the Responses API's named
+    server-sent events; a stored response's conversation continues with previous_response_id. With
+    function tools the model's calls come back as function_call items after any text."""
     engine = state.ready()
     llm = state.llm
     body = await _json(request, state.config.max_body)
@@ -729,15 +730,20 @@ async def _responses(state: State, request: Request):
     convo = [*history, *msgs]  # instructions are not carried over to the next turn (as OpenAI's)
     p.prompts = [[*system, *convo]]
     [ids] = await run_in_threadpool(_prompt_ids, llm, p, True, state.config.special_in_messages)
-    grammar = await _compile(engine, p.grammar, p.grammar_field)
+    forced = tools.grammar(p.tools) if p.tools is not None else None
+    grammar = await _compile(engine, forced or p.grammar, "tool_choice" if forced else p.grammar_field)
     streams = _submit(engine, [GenRequest(ids, _params(llm, p), p.max_tokens, tuple(p.stop), None, grammar)])
     rid, mid, created = oa.new_id("resp", "_"), oa.new_id("msg", "_"), ra.now()
     usage = request.state.edgellm_usage = [0, 0, 0]
+    names = p.tools.names if p.tools is not None and p.tools.active else None  # parse the model's calls
 
-    def finished(text: str, finish: str) -> dict:
-        r = ra.response(rid, mid, state.model_id, created, echo, text, finish, tuple(usage))  # type: ignore[arg-type]
+    def finished(text: str, finish: str, calls: list[dict], message: bool | None = None) -> dict:
+        r = ra.response(rid, mid, state.model_id, created, echo, text, finish, tuple(usage), calls, message)  # type: ignore[arg-type]
         if echo["store"]:
-            state.responses.put(r, [*convo, {"role": "assistant", "content": text}])
+            said: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
+            if calls:
+                said["tool_calls"] = calls
+            state.responses.put(r, [*convo, said])
         return r
 
     if not p.stream:
@@ -748,7 +754,8 @@ async def _responses(state: State, request: Request):
                 finish = ev.finish_reason or finish
         finally:
             _cancel_all(streams)
-        return finished("".join(texts), finish)
+        text, calls = tools.split("".join(texts), names) if names else ("".join(texts), [])
+        return finished(text, finish, calls)
 
     async def events() -> AsyncIterator[str]:
         seq = 0
@@ -764,22 +771,54 @@ async def _responses(state: State, request: Request):
         started = ra.response(rid, mid, state.model_id, created, echo, None, None)
         item = {"type": "message", "id": mid, "status": "in_progress", "role": "assistant", "content": []}
         empty = {"type": "output_text", "text": "", "annotations": []}
+        splitter = tools.StreamSplitter(names) if names else None  # holds back what may be a call
+        opened = False  # the message item (with tools: only once there is text, as an answer may be calls)
+
+        def open_message() -> list[str]:
+            nonlocal opened
+            opened = True
+            return [
+                event("response.output_item.added", output_index=0, item=item),
+                event("response.content_part.added", **at, part=empty),
+            ]
+
         try:
             yield event("response.created", response=started)
             yield event("response.in_progress", response=started)
-            yield event("response.output_item.added", output_index=0, item=item)
-            yield event("response.content_part.added", **at, part=empty)
-            texts, finish = [], "stop"
+            if splitter is None:
+                for e in open_message():
+                    yield e
+            shown, finish = [], "stop"  # the text deltas sent
             async for ev in _one_stream(streams, usage):
-                if ev.text:
-                    texts.append(ev.text)
-                    yield event("response.output_text.delta", **at, delta=ev.text, logprobs=[])
+                delta = splitter.push(ev.text) if splitter is not None and ev.text else ev.text
+                if delta:
+                    for e in [] if opened else open_message():
+                        yield e
+                    shown.append(delta)
+                    yield event("response.output_text.delta", **at, delta=delta, logprobs=[])
                 finish = ev.finish_reason or finish
-            r = finished("".join(texts), finish)
-            out = r["output"][0]
-            yield event("response.output_text.done", **at, text=out["content"][0]["text"], logprobs=[])
-            yield event("response.content_part.done", **at, part=out["content"][0])
-            yield event("response.output_item.done", output_index=0, item=out)
+            rest, calls = splitter.finish() if splitter is not None else ("", [])
+            if rest:
+                for e in [] if opened else open_message():
+                    yield e
+                shown.append(rest)
+                yield event("response.output_text.delta", **at, delta=rest, logprobs=[])
+            r = finished("".join(shown), finish, calls, opened)
+            if opened:
+                out = r["output"][0]
+                yield event("response.output_text.done", **at, text=out["content"][0]["text"], logprobs=[])
+                yield event("response.content_part.done", **at, part=out["content"][0])
+                yield event("response.output_item.done", output_index=0, item=out)
+            for k, fc in enumerate(r["output"][1 if opened else 0 :], start=1 if opened else 0):
+                at_fc = {"item_id": fc["id"], "output_index": k}
+                yield event(
+                    "response.output_item.added",
+                    output_index=k,
+                    item={**fc, "arguments": "", "status": "in_progress"},
+                )
+                yield event("response.function_call_arguments.delta", **at_fc, delta=fc["arguments"])
+                yield event("response.function_call_arguments.done", **at_fc, arguments=fc["arguments"])
+                yield event("response.output_item.done", output_index=k, item=fc)
             yield event(
                 "response.completed" if r["status"] == "completed" else "response.incomplete", response=r
             )

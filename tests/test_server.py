@@ -1067,6 +1067,7 @@ def test_the_responses_api_with_the_openai_client(server):
     )
     assert set(kinds[4:-4]) == {"response.output_text.delta"}
     refusals = [({"tools": [{"type": "web_search"}]}, "tools"),
+                ({"tools": [{"type": "function", "name": "f"}]}, "tools"),  # SmolLM2's template has none
                 ({"reasoning": {"effort": "low"}}, "reasoning"),
                 ({"input": [{"type": "function_call_output", "output": "x"}]}, "input"),
                 ({"previous_response_id": "resp_nope"}, "previous_response_id")]  # fmt: skip
@@ -1256,6 +1257,50 @@ def test_auto_tool_calls_on_qwen_openai_and_ollama(qwen_server):
     ]
     r = _post(qwen_server, "/api/chat", dict(body, messages=follow, stream=False)).json()
     assert r["done"] and r["prompt_eval_count"] > whole["prompt_eval_count"] + 20, r
+
+
+def test_function_tools_on_the_responses_api_on_qwen(qwen_server):
+    """client.responses with function tools: the call as a function_call item (auto and a named
+    tool_choice, whole and streamed as its events), its output sent back by previous_response_id or as
+    input items, and what cannot be honoured refused by name."""
+    client = _client(qwen_server)
+    fn = {"type": "function", **WEATHER["function"]}
+    q = "What is the weather in Paris?"
+    r = client.responses.create(model="m", input=q, tools=[fn], temperature=0, max_output_tokens=60)
+    [call] = r.output
+    assert r.status == "completed" and call.type == "function_call" and call.name == "get_weather", r
+    assert call.call_id.startswith("call_") and set(json.loads(call.arguments)) == {"city"}
+    assert r.tools[0].name == "get_weather" and r.tool_choice == "auto"
+    named = client.responses.create(model="m", input=q, tools=[fn], temperature=0, max_output_tokens=60,
+                                    tool_choice={"type": "function", "name": "get_weather"})  # fmt: skip
+    assert [o.type for o in named.output] == ["function_call"]
+    with client.responses.stream(model="m", input=q, tools=[fn], temperature=0, max_output_tokens=60) as st:
+        kinds = [ev.type for ev in st]
+        final = st.get_final_response()
+    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.function_call_arguments.delta", "response.function_call_arguments.done",
+                     "response.output_item.done", "response.completed"]  # fmt: skip
+    assert final.output[0].arguments == call.arguments
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": '{"temp_c": 18}'}
+    follow = client.responses.create(model="m", previous_response_id=r.id, input=[result], tools=[fn],
+                                     temperature=0, max_output_tokens=8)  # fmt: skip
+    said = {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments}
+    items = [{"role": "user", "content": q}, said, result]
+    same = client.responses.create(model="m", input=items, tools=[fn], temperature=0, max_output_tokens=8)
+    assert follow.usage.input_tokens == same.usage.input_tokens > r.usage.input_tokens + 20
+    refusals = [
+        ({"tools": [fn, {"type": "file_search"}]}, "tools"),
+        ({"tools": [fn], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
+        (
+            {"tools": [fn], "tool_choice": "required", "text": {"format": {"type": "json_object"}}},
+            "tool_choice",
+        ),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"input": [{"type": "function_call", "name": "get_weather"}]}, "input"),
+    ]
+    for bad, name in refusals:
+        got = _post(qwen_server, "/v1/responses", {"model": "m", "input": "hi", **bad})
+        assert got.status_code == 400 and got.json()["error"]["param"] == name, got.text
 
 
 def test_prompt_lookup_speculation_reports_its_guesses(qwen_server):
