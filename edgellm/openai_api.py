@@ -103,7 +103,8 @@ def _refuse_if_set(body: dict, name: str, ok: Callable[[Any], bool], why: str) -
 # ---------------------------------------------------------------------------------------------- requests
 
 
-# (field, "this value is the same as not sending it", why) for llama-server request fields not honoured
+# (field, "this value is the same as not sending it", why) for llama-server's and vLLM's request fields not
+# honoured
 LLAMA_SERVER_UNSUPPORTED: list[tuple[str, Callable[[Any], bool], str]] = [
     ("mirostat", lambda v: v == 0, "mirostat sampling is not supported"),
     ("dynatemp_range", lambda v: v == 0, "dynamic temperature is not supported"),
@@ -128,6 +129,24 @@ LLAMA_SERVER_UNSUPPORTED: list[tuple[str, Callable[[Any], bool], str]] = [
     ("preserved_tokens", lambda v: v == [], "preserved_tokens is not supported"),
     ("lora", lambda v: v == [], "LoRA adapters are not supported"),
     ("image_data", lambda v: v == [], "images are not supported"),
+    # vLLM's sampling extras
+    ("use_beam_search", lambda v: v is False, "beam search is not supported"),
+    ("length_penalty", lambda v: v == 1, "length_penalty (beam search) is not supported"),
+    ("min_tokens", lambda v: v == 0, "min_tokens is not supported"),
+    (
+        "repetition_penalty",
+        lambda v: v == 1,
+        "vLLM's repetition_penalty is not supported: use repeat_penalty "
+        "(llama.cpp's, over the last repeat_last_n tokens)",
+    ),
+    ("skip_special_tokens", lambda v: v is True, "special tokens are always left out of the text"),
+    ("spaces_between_special_tokens", lambda v: v is True, "spaces_between_special_tokens is not supported"),
+    ("include_stop_str_in_output", lambda v: v is False, "the stop string is never part of the output"),
+    ("prompt_logprobs", lambda v: v == 0, "prompt logprobs are not supported"),
+    ("allowed_token_ids", lambda v: False, "allowed_token_ids is not supported"),
+    ("bad_words", lambda v: v == [], "bad_words is not supported"),
+    ("truncate_prompt_tokens", lambda v: False, "truncate_prompt_tokens is not supported"),
+    ("guided_whitespace_pattern", lambda v: False, "guided_whitespace_pattern is not supported"),
 ]
 
 
@@ -299,7 +318,7 @@ def _common(
     _refuse_if_set(body, "best_of", lambda v: v == 1, "best_of is not supported")
     if logprobs != "chat":  # the chat route reads tools (tools.py)
         _refuse_if_set(body, "tools", lambda v: v == [], "tools are only supported on chat completions")
-    # llama-server's own fields that edgellm cannot honour yet: refused by name, never silently ignored
+    # llama-server's and vLLM's fields that edgellm cannot honour yet: refused by name, never silently ignored
     for name, default_ok, what in LLAMA_SERVER_UNSUPPORTED:
         _refuse_if_set(body, name, default_ok, what)
     _refuse_if_set(body, "functions", lambda v: v == [], "functions are not supported")
@@ -364,9 +383,41 @@ def constraint(body: dict) -> tuple[Any, str]:
         if not isinstance(js, dict):
             raise bad("json_schema", "must be a JSON schema object")
         found.append((Grammar("json_schema", js), "json_schema"))
+    found += _vllm_constraints(body)
     if len(found) > 1:
         raise bad(found[1][1], f"cannot be combined with {found[0][1]}: give one constraint")
     return found[0] if found else (None, "")
+
+
+# vLLM's structured-output fields: guided_* (the older names) and structured_outputs {json, regex, choice,
+# grammar, json_object}; the grammar is GBNF or Lark (structured.py converts either)
+_VLLM_KINDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "gbnf"}
+
+
+def _vllm_constraints(body: dict) -> list[tuple[Any, str]]:
+    from edgellm.structured import Grammar
+
+    found: list[tuple[Any, str]] = []
+    for key, kind in _VLLM_KINDS.items():
+        v = body.get(f"guided_{key}")
+        if v is not None:
+            found.append((Grammar(kind, v), f"guided_{key}"))
+    so = body.get("structured_outputs")
+    if so is not None:
+        if not isinstance(so, dict):
+            raise bad("structured_outputs", "must be an object")
+        for key, v in so.items():
+            if v is None or (key == "json_object" and v is False):
+                continue
+            if key == "json_object":
+                found.append((Grammar("json_object"), "structured_outputs"))
+            elif key in _VLLM_KINDS:
+                found.append((Grammar(_VLLM_KINDS[key], v), "structured_outputs"))
+            elif key not in ("disable_fallback", "disable_any_whitespace", "disable_additional_properties"):
+                raise bad("structured_outputs", f"{key} is not supported", code="unsupported_parameter")
+    if body.get("guided_json_object"):
+        found.append((Grammar("json_object"), "guided_json_object"))
+    return found
 
 
 def _logprobs(body: dict, style: str) -> int | None:

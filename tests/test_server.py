@@ -556,6 +556,44 @@ def test_openai_chat_fields_for_what_a_local_text_model_cannot_give_are_refused_
     oa.parse_chat({"messages": msgs, field: off}, lim)  # the value that asks for nothing is accepted
 
 
+def test_vllms_structured_output_fields_are_constraints_and_its_other_extras_are_refused():
+    from edgellm import openai_api as oa
+    from edgellm.structured import Grammar
+
+    lim = oa.Limits(n_ctx=512, n_vocab=49152)
+    msgs = [{"role": "user", "content": "hi"}]
+    schema = {"type": "object"}
+    cases = [
+        ({"guided_json": schema}, Grammar("json_schema", schema), "guided_json"),
+        ({"guided_regex": "[0-9]+"}, Grammar("regex", "[0-9]+"), "guided_regex"),
+        ({"guided_choice": ["yes", "no"]}, Grammar("choice", ["yes", "no"]), "guided_choice"),
+        ({"guided_grammar": 'root ::= "x"'}, Grammar("gbnf", 'root ::= "x"'), "guided_grammar"),
+        ({"structured_outputs": {"regex": "a+"}}, Grammar("regex", "a+"), "structured_outputs"),
+        ({"structured_outputs": {"json_object": True}}, Grammar("json_object"), "structured_outputs"),
+    ]
+    for extra, grammar, field in cases:
+        for parse, body in ((oa.parse_chat, {"messages": msgs}), (oa.parse_completion, {"prompt": "hi"})):
+            p = parse({**body, **extra}, lim)
+            assert (p.grammar, p.grammar_field) == (grammar, field), extra
+    refused = [
+        ({"guided_regex": "a", "guided_choice": ["b"]}, "guided_choice"),
+        ({"guided_json": schema, "response_format": {"type": "json_object"}}, "guided_json"),
+        ({"structured_outputs": {"structural_tag": "x"}}, "structured_outputs"),
+        ({"structured_outputs": "x"}, "structured_outputs"),
+        ({"use_beam_search": True}, "use_beam_search"),
+        ({"min_tokens": 3}, "min_tokens"),
+        ({"repetition_penalty": 1.2}, "repetition_penalty"),
+        ({"skip_special_tokens": False}, "skip_special_tokens"),
+        ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
+    ]
+    for extra, field in refused:
+        with pytest.raises(oa.APIError) as e:
+            oa.parse_chat({"messages": msgs, **extra}, lim)
+        assert e.value.status == 400 and e.value.param == field, extra
+    off = {"use_beam_search": False, "min_tokens": 0, "repetition_penalty": 1.0, "skip_special_tokens": True}
+    assert oa.parse_chat({"messages": msgs, **off}, lim).grammar is None
+
+
 def test_chat_template_kwargs_reach_the_template_and_cannot_replace_its_own_variables(smollm2_path):
     from edgellm import openai_api as oa
     from edgellm import server as srv
@@ -1148,6 +1186,8 @@ def test_structured_output_on_every_route(server):
     assert g["content"] in (" yes", " no") and g["tokens_predicted"] <= 3  # " no" may take 3 when sampled
     chat_g = _post(server, "/v1/chat/completions", {"messages": msgs, "grammar": 'root ::= "ok"'}).json()
     assert chat_g["choices"][0]["message"]["content"] == "ok"
+    vllm = _post(server, "/v1/chat/completions", {"messages": msgs, "guided_choice": ["cold", "warm"]}).json()
+    assert vllm["choices"][0]["message"]["content"] in ("cold", "warm")
     name = httpx.get(server.url + "/api/tags").json()["models"][0]["name"]
     ol = _post(server, "/api/chat", {"model": name, "messages": msgs, "format": PERSON, "stream": False,
                                      "options": {"temperature": 0, "num_predict": 60}}).json()  # fmt: skip
