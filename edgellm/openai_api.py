@@ -129,6 +129,7 @@ LLAMA_SERVER_UNSUPPORTED: list[tuple[str, Callable[[Any], bool], str]] = [
     ("preserved_tokens", lambda v: v == [], "preserved_tokens is not supported"),
     ("lora", lambda v: v == [], "LoRA adapters are not supported"),
     ("image_data", lambda v: v == [], "images are not supported"),
+    ("multimodal_data", lambda v: v == [], "images and audio (multimodal_data) are not supported"),
     # vLLM's sampling extras
     ("use_beam_search", lambda v: v is False, "beam search is not supported"),
     ("length_penalty", lambda v: v == 1, "length_penalty (beam search) is not supported"),

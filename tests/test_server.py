@@ -521,6 +521,7 @@ def test_llama_servers_samplers_list_skips_the_steps_it_leaves_out():
         ("n_indent", 4),
         ("t_max_predict_ms", 500),
         ("min_keep", 2),
+        ("multimodal_data", ["aGk="]),
         ("n_probs", 3),
     ],  # n_probs: the OpenAI routes ask with logprobs
 )
@@ -532,7 +533,8 @@ def test_llama_server_fields_edgellm_cannot_honour_are_refused_by_name(field, va
     with pytest.raises(oa.APIError) as e:
         oa.parse_completion(body, lim)
     assert e.value.status == 400 and e.value.param == field
-    oa.parse_completion({"prompt": "hi", field: 0}, lim)  # the value that turns it off is accepted
+    off = [] if isinstance(value, list) else 0
+    oa.parse_completion({"prompt": "hi", field: off}, lim)  # the value that turns it off is accepted
 
 
 @pytest.mark.parametrize(
