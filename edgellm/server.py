@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from edgellm import anthropic_api as an
 from edgellm import llama_api as la
 from edgellm import modelinfo, structured, tools
 from edgellm import ollama_api as ol
@@ -459,6 +460,28 @@ def create_app(state: State) -> FastAPI:
         state.ready()
         return state.responses.get(rid)[0]
 
+    # -- Anthropic's Messages API (anthropic_api.py): its own error shape ----------------------------
+    @app.post("/v1/messages")
+    async def anthropic_messages(request: Request):
+        try:
+            return await _anthropic(state, request)
+        except APIError as e:
+            return JSONResponse(an.error_body(e), status_code=e.status)
+
+    @app.post("/v1/messages/count_tokens")
+    async def anthropic_count_tokens(request: Request):
+        try:
+            state.ready()
+            llm = state.llm
+            body = await _json(request, state.config.max_body)
+            p = oa.parse_chat(
+                an.to_openai(body, count_only=True), oa.Limits(llm.n_ctx, llm.model.config.n_vocab)
+            )
+            [ids] = await run_in_threadpool(_prompt_ids, llm, p, True, state.config.special_in_messages)
+            return {"input_tokens": len(ids)}
+        except APIError as e:
+            return JSONResponse(an.error_body(e), status_code=e.status)
+
     @app.post("/v1/completions")
     async def completions(request: Request):
         return await _generate(state, request, chat=False)
@@ -824,6 +847,108 @@ async def _responses(state: State, request: Request):
             )
         except APIError as e:
             yield event("error", code=e.code, message=e.message, param=e.param)
+        finally:
+            _cancel_all(streams)
+
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+
+async def _anthropic(state: State, request: Request):
+    """POST /v1/messages: the request as a chat turn (anthropic_api.to_openai), the answer as a Message,
+    whole or as Anthropic's stream events; the model's tool calls as tool_use blocks after any text."""
+    engine = state.ready()
+    llm = state.llm
+    body = await _json(request, state.config.max_body)
+    p = oa.parse_chat(an.to_openai(body), oa.Limits(llm.n_ctx, llm.model.config.n_vocab))
+    [ids] = await run_in_threadpool(_prompt_ids, llm, p, True, state.config.special_in_messages)
+    forced = tools.grammar(p.tools) if p.tools is not None else None
+    grammar = await _compile(engine, forced or p.grammar, "tool_choice" if forced else p.grammar_field)
+    streams = _submit(engine, [GenRequest(ids, _params(llm, p), p.max_tokens, tuple(p.stop), None, grammar)])
+    mid = oa.new_id("msg", "_")
+    usage = request.state.edgellm_usage = [0, 0, 0]
+    names = p.tools.names if p.tools is not None and p.tools.active else None  # parse the model's calls
+    eog = llm.tokenizer.eog_ids
+
+    def stop_sequence(finish: str, text: str, tokens: list[int]) -> str | None:
+        """The stop sequence that ended the answer (its text is cut where the sequence began)."""
+        stops = [s for s in p.stop if s]
+        if finish != "stop" or not stops or not tokens or tokens[-1] in eog:
+            return None
+        tail = llm.detokenize(tokens)[len(text) :]
+        return next((s for s in stops if tail.startswith(s)), stops[0])
+
+    if not p.stream:
+        texts, tokens, finish = [], [], "stop"
+        try:
+            async for ev in _one_stream(streams, usage):
+                texts.append(ev.text)
+                tokens += [ev.token] if ev.token is not None else []
+                finish = ev.finish_reason or finish
+        finally:
+            _cancel_all(streams)
+        raw = "".join(texts)
+        text, calls = tools.split(raw, names) if names else (raw, [])
+        content = ([{"type": "text", "text": text}] if text or not calls else []) + [
+            an.tool_use_block(c) for c in calls
+        ]
+        seq = stop_sequence(finish, raw, tokens)
+        return an.message(mid, state.model_id, content, an.stop_reason(finish, calls, seq), seq, tuple(usage))  # type: ignore[arg-type]
+
+    def event(kind: str, **data: Any) -> str:
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
+
+    async def events() -> AsyncIterator[str]:
+        splitter = tools.StreamSplitter(names) if names else None  # holds back what may be a call
+        blocks = 0  # content blocks opened
+        text_open = False
+        try:
+            start = an.message(mid, state.model_id, [], None, None, (len(ids), 0, 0))
+            yield event("message_start", message=start)
+            yield event("ping")
+            shown, tokens, finish = [], [], "stop"
+
+            def text_block() -> list[str]:
+                nonlocal blocks, text_open
+                text_open, blocks = True, blocks + 1
+                return [event("content_block_start", index=0, content_block={"type": "text", "text": ""})]
+
+            async for ev in _one_stream(streams, usage):
+                tokens += [ev.token] if ev.token is not None else []
+                delta = splitter.push(ev.text) if splitter is not None and ev.text else ev.text
+                if delta:
+                    for e in [] if text_open else text_block():
+                        yield e
+                    shown.append(delta)
+                    yield event("content_block_delta", index=0, delta={"type": "text_delta", "text": delta})
+                finish = ev.finish_reason or finish
+            rest, calls = splitter.finish() if splitter is not None else ("", [])
+            if rest or (not text_open and not calls):
+                for e in [] if text_open else text_block():
+                    yield e
+                if rest:
+                    shown.append(rest)
+                    yield event("content_block_delta", index=0, delta={"type": "text_delta", "text": rest})
+            if text_open:
+                yield event("content_block_stop", index=0)
+            for c in calls:
+                block = an.tool_use_block(c)
+                yield event("content_block_start", index=blocks, content_block={**block, "input": {}})
+                partial = json.dumps(block["input"], ensure_ascii=False)
+                yield event(
+                    "content_block_delta",
+                    index=blocks,
+                    delta={"type": "input_json_delta", "partial_json": partial},
+                )
+                yield event("content_block_stop", index=blocks)
+                blocks += 1
+            seq = stop_sequence(finish, "".join(shown), tokens) if not calls else None
+            reason = an.stop_reason(finish, calls, seq)
+            yield event("message_delta", delta={"stop_reason": reason, "stop_sequence": seq},
+                        usage={"output_tokens": usage[1]})  # fmt: skip
+            yield event("message_stop")
+        except APIError as e:
+            yield event("error", error=an.error_body(e)["error"])
         finally:
             _cancel_all(streams)
 

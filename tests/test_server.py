@@ -1116,6 +1116,62 @@ def test_the_responses_api_with_the_openai_client(server):
         assert got.status_code in (400, 404) and got.json()["error"]["param"] == name, got.text
 
 
+def test_the_anthropic_messages_api_with_the_anthropic_client(server):
+    """client.messages: the same answer as the chat route (system as the system turn), a stop sequence
+    named in the answer, a stream's events, count_tokens, and errors in Anthropic's shape naming what
+    cannot be honoured."""
+    anthropic = pytest.importorskip("anthropic")
+    client = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0, timeout=120)
+    q = "What is the capital of France?"
+    ask = {"model": "m", "max_tokens": 12, "system": "Be brief.", "extra_body": {"temperature": 0}}
+    m = client.messages.create(**ask, messages=[{"role": "user", "content": q}])
+    chat = _client(server).chat.completions.create(
+        model="m", max_tokens=12, temperature=0,
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": q}],
+    )  # fmt: skip
+    assert (
+        m.type == "message" and m.role == "assistant" and m.content[0].text == chat.choices[0].message.content
+    )
+    assert m.stop_reason == {"stop": "end_turn", "length": "max_tokens"}[chat.choices[0].finish_reason]
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == chat.usage.prompt_tokens
+    assert m.usage.output_tokens == chat.usage.completion_tokens
+    blocks = [{"type": "text", "text": "What is the capital"}, {"type": "text", "text": " of France?"}]
+    system = [{"type": "text", "text": "Be brief."}]
+    same = client.messages.create(**{**ask, "system": system}, messages=[{"role": "user", "content": blocks}])
+    assert same.content[0].text == m.content[0].text
+    words = m.content[0].text.split()
+    if len(words) > 2:  # a stop sequence the answer holds: cut before it, and named
+        stop = " " + words[2]
+        cut = client.messages.create(
+            **ask, messages=[{"role": "user", "content": q}], stop_sequences=["zzz", stop]
+        )
+        assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == stop
+        assert m.content[0].text.startswith(cut.content[0].text + stop)
+    with client.messages.stream(**ask, messages=[{"role": "user", "content": q}]) as st:
+        kinds = [ev.type for ev in st]
+        final = st.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
+    assert "content_block_start" in kinds and "content_block_stop" in kinds and "text" in kinds
+    assert final.content[0].text == m.content[0].text and final.stop_reason == m.stop_reason
+    counted = client.messages.count_tokens(
+        model="m", system="Be brief.", messages=[{"role": "user", "content": q}]
+    )
+    assert counted.input_tokens == chat.usage.prompt_tokens
+    refusals = [
+        ({"thinking": {"type": "enabled", "budget_tokens": 64}}, "thinking"),
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages"),
+        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools"),
+        ({"tools": [{"name": "f", "input_schema": {"type": "object"}}]}, "tools"),  # SmolLM2's has none
+        ({"max_tokens": None}, "max_tokens"),
+    ]
+    for bad, name in refusals:
+        body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], **bad}
+        got = _post(server, "/v1/messages", {k: v for k, v in body.items() if v is not None})
+        err = got.json()
+        assert got.status_code == 400 and err["type"] == "error", got.text
+        assert err["error"]["type"] == "invalid_request_error" and err["error"]["message"].startswith(name)
+
+
 CURL_ROUTES = [  # (method, path, body): every route the issue lists, as curl sends it
     ("GET", "/health", None), ("GET", "/metrics", None), ("GET", "/props", None), ("GET", "/slots", None),
     ("GET", "/models", None), ("GET", "/v1/models", None), ("GET", "/openapi.json", None), ("GET", "/", None),
@@ -1343,6 +1399,39 @@ def test_function_tools_on_the_responses_api_on_qwen(qwen_server):
     for bad, name in refusals:
         got = _post(qwen_server, "/v1/responses", {"model": "m", "input": "hi", **bad})
         assert got.status_code == 400 and got.json()["error"]["param"] == name, got.text
+
+
+def test_anthropic_tool_use_on_qwen(qwen_server):
+    """Anthropic tools: the model's call as a tool_use block (stop_reason tool_use), whole and streamed as
+    input_json_delta; a named tool_choice; the tool_result sent back (is_error too) reaches the model."""
+    anthropic = pytest.importorskip("anthropic")
+    client = anthropic.Anthropic(base_url=qwen_server.url, api_key="none", max_retries=0, timeout=120)
+    tool = {"name": "get_weather", "description": "Current weather in a city",
+            "input_schema": WEATHER["function"]["parameters"]}  # fmt: skip
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    ask = {"model": "m", "max_tokens": 60, "tools": [tool], "extra_body": {"temperature": 0}}
+    m = client.messages.create(**ask, messages=msgs)
+    [use] = m.content
+    assert m.stop_reason == "tool_use" and use.type == "tool_use" and use.name == "get_weather", m
+    assert use.id.startswith("toolu_") and set(use.input) == {"city"}
+    named = client.messages.create(**ask, messages=msgs, tool_choice={"type": "tool", "name": "get_weather"})
+    assert [b.type for b in named.content] == ["tool_use"]
+    with client.messages.stream(**ask, messages=msgs) as st:
+        final = st.get_final_message()
+    assert final.stop_reason == "tool_use" and final.content[0].input == use.input
+    for is_error in (False, True):
+        result = {
+            "type": "tool_result",
+            "tool_use_id": use.id,
+            "content": '{"temp_c": 18}',
+            "is_error": is_error,
+        }
+        follow = msgs + [
+            {"role": "assistant", "content": [use.model_dump()]},
+            {"role": "user", "content": [result]},
+        ]
+        r = client.messages.create(**{**ask, "max_tokens": 8}, messages=follow)
+        assert r.usage.input_tokens + r.usage.cache_read_input_tokens > m.usage.input_tokens + 20
 
 
 def test_prompt_lookup_speculation_reports_its_guesses(qwen_server):

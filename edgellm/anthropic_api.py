@@ -1,0 +1,191 @@
+"""Anthropic's Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`) over the chat pipeline, as
+llama-server serves it to Anthropic's SDKs and tools.
+
+The request becomes an OpenAI chat body (after ggml-org/llama.cpp tools/server/server-chat.cpp,
+server_chat_convert_anthropic_to_oai): `system` (a string or text blocks) as the system message; content
+blocks `text` joined, an assistant's `tool_use` blocks as its tool_calls, a user's `tool_result` blocks as
+tool messages (after the user's own text); `tools` ({name, description, input_schema}) as function tools
+and `tool_choice` (auto, any, tool, none) as OpenAI's; `stop_sequences` as stop; temperature, top_p,
+top_k. The answer is a Message: a text block (unless the answer is only tool calls), a `tool_use` block
+per call, `stop_reason` end_turn / max_tokens / stop_sequence / tool_use; streamed as Anthropic's events
+(message_start, content_block_start / _delta / _stop per block, message_delta, message_stop). Errors take
+Anthropic's shape ({"type": "error", "error": {"type", "message"}}).
+
+What a local text model cannot give is refused by name: images and documents, extended `thinking`,
+server tools (web search, code execution, ...), `mcp_servers`, `container`. `metadata` and
+`service_tier` change nothing here and are accepted.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from edgellm import openai_api as oa
+from edgellm.openai_api import APIError
+
+# APIError status -> Anthropic's error type
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+               503: "overloaded_error"}  # fmt: skip
+
+
+def error_body(e: APIError) -> dict[str, Any]:
+    where = f"{e.param}: " if e.param and not e.message.startswith(f"{e.param}:") else ""
+    return {
+        "type": "error",
+        "error": {"type": ERROR_TYPES.get(e.status, "api_error"), "message": where + e.message},
+    }
+
+
+def _refuse(body: dict, name: str, ok: Any, why: str) -> None:
+    if body.get(name) is not None and not ok(body[name]):
+        raise oa.bad(name, why, code="unsupported_parameter")
+
+
+def _text(blocks: Any, where: str) -> str:
+    """A string, or text blocks joined; anything else refused by name."""
+    if isinstance(blocks, str):
+        return blocks
+    if not isinstance(blocks, list):
+        raise oa.bad("messages", f"{where} must be a string or a list of content blocks")
+    out = []
+    for j, b in enumerate(blocks):
+        kind = b.get("type") if isinstance(b, dict) else None
+        if kind != "text" or not isinstance(b.get("text"), str):
+            raise oa.bad("messages", f"{where}[{j}]: only text blocks are supported here, got {kind!r}",
+                         code="unsupported_parameter")  # fmt: skip
+        out.append(b["text"])
+    return "".join(out)
+
+
+def _message(i: int, msg: Any) -> list[dict[str, Any]]:
+    """One Anthropic message as chat messages: the role's text and tool calls, then tool results."""
+    if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant"):
+        raise oa.bad("messages", f"messages[{i}] must be an object with role user or assistant")
+    role, content = msg["role"], msg.get("content")
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    if not isinstance(content, list):
+        raise oa.bad("messages", f"messages[{i}].content must be a string or a list of content blocks")
+    texts, calls, results = [], [], []
+    for j, b in enumerate(content):
+        kind = b.get("type") if isinstance(b, dict) else None
+        where = f"messages[{i}].content[{j}]"
+        if kind == "text" and isinstance(b.get("text"), str):
+            texts.append(b["text"])
+        elif kind == "tool_use" and role == "assistant":
+            name, args = b.get("name"), b.get("input", {})
+            if not isinstance(b.get("id"), str) or not isinstance(name, str) or not isinstance(args, dict):
+                raise oa.bad("messages", f"{where}: a tool_use block needs an id, a name and an input object")
+            arguments = json.dumps(args, ensure_ascii=False)
+            calls.append(
+                {"id": b["id"], "type": "function", "function": {"name": name, "arguments": arguments}}
+            )
+        elif kind == "tool_result" and role == "user":
+            if not isinstance(b.get("tool_use_id"), str):
+                raise oa.bad("messages", f"{where}: a tool_result block needs a tool_use_id")
+            out = b.get("content", "")
+            text = "" if out is None else _text(out, f"{where}.content")
+            if b.get("is_error"):  # the model should know the call failed
+                text = f"Error: {text}"
+            results.append({"role": "tool", "tool_call_id": b["tool_use_id"], "content": text})
+        elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+            continue  # an earlier turn's reasoning: not shown again, as chat templates drop it
+        else:
+            raise oa.bad("messages", f"{where}: {kind!r} blocks are not supported",
+                         code="unsupported_parameter")  # fmt: skip
+    said: list[dict[str, Any]] = []
+    if texts or calls or not results:
+        m: dict[str, Any] = {"role": role, "content": "".join(texts) if texts or not calls else None}
+        if calls:
+            m["tool_calls"] = calls
+        said.append(m)
+    return said + results
+
+
+def to_openai(body: Any, count_only: bool = False) -> dict[str, Any]:
+    """An Anthropic Messages request as the OpenAI chat body parse_chat reads (`count_only`: for
+    count_tokens, where max_tokens is not needed)."""
+    if not isinstance(body, dict):
+        raise oa.bad("", "the request body must be a JSON object")
+    _refuse(body, "thinking", lambda v: isinstance(v, dict) and v.get("type") == "disabled",
+            "extended thinking is not supported")  # fmt: skip
+    _refuse(body, "mcp_servers", lambda v: v == [], "MCP servers are not supported")
+    _refuse(body, "container", lambda v: False, "containers (code execution) are not supported")
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise oa.bad("messages", "must be a non-empty list of messages")
+    out: list[dict[str, Any]] = []
+    system = body.get("system")
+    if system is not None:
+        out.append({"role": "system", "content": _text(system, "system")})
+    for i, m in enumerate(msgs):
+        out += _message(i, m)
+    chat: dict[str, Any] = {"messages": out}
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise oa.bad("tools", "must be a list of tools")
+        fns = []
+        for i, t in enumerate(tools):
+            if not isinstance(t, dict) or t.get("type") not in (None, "custom"):
+                kind = t.get("type") if isinstance(t, dict) else None
+                raise oa.bad("tools", f"tools[{i}]: {kind!r} tools are not supported (only custom tools)",
+                             code="unsupported_parameter")  # fmt: skip
+            fn = {"name": t.get("name"), "parameters": t.get("input_schema", {"type": "object"})}
+            if t.get("description") is not None:
+                fn["description"] = t["description"]
+            fns.append({"type": "function", "function": fn})
+        chat["tools"] = fns
+    tc = body.get("tool_choice")
+    if tc is not None:
+        kind = tc.get("type") if isinstance(tc, dict) else None
+        names = {"auto": "auto", "any": "required", "none": "none"}
+        if kind in names:
+            chat["tool_choice"] = names[kind]
+        elif kind == "tool" and isinstance(tc.get("name"), str):
+            chat["tool_choice"] = {"type": "function", "function": {"name": tc["name"]}}
+        else:
+            raise oa.bad(
+                "tool_choice", "must be {'type': 'auto' | 'any' | 'none'} or {'type': 'tool', 'name': ...}"
+            )
+        if tc.get("disable_parallel_tool_use"):
+            chat["parallel_tool_calls"] = False
+    if "stop_sequences" in body:
+        chat["stop"] = body["stop_sequences"]
+    if not count_only:
+        if "max_tokens" not in body:
+            raise oa.bad("max_tokens", "is required")
+        chat["max_tokens"] = body["max_tokens"]
+    for key in ("temperature", "top_p", "top_k", "stream", "chat_template_kwargs"):
+        if key in body:
+            chat[key] = body[key]
+    return chat
+
+
+def tool_use_block(call: dict) -> dict[str, Any]:
+    """A call (tools.new_call's) as a tool_use content block."""
+    fn = call["function"]
+    uid = "toolu_" + call["id"].removeprefix("call_")
+    return {"type": "tool_use", "id": uid, "name": fn["name"], "input": json.loads(fn["arguments"])}
+
+
+def stop_reason(finish: str, calls: list[dict], stop_sequence: str | None) -> str:
+    if calls:
+        return "tool_use"
+    if finish == "length":
+        return "max_tokens"
+    return "stop_sequence" if stop_sequence is not None else "end_turn"
+
+
+def message(mid: str, model: str, content: list[dict], reason: str | None, stop_sequence: str | None,
+            usage: tuple[int, int, int]) -> dict[str, Any]:  # fmt: skip
+    """A Message object (`reason` None while it is still being written)."""
+    n_in, n_out, cached = usage
+    return {
+        "id": mid, "type": "message", "role": "assistant", "model": model, "content": content,
+        "stop_reason": reason, "stop_sequence": stop_sequence,
+        "usage": {"input_tokens": n_in - cached, "cache_creation_input_tokens": 0,
+                  "cache_read_input_tokens": cached, "output_tokens": n_out},
+    }  # fmt: skip
