@@ -104,9 +104,10 @@ def _message(i: int, msg: Any) -> list[dict[str, Any]]:
     return said + results
 
 
-def to_openai(body: Any, count_only: bool = False) -> dict[str, Any]:
+def to_openai(body: Any, n_ctx: int, count_only: bool = False) -> dict[str, Any]:
     """An Anthropic Messages request as the OpenAI chat body parse_chat reads (`count_only`: for
-    count_tokens, where max_tokens is not needed)."""
+    count_tokens, where max_tokens is not needed). max_tokens, which Anthropic's clients must send and
+    often send large, is held to the context: no answer can outgrow it anyway."""
     if not isinstance(body, dict):
         raise oa.bad("", "the request body must be a JSON object")
     _refuse(body, "thinking", lambda v: isinstance(v, dict) and v.get("type") == "disabled",
@@ -157,7 +158,8 @@ def to_openai(body: Any, count_only: bool = False) -> dict[str, Any]:
     if not count_only:
         if "max_tokens" not in body:
             raise oa.bad("max_tokens", "is required")
-        chat["max_tokens"] = body["max_tokens"]
+        n = body["max_tokens"]
+        chat["max_tokens"] = min(n, n_ctx) if isinstance(n, int) and not isinstance(n, bool) else n
     for key in ("temperature", "top_p", "top_k", "stream", "chat_template_kwargs"):
         if key in body:
             chat[key] = body[key]

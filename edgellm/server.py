@@ -474,9 +474,8 @@ def create_app(state: State) -> FastAPI:
             state.ready()
             llm = state.llm
             body = await _json(request, state.config.max_body)
-            p = oa.parse_chat(
-                an.to_openai(body, count_only=True), oa.Limits(llm.n_ctx, llm.model.config.n_vocab)
-            )
+            chat = an.to_openai(body, llm.n_ctx, count_only=True)
+            p = oa.parse_chat(chat, oa.Limits(llm.n_ctx, llm.model.config.n_vocab))
             [ids] = await run_in_threadpool(_prompt_ids, llm, p, True, state.config.special_in_messages)
             return {"input_tokens": len(ids)}
         except APIError as e:
@@ -860,7 +859,7 @@ async def _anthropic(state: State, request: Request):
     engine = state.ready()
     llm = state.llm
     body = await _json(request, state.config.max_body)
-    p = oa.parse_chat(an.to_openai(body), oa.Limits(llm.n_ctx, llm.model.config.n_vocab))
+    p = oa.parse_chat(an.to_openai(body, llm.n_ctx), oa.Limits(llm.n_ctx, llm.model.config.n_vocab))
     [ids] = await run_in_threadpool(_prompt_ids, llm, p, True, state.config.special_in_messages)
     forced = tools.grammar(p.tools) if p.tools is not None else None
     grammar = await _compile(engine, forced or p.grammar, "tool_choice" if forced else p.grammar_field)

@@ -1153,6 +1153,8 @@ def test_the_anthropic_messages_api_with_the_anthropic_client(server):
     assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
     assert "content_block_start" in kinds and "content_block_stop" in kinds and "text" in kinds
     assert final.content[0].text == m.content[0].text and final.stop_reason == m.stop_reason
+    big = client.messages.create(**{**ask, "max_tokens": 10**6}, messages=[{"role": "user", "content": q}])
+    assert big.content[0].text.startswith(m.content[0].text)  # held to the context, not refused
     counted = client.messages.count_tokens(
         model="m", system="Be brief.", messages=[{"role": "user", "content": q}]
     )
