@@ -624,6 +624,7 @@ class Shaper:
     piece: Callable[[int], bytes] | None = None
     offsets: dict[int, int] = field(default_factory=dict)  # completions: text offset reached, per choice
     tool_names: list[str] | None = None  # chat with tools: <tool_call> blocks become tool_calls
+    one_call: bool = False  # parallel_tool_calls false: the first call only
 
     def __post_init__(self) -> None:
         self.id = self.id or new_id("chatcmpl" if self.chat else "cmpl")
@@ -698,7 +699,7 @@ class Shaper:
                 if self.tool_names is not None:
                     from edgellm.tools import split
 
-                    content, calls = split(t, self.tool_names)
+                    content, calls = split(t, self.tool_names, self.one_call)
                     if calls:
                         message = {"role": "assistant", "content": content or None, "tool_calls": calls}
                         f = "tool_calls" if f == "stop" else f

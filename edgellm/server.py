@@ -681,6 +681,7 @@ async def _generate(state: State, request: Request, chat: bool):
         fingerprint=f"edgellm-{_version()}-{llm.backend.name}",
         piece=(lambda t: tok.token_to_piece(t, special=True)) if p.logprobs is not None else None,
         tool_names=p.tools.names if chat and p.tools is not None and p.tools.active else None,
+        one_call=p.tools is not None and not p.tools.parallel,
     )
     usage = request.state.edgellm_usage = [0, 0, 0]  # prompt, completion, cached: the access log reads it
     if p.stream:
@@ -758,6 +759,7 @@ async def _responses(state: State, request: Request):
     rid, mid, created = oa.new_id("resp", "_"), oa.new_id("msg", "_"), ra.now()
     usage = request.state.edgellm_usage = [0, 0, 0]
     names = p.tools.names if p.tools is not None and p.tools.active else None  # parse the model's calls
+    single = p.tools is not None and not p.tools.parallel
 
     def finished(text: str, finish: str, calls: list[dict], message: bool | None = None) -> dict:
         r = ra.response(rid, mid, state.model_id, created, echo, text, finish, tuple(usage), calls, message)  # type: ignore[arg-type]
@@ -776,7 +778,7 @@ async def _responses(state: State, request: Request):
                 finish = ev.finish_reason or finish
         finally:
             _cancel_all(streams)
-        text, calls = tools.split("".join(texts), names) if names else ("".join(texts), [])
+        text, calls = tools.split("".join(texts), names, single) if names else ("".join(texts), [])
         return finished(text, finish, calls)
 
     async def events() -> AsyncIterator[str]:
@@ -793,7 +795,7 @@ async def _responses(state: State, request: Request):
         started = ra.response(rid, mid, state.model_id, created, echo, None, None)
         item = {"type": "message", "id": mid, "status": "in_progress", "role": "assistant", "content": []}
         empty = {"type": "output_text", "text": "", "annotations": []}
-        splitter = tools.StreamSplitter(names) if names else None  # holds back what may be a call
+        splitter = tools.StreamSplitter(names, single) if names else None  # holds back what may be a call
         opened = False  # the message item (with tools: only once there is text, as an answer may be calls)
 
         def open_message() -> list[str]:
@@ -867,6 +869,7 @@ async def _anthropic(state: State, request: Request):
     mid = oa.new_id("msg", "_")
     usage = request.state.edgellm_usage = [0, 0, 0]
     names = p.tools.names if p.tools is not None and p.tools.active else None  # parse the model's calls
+    single = p.tools is not None and not p.tools.parallel
     eog = llm.tokenizer.eog_ids
 
     def stop_sequence(finish: str, text: str, tokens: list[int]) -> str | None:
@@ -887,7 +890,7 @@ async def _anthropic(state: State, request: Request):
         finally:
             _cancel_all(streams)
         raw = "".join(texts)
-        text, calls = tools.split(raw, names) if names else (raw, [])
+        text, calls = tools.split(raw, names, single) if names else (raw, [])
         content = ([{"type": "text", "text": text}] if text or not calls else []) + [
             an.tool_use_block(c) for c in calls
         ]
@@ -898,7 +901,7 @@ async def _anthropic(state: State, request: Request):
         return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
 
     async def events() -> AsyncIterator[str]:
-        splitter = tools.StreamSplitter(names) if names else None  # holds back what may be a call
+        splitter = tools.StreamSplitter(names, single) if names else None  # holds back what may be a call
         blocks = 0  # content blocks opened
         text_open = False
         try:
@@ -1315,7 +1318,9 @@ async def _sse(streams: list, shaper: oa.Shaper, include_usage: bool, usage: lis
     timings = _Timings()
     pending: dict[int, list] = {}  # log-probabilities not yet sent, per choice
     splitters = (
-        {i: tools.StreamSplitter(shaper.tool_names) for i in range(len(streams))} if shaper.tool_names else {}
+        {i: tools.StreamSplitter(shaper.tool_names, shaper.one_call) for i in range(len(streams))}
+        if shaper.tool_names
+        else {}
     )
     try:
         if shaper.chat:

@@ -177,10 +177,16 @@ def _bare_calls(text: str, names: list[str]) -> list[dict]:
     return calls
 
 
-def split(text: str, names: list[str]) -> tuple[str, list[dict]]:
+def split(text: str, names: list[str], single: bool = False) -> tuple[str, list[dict]]:
     """An answer's text outside its tool-call blocks, and the calls (to known functions, with object
     arguments) parsed from them; a block that does not parse stays in the text. Without blocks, an answer
-    that is only calls' JSON (see the module's note) is those calls."""
+    that is only calls' JSON (see the module's note) is those calls. `single` (parallel_tool_calls false):
+    the first call only."""
+    content, calls = _split(text, names)
+    return content, calls[:1] if single else calls
+
+
+def _split(text: str, names: list[str]) -> tuple[str, list[dict]]:
     calls: list[dict] = []
     kept: list[str] = []
     pos = 0
@@ -218,8 +224,9 @@ class StreamSplitter:
     (from `<tool_call>` on, or a tail that could begin it, or an answer that begins as bare JSON: `{` or a
     fence); `finish()` parses what was held."""
 
-    def __init__(self, names: list[str]):
+    def __init__(self, names: list[str], single: bool = False):
         self.names = names
+        self.single = single
         self.buf = ""
         self.sent = 0
         self.in_call = False
@@ -248,5 +255,5 @@ class StreamSplitter:
 
     def finish(self) -> tuple[str, list[dict]]:
         """(text not yet sent, the calls)."""
-        rest, calls = split(self.buf[self.sent :], self.names)
+        rest, calls = split(self.buf[self.sent :], self.names, self.single)
         return rest, calls

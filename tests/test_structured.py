@@ -187,6 +187,12 @@ def test_bare_json_calls_without_tags_are_calls_and_are_held_back_when_streamed(
         content, calls = tools.split(text, names)
         assert content == "" and calls and all(c["function"]["name"] == "get_weather" for c in calls), text
     assert len(tools.split(f"{call}\n{call}", names)[1]) == 2
+    block = f"<tool_call>\n{call}\n</tool_call>"
+    for text in (f"{call}\n{call}", f"{block}\n{block}"):  # parallel_tool_calls false: the first call only
+        assert len(tools.split(text, names, single=True)[1]) == 1
+        one = tools.StreamSplitter(names, single=True)
+        one.push(text)
+        assert len(one.finish()[1]) == 1
     for text in (
         f"Here: {call}",  # text around it: an answer that quotes JSON
         f"{call} and more",
