@@ -127,7 +127,7 @@ def _tool_calls(calls: Any, i: int) -> list[dict]:
         if isinstance(args, str):
             try:
                 args = json.loads(args)
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise oa.bad("messages", f"messages[{i}].tool_calls: arguments must be JSON") from None
         if not isinstance(args, dict):
             raise oa.bad("messages", f"messages[{i}].tool_calls: arguments must be an object")

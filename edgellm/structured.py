@@ -63,7 +63,7 @@ def _schema(source: Any) -> dict:
     if isinstance(source, str):
         try:
             source = json.loads(source)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
     if not isinstance(source, dict):
         raise GrammarError("a JSON schema must be an object")

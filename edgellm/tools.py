@@ -107,7 +107,7 @@ def template_messages(messages: list[dict]) -> list[dict]:
                 if isinstance(fn.get("arguments"), str):
                     try:
                         fn["arguments"] = json.loads(fn["arguments"])
-                    except ValueError:
+                    except (ValueError, RecursionError):
                         raise oa.bad("messages", "a tool call's arguments must be JSON") from None
                 fixed.append({**c, "function": fn})
             m = {**m, "tool_calls": fixed}
@@ -166,7 +166,7 @@ def _bare_calls(text: str, names: list[str]) -> list[dict]:
     while pos < len(body):
         try:
             obj, pos = dec.raw_decode(body, pos)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past Python's limit
             return []
         call = _call(obj, names)
         if call is None:
@@ -193,7 +193,7 @@ def _split(text: str, names: list[str]) -> tuple[str, list[dict]]:
     for m in _BLOCK.finditer(text):
         try:
             call = _call(json.loads(m.group(1)), names)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past Python's limit
             continue
         if call is None:
             continue

@@ -770,6 +770,8 @@ def test_ollama_chat_reads_tools_tool_calls_and_tool_messages():
         ({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": a}}]}]},
          "messages") for a in ("{", "[1]")
     ] + [({"messages": [{"role": "tool", "content": "1", "tool_name": 3}]}, "messages")]  # fmt: skip
+    deep = {"function": {"name": "f", "arguments": "[" * 10**5}}  # nested past Python's limit: a 400
+    bad.append(({"messages": [{"role": "assistant", "tool_calls": [deep]}]}, "messages"))
     for body, param in bad:
         with pytest.raises(oa.APIError) as e:
             ol.parse_chat(body, 512)

@@ -16,6 +16,7 @@ jsonschema = pytest.importorskip("jsonschema")
 import edgellm  # noqa: E402
 from edgellm import tools  # noqa: E402
 from edgellm.engine import GenRequest, RequestRejected  # noqa: E402
+from edgellm.openai_api import APIError  # noqa: E402
 from edgellm.structured import Grammar, GrammarError  # noqa: E402
 
 PERSON = {
@@ -160,6 +161,11 @@ def test_tool_call_blocks_are_split_from_text_and_streamed_safely():
     assert content == "Sure." and calls[0]["function"]["name"] == "get_weather"
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo"}
     assert tools.split("<tool_call>{bad}</tool_call>", names) == ("<tool_call>{bad}</tool_call>", [])
+    deep = "<tool_call>" + "[" * 100_000 + "</tool_call>"
+    assert tools.split(deep, names) == (deep, [])
+    said = [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[" * 100_000}}]}]
+    with pytest.raises(APIError):  # a client's arguments nested past Python's limit: a 400, not a 500
+        tools.template_messages(said)
     assert tools.split('<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>', names)[1] == []
     s = tools.StreamSplitter(names)
     pieces = [
@@ -200,6 +206,7 @@ def test_bare_json_calls_without_tags_are_calls_and_are_held_back_when_streamed(
         '{"name": "get_weather", "arguments": "Oslo"}',
         '{"name": "get_weather", "arguments": {}',
         "```python\nprint(1)\n```",
+        "[" * 100_000,  # nested past Python's recursion limit: text, not a crash
     ):
         assert tools.split(text, names) == (text, []), text
     s = tools.StreamSplitter(names)
