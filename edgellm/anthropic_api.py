@@ -38,11 +38,6 @@ def error_body(e: APIError) -> dict[str, Any]:
     }
 
 
-def _refuse(body: dict, name: str, ok: Any, why: str) -> None:
-    if body.get(name) is not None and not ok(body[name]):
-        raise oa.bad(name, why, code="unsupported_parameter")
-
-
 def _text(blocks: Any, where: str) -> str:
     """A string, or text blocks joined; anything else refused by name."""
     if isinstance(blocks, str):
@@ -110,10 +105,10 @@ def to_openai(body: Any, n_ctx: int, count_only: bool = False) -> dict[str, Any]
     often send large, is held to the context: no answer can outgrow it anyway."""
     if not isinstance(body, dict):
         raise oa.bad("", "the request body must be a JSON object")
-    _refuse(body, "thinking", lambda v: isinstance(v, dict) and v.get("type") == "disabled",
+    oa._refuse_if_set(body, "thinking", lambda v: isinstance(v, dict) and v.get("type") == "disabled",
             "extended thinking is not supported")  # fmt: skip
-    _refuse(body, "mcp_servers", lambda v: v == [], "MCP servers are not supported")
-    _refuse(body, "container", lambda v: False, "containers (code execution) are not supported")
+    oa._refuse_if_set(body, "mcp_servers", lambda v: v == [], "MCP servers are not supported")
+    oa._refuse_if_set(body, "container", lambda v: False, "containers (code execution) are not supported")
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise oa.bad("messages", "must be a non-empty list of messages")

@@ -12,6 +12,7 @@ nothing here and are accepted.
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -114,8 +115,6 @@ def _common_refusals(body: dict) -> None:
 def _tool_calls(calls: Any, i: int) -> list[dict]:
     """An assistant message's Ollama tool calls ({function: {name, arguments}}, arguments an object or
     its JSON text) as OpenAI-shaped calls with object arguments, as the chat templates read them."""
-    import json
-
     if not isinstance(calls, list):
         raise oa.bad("messages", f"messages[{i}].tool_calls must be a list")
     out = []
@@ -137,8 +136,6 @@ def _tool_calls(calls: Any, i: int) -> list[dict]:
 
 def answer_tool_calls(calls: list[dict]) -> list[dict]:
     """tools.split's calls (OpenAI's, arguments as JSON text) as Ollama answers them."""
-    import json
-
     return [
         {
             "function": {

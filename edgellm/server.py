@@ -680,7 +680,7 @@ async def _generate(state: State, request: Request, chat: bool):
         model=state.model_id,
         fingerprint=f"edgellm-{_version()}-{llm.backend.name}",
         piece=(lambda t: tok.token_to_piece(t, special=True)) if p.logprobs is not None else None,
-        tool_names=p.tools.names if chat and p.tools is not None and p.tools.active else None,
+        tool_names=p.tools.parsed if chat and p.tools is not None else None,
         one_call=p.tools is not None and not p.tools.parallel,
     )
     usage = request.state.edgellm_usage = [0, 0, 0]  # prompt, completion, cached: the access log reads it
@@ -758,7 +758,7 @@ async def _responses(state: State, request: Request):
     streams = _submit(engine, [GenRequest(ids, _params(llm, p), p.max_tokens, tuple(p.stop), None, grammar)])
     rid, mid, created = oa.new_id("resp", "_"), oa.new_id("msg", "_"), ra.now()
     usage = request.state.edgellm_usage = [0, 0, 0]
-    names = p.tools.names if p.tools is not None and p.tools.active else None  # parse the model's calls
+    names = p.tools.parsed if p.tools is not None else None  # parse the model's calls
     single = p.tools is not None and not p.tools.parallel
 
     def finished(text: str, finish: str, calls: list[dict], message: bool | None = None) -> dict:
@@ -868,7 +868,7 @@ async def _anthropic(state: State, request: Request):
     streams = _submit(engine, [GenRequest(ids, _params(llm, p), p.max_tokens, tuple(p.stop), None, grammar)])
     mid = oa.new_id("msg", "_")
     usage = request.state.edgellm_usage = [0, 0, 0]
-    names = p.tools.names if p.tools is not None and p.tools.active else None  # parse the model's calls
+    names = p.tools.parsed if p.tools is not None else None  # parse the model's calls
     single = p.tools is not None and not p.tools.parallel
     eog = llm.tokenizer.eog_ids
 
@@ -1141,7 +1141,7 @@ async def _ollama(state: State, request: Request, chat: bool):
         return {"model": name, "created_at": ol.now(), "response": "", "done": True, "done_reason": "load"}
 
     treq = q.get("tools")
-    names = treq.names if treq is not None and treq.active else None  # parse tool calls from the answer
+    names = treq.parsed if treq is not None else None  # parse tool calls from the answer
     if names and not tools.renders_tools(llm.template.source):
         why = "this model's chat template does not render tools, so the model cannot see them"
         raise oa.bad("tools", f"{why}: use a model whose template does (Qwen2.5, Hermes, ...)")

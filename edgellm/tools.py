@@ -44,6 +44,11 @@ class ToolRequest:
         return bool(self.tools) and self.choice != "none"
 
     @property
+    def parsed(self) -> list[str] | None:
+        """The functions whose calls an answer is parsed for (None: tools off, the answer is text)."""
+        return self.names if self.active else None
+
+    @property
     def forced(self) -> list[str]:
         """The functions the answer must call (tool_choice required or named), or [] for auto."""
         if self.choice == "required":
