@@ -664,8 +664,8 @@ async def _generate(state: State, request: Request, chat: bool):
     p = oa.parse_chat(body, limits) if chat else oa.parse_completion(body, limits)
     prompts = await run_in_threadpool(_prompt_ids, llm, p, chat, state.config.special_in_messages)
     params = _params(llm, p)
-    forced = tools.grammar(p.tools) if chat and p.tools is not None else None
-    grammar = await _compile(engine, forced or p.grammar, "tools" if forced else p.grammar_field)
+    constraint = tools.grammar(p.tools, p.grammar) if chat and p.tools is not None else p.grammar
+    grammar = await _compile(engine, constraint, p.grammar_field if constraint is p.grammar else "tools")
     reqs = []
     for i, ids in enumerate(prompts):
         for j in range(p.n):
@@ -753,8 +753,8 @@ async def _responses(state: State, request: Request):
     convo = [*history, *msgs]  # instructions are not carried over to the next turn (as OpenAI's)
     p.prompts = [[*system, *convo]]
     [ids] = await run_in_threadpool(_prompt_ids, llm, p, True, state.config.special_in_messages)
-    forced = tools.grammar(p.tools) if p.tools is not None else None
-    grammar = await _compile(engine, forced or p.grammar, "tool_choice" if forced else p.grammar_field)
+    constraint = tools.grammar(p.tools, p.grammar) if p.tools is not None else p.grammar
+    grammar = await _compile(engine, constraint, p.grammar_field if constraint is p.grammar else "tools")
     streams = _submit(engine, [GenRequest(ids, _params(llm, p), p.max_tokens, tuple(p.stop), None, grammar)])
     rid, mid, created = oa.new_id("resp", "_"), oa.new_id("msg", "_"), ra.now()
     usage = request.state.edgellm_usage = [0, 0, 0]
@@ -863,8 +863,8 @@ async def _anthropic(state: State, request: Request):
     body = await _json(request, state.config.max_body)
     p = oa.parse_chat(an.to_openai(body, llm.n_ctx), oa.Limits(llm.n_ctx, llm.model.config.n_vocab))
     [ids] = await run_in_threadpool(_prompt_ids, llm, p, True, state.config.special_in_messages)
-    forced = tools.grammar(p.tools) if p.tools is not None else None
-    grammar = await _compile(engine, forced or p.grammar, "tool_choice" if forced else p.grammar_field)
+    constraint = tools.grammar(p.tools, p.grammar) if p.tools is not None else p.grammar
+    grammar = await _compile(engine, constraint, p.grammar_field if constraint is p.grammar else "tools")
     streams = _submit(engine, [GenRequest(ids, _params(llm, p), p.max_tokens, tuple(p.stop), None, grammar)])
     mid = oa.new_id("msg", "_")
     usage = request.state.edgellm_usage = [0, 0, 0]
@@ -1168,7 +1168,8 @@ async def _ollama(state: State, request: Request, chat: bool):
         raise APIError(400, f"{name} does not support insert: {e}", param="suffix") from None
     except (ValueError, TypeError, RecursionError) as e:
         raise APIError(400, f"cannot build the prompt: {e}", param="messages" if chat else "prompt") from None
-    grammar = await _compile(engine, q["format"], "format")
+    constraint = tools.grammar(treq, q["format"]) if names else q["format"]
+    grammar = await _compile(engine, constraint, "format" if constraint is q["format"] else "tools")
     t0 = time.perf_counter()
     streams = _submit(engine, [GenRequest(prompt, params, q["max_tokens"], tuple(q["stop"]), None, grammar)])
     usage = request.state.edgellm_usage = [0, 0, 0]

@@ -205,6 +205,7 @@ def test_bare_json_calls_without_tags_are_calls_and_are_held_back_when_streamed(
         '{"name": "rm_rf", "arguments": {}}',  # not a tool of the request
         '{"name": "get_weather", "arguments": "Oslo"}',
         '{"name": "get_weather", "arguments": {}',
+        '{"arguments": {"city": "Oslo"}, "name": "get_weather"}',  # the name first, as the grammar has it
         "```python\nprint(1)\n```",
         "[" * 100_000,  # nested past Python's recursion limit: text, not a crash
     ):
@@ -237,3 +238,56 @@ def test_a_forced_tool_call_on_qwen_parses(qwen_coder_path):
     assert len(calls) == 1 and calls[0]["function"]["name"] == "get_weather", out.text
     jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), fn["parameters"])
     assert content == ""
+
+
+def test_auto_tool_calls_are_held_to_their_schemas_and_the_text_around_them_is_free(qwen_coder_path):
+    """tool_choice auto: the lazy grammar lets any text through (a JSON answer that is not a call too),
+    and from `<tool_call>` or a bare `{"name":` on, a call must name a tool and match its schema
+    (OpenAI's `strict`, always); an answer that opens as a bare call is nothing but calls."""
+    from edgellm import structured
+
+    llm = edgellm.LLM(qwen_coder_path, backend="native", threads=2, n_ctx=256)
+    weather = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+               "additionalProperties": False}  # fmt: skip
+    fns = [{"name": "get_weather", "parameters": weather, "strict": True}, {"name": "get_time"}]
+    req = tools.parse({"tools": [{"type": "function", "function": f} for f in fns]})
+    compiled = llm.engine.compile_grammar(tools.grammar(req))
+    gt = structured.guided_tokenizer(llm.tokenizer, llm.model.config.n_vocab)
+    eos = llm.tokenizer.eog_ids
+
+    def accepted(text: str) -> bool:
+        c = structured.Constraint(compiled, gt)
+        for t in llm.tokenizer.encode(text, add_special=False, parse_special=True):
+            if not c.allowed()[t]:
+                return False
+            c.consume(t)
+        return bool(c.allowed()[sorted(eos)].any())  # and it may end there
+
+    call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    block = f"<tool_call>\n{call}\n</tool_call>"
+    for text in (
+        "The weather in Paris is mild in spring.",
+        f"Let me look.\n{block}",
+        f'{block}\n<tool_call>\n{{"name": "get_time", "arguments": {{"tz": "CET"}}}}\n</tool_call>\nDone.',
+        call,
+        f"```json\n{call}\n```",
+        f'{call}\n\n{{"name": "get_time", "arguments": {{}}}}',
+        '{"answer": 42}',
+        "```python\nprint(1)\n```",
+        'Here is one: {"name": "x"}',
+    ):
+        assert accepted(text), text
+        assert tools.split(text, req.names)[1] or "get_" not in text, text  # what is allowed parses
+    for text in (
+        block.replace("city", "town"),  # not the schema's property
+        call.replace("city", "town"),
+        block.replace("get_weather", "rm_rf"),  # not a tool
+        '{"name": "rm_rf", "arguments": {}}',
+        f"{call} and then some text",  # a bare call is the whole answer
+        f"<tool_call>\n{call}",  # an open block cannot end the answer
+    ):
+        assert not accepted(text), text
+    rf = Grammar("json_object")
+    assert tools.grammar(req, rf) is rf  # the request's own response format wins
+    off = tools.parse({"tools": [{"type": "function", "function": fns[1]}], "tool_choice": "none"})
+    assert tools.grammar(off) is None and tools.grammar(off, rf) is rf
