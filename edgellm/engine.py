@@ -297,7 +297,7 @@ class Engine:
             guided = structured.guided_tokenizer(self.tokenizer, self.model.config.n_vocab)
         try:
             seq = _Seq(req, stream, self.tokenizer, guided)
-            if self.spec is not None and req.speculative and not req.grammar and req.logprobs is None:
+            if self.spec is not None and req.speculative and req.logprobs is None:
                 seq.spec = speculative.SeqSpec(self.spec)
             if seq.constraint is not None and req.max_tokens is not None:
                 need = seq.constraint.min_tokens()
@@ -544,6 +544,8 @@ class Engine:
                     s.spec.paying()
                 d = self.draft.propose(s, k)
                 self.costs.guessed(self.draft.decode_n, self.draft.decode_s)
+            if s.constraint is not None:  # only guesses the grammar allows (the check masks each row)
+                d = d[: s.constraint.valid_prefix(d)]
             d = d[: speculative.bucket(len(d))]  # a few step sizes: a few captured plans, not one per length
             if len(d) < cfg.draft_min:
                 continue
@@ -708,13 +710,19 @@ class ModelRunner:
 
     def _masks(self, batch: Sequence[Scheduled]) -> dict[_Seq, concurrent.futures.Future]:
         """Start the next-token masks of the constrained sequences this step samples, on a worker thread
-        (llguidance releases the GIL), so they are computed while the forward runs."""
+        (llguidance releases the GIL), so they are computed while the forward runs; a drafted sequence's
+        are a list, one for each row its check reads (Constraint.allowed_along)."""
         seqs = [s for s, k in batch if s.constraint is not None and s.n_computed + k == len(s.tokens)]
         if not seqs:
             return {}
         if self._masker is None:
             self._masker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="edgellm-mask")
-        return {s: self._masker.submit(s.constraint.allowed) for s in seqs}
+        return {
+            s: self._masker.submit(s.constraint.allowed_along, list(s.draft))
+            if s.draft
+            else self._masker.submit(s.constraint.allowed)
+            for s in seqs
+        }
 
     def execute(self, batch: Sequence[Scheduled]) -> RunnerOutput:
         out = RunnerOutput()
@@ -725,9 +733,17 @@ class ModelRunner:
         for s in drafted:  # check the guesses (speculative.verify)
             try:
                 history = s.tokens[: len(s.tokens) - len(s.draft)]
-                out.speculated[s] = speculative.verify(s.sampler, logits_of[s], s.draft, history)
+                rows = logits_of[s]
+                if s in masks:  # a constrained row: each row's disallowed tokens at -inf
+                    rows = np.array(rows, dtype=np.float32)
+                    for row, allowed in zip(rows, masks[s].result(), strict=True):
+                        row[: len(allowed)][~allowed] = -np.inf
+                        row[len(allowed) :] = -np.inf
+                out.speculated[s] = speculative.verify(s.sampler, rows, s.draft, history)
             except ValueError as e:
                 out.failed.append((s, f"sampling failed: {e}", 400))
+            except structured.GrammarError as e:
+                out.failed.append((s, f"the constraint failed: {e}", 500))
         self._sample([s for s, _ in batch if s in logits_of and not s.draft], logits_of, out, masks)
         for s, tok in out.sampled.items():
             if s.req.logprobs is not None:

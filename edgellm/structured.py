@@ -191,6 +191,23 @@ class Constraint:
         bits = np.frombuffer(self.m.compute_bitmask(), np.uint8)
         return np.unpackbits(bits, bitorder="little")[: self.gt.n_vocab].astype(bool)
 
+    def allowed_along(self, draft: list[int]) -> list[np.ndarray]:
+        """The masks for a speculative step: now, and after each of `draft`'s tokens in turn (all of them
+        allowed: see `valid_prefix`); the matcher is left where it was."""
+        masks, n = [self.allowed()], 0
+        try:
+            for t in draft:
+                self.consume(t)
+                n += 1
+                masks.append(self.allowed())
+        finally:
+            self.m.rollback(n)
+        return masks
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of `tokens` the grammar takes from here, in order (the matcher does not move)."""
+        return int(self.m.validate_tokens([int(t) for t in tokens]))
+
     def consume(self, token: int) -> None:
         if not self.m.consume_token(int(token)):
             raise GrammarError(f"the constraint refused token {token}: {self.m.get_error()}")

@@ -84,6 +84,31 @@ def test_speculative_sampling_keeps_the_targets_distribution():
     assert seconds and set(seconds) <= set(ids2.tolist())
 
 
+def test_constrained_rows_guess_only_what_the_grammar_allows_and_keep_plain_decodings_text(llm):
+    """A grammar row speculates too: the lookup's guesses are cut where the grammar refuses them and each
+    checked row is masked as plain sampling's would be, so at temperature 0 the text is constrained plain
+    decoding's, guesses kept where the grammar and the model agree."""
+    from edgellm.structured import Grammar
+
+    pytest.importorskip("llguidance")
+    ids = llm.chat_prompt([{"role": "user", "content": COPY}])
+    words = "alpha, beta, gamma, delta, epsilon, zeta, eta, theta"
+    free = Grammar("lark", "start: /(?s:.*)/")
+    bent = Grammar("regex", f"(Sure! )?({words.replace('gamma', 'GAMMA')}\\n?)+")  # the copy must bend
+    for grammar in (free, bent):
+        runs = []
+        for spec in (None, SpecConfig(adaptive=False)):
+            engine = llm.open_engine(spec=spec)
+            g = engine.compile_grammar(grammar)
+            out = llm._collect([GenRequest(ids, llm.params(temperature=0), 40, grammar=g)])[0]
+            runs.append((out.tokens, engine.stats.draft_tokens, engine.stats.draft_accepted))
+        (plain, _, _), (spec_toks, drafted, kept) = runs
+        assert spec_toks == plain and drafted > 0 and kept > 0, (grammar.kind, drafted, kept)
+        if grammar is bent:
+            assert "GAMMA" in llm.detokenize(plain) and "gamma" not in llm.detokenize(plain)
+    llm.open_engine(spec=None)
+
+
 def test_requests_can_opt_out_and_a_busy_engine_does_not_guess(llm):
     engine = llm.open_engine(spec=SpecConfig(max_batch=2, adaptive=False))
     ids = llm.chat_prompt([{"role": "user", "content": COPY}])
