@@ -178,11 +178,26 @@ def load(state: State) -> None:
 # ---------------------------------------------------------------------------------------------- app
 
 
+def _model_card(state: State) -> dict:
+    """The served model as OpenAI's model object, with llama-server's `meta`."""
+    state.ready()
+    llm = state.llm
+    meta = {"n_ctx": llm.n_ctx, "n_vocab": llm.model.config.n_vocab, "backend": llm.backend.name}
+    return {
+        "id": state.model_id,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "edgellm",
+        "meta": meta,
+    }
+
+
 def create_app(state: State) -> FastAPI:
     app = FastAPI(title="edgellm", docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
     app.state.edgellm = state
     key = state.config.api_key
 
+    app.add_middleware(_HeadAsGet)
     if key:
         app.add_middleware(_RequireKey, key=key)
     if state.config.cors_origins:  # outside the key check: a browser's preflight carries no key
@@ -219,7 +234,14 @@ def create_app(state: State) -> FastAPI:
         async def webui():  # the chat page (edgellm/web/index.html): no key needed, it holds no data
             return Response(_webui_html(), media_type="text/html; charset=utf-8", headers=_WEBUI_HEADERS)
 
+    else:
+
+        @app.get("/", include_in_schema=False)
+        async def running():  # as Ollama's root answers (its client checks a server with HEAD /)
+            return PlainTextResponse("edgellm is running")
+
     @app.get("/health")
+    @app.get("/v1/health")  # llama-server's alias
     async def health():
         if state.engine is None:
             e = APIError(
@@ -233,11 +255,36 @@ def create_app(state: State) -> FastAPI:
     @app.get("/v1/models")
     @app.get("/models")  # llama-server's alias (an OpenAI client whose base_url has no /v1 asks here)
     async def models():
+        return {"object": "list", "data": [_model_card(state)]}
+
+    @app.get("/v1/models/{model_id:path}")  # OpenAI's retrieve (client.models.retrieve)
+    @app.get("/models/{model_id:path}")
+    async def model(model_id: str):
+        card = _model_card(state)
+        if model_id not in (state.model_id, f"{state.model_id}:latest"):
+            msg = f"The model '{model_id}' does not exist (this server has '{state.model_id}')"
+            raise APIError(404, msg, param="model", code="model_not_found")
+        return card
+
+    @app.post("/rerank")
+    @app.post("/reranking")
+    @app.post("/v1/rerank")
+    @app.post("/v1/reranking")
+    async def rerank():  # llama-server's, for reranker models (pooling "rank"): not a chat model's job
+        msg = "reranking is not supported: edgellm serves chat and embedding models, not rerankers"
+        raise APIError(501, msg, "not_supported_error")
+
+    @app.get("/lora-adapters")
+    async def lora_adapters():  # llama-server's: none are loaded (a request's `lora` is refused)
         state.ready()
-        llm = state.llm
-        meta = {"n_ctx": llm.n_ctx, "n_vocab": llm.model.config.n_vocab, "backend": llm.backend.name}
-        model = {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "edgellm"}
-        return {"object": "list", "data": [{**model, "meta": meta}]}
+        return []
+
+    @app.post("/lora-adapters")
+    async def set_lora_adapters(request: Request):
+        state.ready()
+        if await _json(request, state.config.max_body) != []:
+            raise APIError(400, "LoRA adapters are not supported: none are loaded", param="lora")
+        return {"success": True}
 
     @app.get("/metrics")
     async def metrics():
@@ -516,6 +563,28 @@ def key_matches(headers: list[tuple[bytes, bytes]], key: bytes) -> bool:
     return hmac.compare_digest(token, key)
 
 
+class _HeadAsGet:
+    """ASGI middleware: HEAD answered as GET, without the body (Starlette's plain routes do this, FastAPI's
+    do not): Ollama's client checks that a server is up with `HEAD /`, uptime checkers HEAD /health."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def headers_only(message: dict) -> None:
+            if message["type"] == "http.response.body":
+                if message.get("more_body"):
+                    return
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, headers_only)
+
+
 class _RequireKey:
     """ASGI middleware: every route but /health and / (the chat page, which asks for the key) needs
     `Authorization: Bearer KEY` or `X-Api-Key: KEY` (constant-time check).
@@ -526,7 +595,7 @@ class _RequireKey:
         self.key = key.encode()
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] == "http" and scope.get("path") not in ("/health", "/"):
+        if scope["type"] == "http" and scope.get("path") not in ("/health", "/v1/health", "/"):
             if not key_matches(scope.get("headers") or [], self.key):
                 e = APIError(
                     401,

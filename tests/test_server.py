@@ -437,7 +437,8 @@ def test_health_is_503_while_loading_then_200(small_server):
 
 def test_api_key_is_required_on_every_route_but_health(small_server):
     assert httpx.get(small_server.url + "/health").status_code == 200
-    for path in ("/v1/models", "/metrics", "/nope"):
+    assert httpx.get(small_server.url + "/v1/health").status_code == 200
+    for path in ("/v1/models", "/v1/models/x", "/metrics", "/nope"):
         r = httpx.get(small_server.url + path)
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
         r = httpx.get(small_server.url + path, headers={"Authorization": "Bearer wrong"})
@@ -445,6 +446,27 @@ def test_api_key_is_required_on_every_route_but_health(small_server):
     with pytest.raises(openai.AuthenticationError):
         _client(small_server, "wrong").models.list()
     assert _client(small_server, KEY).models.list().data
+
+
+def test_model_retrieve_head_requests_and_the_routes_refused_by_name(server):
+    """OpenAI's client.models.retrieve; HEAD on the GET routes (Ollama's client checks a server with
+    HEAD /); llama-server's /v1/health, /lora-adapters (none loaded) and reranking (refused: 501)."""
+    c = _client(server)
+    [m] = c.models.list().data
+    assert c.models.retrieve(m.id).id == m.id and c.models.retrieve(m.id).owned_by == "edgellm"
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        c.models.retrieve("gpt-4o")
+    for path in ("/", "/health", "/v1/health", "/v1/models", "/api/version"):
+        get, head = httpx.get(server.url + path), httpx.head(server.url + path)
+        assert get.status_code == head.status_code == 200 and get.content, path
+        assert head.content == b"" and head.headers["content-type"] == get.headers["content-type"], path
+    assert httpx.head(server.url + "/nope").status_code == 404
+    r = _post(server, "/v1/rerank", {"query": "q", "documents": ["a", "b"]})
+    assert r.status_code == 501 and "reranking is not supported" in r.json()["error"]["message"]
+    assert httpx.get(server.url + "/lora-adapters").json() == []
+    assert _post(server, "/lora-adapters", []).json() == {"success": True}
+    r = _post(server, "/lora-adapters", [{"id": 0, "scale": 0.5}])
+    assert r.status_code == 400 and r.json()["error"]["param"] == "lora"
 
 
 def test_a_full_queue_answers_429_and_the_others_go_on(small_server):
