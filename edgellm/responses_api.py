@@ -106,8 +106,10 @@ def parse_tools(body: dict) -> tl.ToolRequest | None:
             if kind != "function":
                 raise oa.bad("tools", f"tools[{i}]: {kind!r} tools are not supported (only function tools)",
                              code="unsupported_parameter")  # fmt: skip
-        raw = [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters")
-                                                 if t.get(k) is not None}} for t in raw]  # fmt: skip
+        raw = [{"type": "function", "function": {**{k: t[k] for k in ("name", "description", "parameters")
+                                                    if t.get(k) is not None},
+                                                 "strict": t.get("strict", True)}}  # OpenAI's default here
+               for t in raw]  # fmt: skip
     if isinstance(choice, dict):
         if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
             raise oa.bad("tool_choice", "must be auto, none, required or {'type': 'function', 'name': ...}")

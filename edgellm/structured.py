@@ -115,6 +115,17 @@ def to_llguidance(g: Grammar) -> str:
     return llg.LLMatcher.grammar_from_lark(g.source)
 
 
+def schema_error(schema: Any) -> str | None:
+    """Why llguidance cannot enforce a JSON schema (an unimplemented keyword, an unknown format, a bad
+    reference, ...), or None where it can."""
+    llg = _llg()
+    try:
+        why = llg.LLMatcher.validate_grammar(llg.LLMatcher.grammar_from_json_schema(json.dumps(schema)))
+    except (TypeError, ValueError, RecursionError) as e:
+        return str(e) or type(e).__name__
+    return why or None
+
+
 class GuidedTokenizer:
     """An edgellm Tokenizer as llguidance sees it: every token's bytes (control tokens prefixed with
     0xFF, as llguidance's llama.cpp bridge does, so grammar text never matches them), the EOS tokens and

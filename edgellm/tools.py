@@ -121,68 +121,73 @@ def template_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
-def _call_schema(fn: dict) -> dict:
-    """The JSON schema of one call to `fn`: its name, then arguments matching its parameters."""
-    args = fn.get("parameters") or {"type": "object"}
-    return {
-        "type": "object",
-        "properties": {"name": {"const": fn["name"]}, "arguments": args},
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    }
-
-
 def grammar(req: ToolRequest, other: Grammar | None = None) -> Grammar | None:
-    """The constraint of a request with tools. tool_choice required or a named function: the answer is
-    one (or, with parallel calls, one or more) <tool_call> blocks whose JSON names a forced function and
-    whose arguments match its schema. auto: `other` (the request's own response format) where there is
-    one, else the lazy grammar of `_auto_grammar`. none: `other`."""
+    """The constraint of a request with tools, in Lark for llguidance; `other` is the request's own
+    response format, if any.
+
+    - tool_choice required or a named function: the answer is one (or, with parallel calls, one or more)
+      <tool_call> blocks whose JSON names a forced function and whose arguments match its schema.
+    - auto, as llama.cpp's lazy grammars (common/chat.cpp's Hermes 2 Pro handler): `other` where there is
+      one; else any text, but from `<tool_call>` on a call's JSON must name one of the tools, its
+      arguments match that tool's schema, and `</tool_call>` follow; an answer that opens as a bare call's
+      JSON (`{"name":`, perhaps in a ```json fence) is nothing but such calls. llguidance's lazy lexemes
+      (its docs/syntax.md, "Tool calling") keep the free text's mask cheap (~0.05 ms a token on 151k).
+    - none: `other`.
+
+    Each function's arguments are their own JSON schema (so a pydantic schema's `#/$defs/...` resolves);
+    a valid one llguidance does not implement (`not`, `if`, an unknown `format`, ...) is refused for a
+    `strict` function and taken as any JSON object otherwise, as llama.cpp's schema converter skips what
+    it does not know; a wrong one (a bad type or reference) is a 400 naming the function."""
     forced = req.forced
-    if not forced:
-        return _auto_grammar(req) if req.active and other is None else other
-    schemas = [_call_schema(t["function"]) for t in req.tools if t["function"]["name"] in forced]
-    body = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-    repeat = "+" if req.parallel and len(forced) > 1 else ""
-    lark = (
-        f'start: call{repeat}\ncall: "{OPEN}\\n" body "\\n{CLOSE}" "\\n"?\nbody: %json {json.dumps(body)}\n'
-    )
-    return Grammar("lark", lark)
-
-
-_W = "[ \\t\\r\\n]*"  # JSON's blanks, in a Lark regex
-
-
-def _auto_grammar(req: ToolRequest) -> Grammar:
-    """tool_choice auto, as llama.cpp's lazy grammars (common/chat.cpp's Hermes 2 Pro handler): any text,
-    but from `<tool_call>` on a call's JSON must name one of the tools and its arguments match that
-    tool's parameter schema (so `strict` functions are always honoured), and then `</tool_call>`; an
-    answer that opens as a bare call's JSON (`{"name":`, perhaps in a ```json fence) is nothing but such
-    calls. Written with llguidance's lazy lexemes (its docs/syntax.md, "Tool calling"): the text before a
-    call is free and costs the mask next to nothing (~0.05 ms a token on Qwen's 151k vocabulary)."""
+    if not forced and (not req.active or other is not None):
+        return other
     fns = [t["function"] for t in req.tools]
-    rules = "".join(
-        f"fn_{i}: {json.dumps(json.dumps(fn['name']))} SEP args_{i} SHUT\n"
-        f"args_{i}: %json {json.dumps(fn.get('parameters') or {'type': 'object'})}\n"
-        for i, fn in enumerate(fns)
-    )
-    w = _W
-    lark = (
-        "start: bare | call* tail\n"
-        "tail: TEXT\n"
-        f'TEXT: /(?s:.*)/ & ~/{w}(```(json)?{w})?\\{{{w}"name"(?s:.*)/\n'
-        f'call_head[lazy]: TEXT "{OPEN}"\n'
-        f"call: call_head OBJ fn /{w}<\\/tool_call>/\n"
-        "bare: OBJ fn (OBJ fn)* BLANK? | FENCED fn (OBJ fn)* FENCE_END\n"
-        f'OBJ: /{w}\\{{{w}"name"{w}:{w}/\n'
-        f'FENCED: /{w}```(json)?{w}\\{{{w}"name"{w}:{w}/\n'
-        f"FENCE_END: /{w}```{w}/\n"
-        "BLANK: /[ \\t\\r\\n]+/\n"
-        f'SEP: /{w},{w}"arguments"{w}:{w}/\n'
-        f"SHUT: /{w}\\}}/\n"
-        f"fn: {' | '.join(f'fn_{i}' for i in range(len(fns)))}\n"
-        f"{rules}"
-    )
-    return Grammar("lark", lark)
+    w = "[ \\t\\r\\n]*"  # JSON's blanks, in a Lark regex
+    rules = [
+        f'OBJ: /{w}\\{{{w}"name"{w}:{w}/',
+        f'SEP: /{w},{w}"arguments"{w}:{w}/',
+        f"SHUT: /{w}\\}}/",
+        f"END: /{w}<\\/tool_call>/",
+    ]
+    for i, fn in enumerate(fns):
+        rules.append(f"fn_{i}: {json.dumps(json.dumps(fn['name']))} SEP args_{i} SHUT")
+        rules.append(f"args_{i}: %json {json.dumps(_arguments_schema(fn))}")
+    if forced:
+        repeat = "+" if req.parallel and len(forced) > 1 else ""
+        alts = " | ".join(f"fn_{i}" for i, fn in enumerate(fns) if fn["name"] in forced)
+        head = [f"start: call{repeat}", f'call: "{OPEN}\\n" OBJ ({alts}) END "\\n"?']
+    else:
+        head = [
+            "start: bare | call* tail",
+            "tail: TEXT",
+            f'TEXT: /(?s:.*)/ & ~/{w}(```(json)?{w})?\\{{{w}"name"(?s:.*)/',
+            f'call_head[lazy]: TEXT "{OPEN}"',
+            "call: call_head OBJ fn END",
+            "bare: OBJ fn (OBJ fn)* BLANK? | FENCED fn (OBJ fn)* FENCE_END",
+            f'FENCED: /{w}```(json)?{w}\\{{{w}"name"{w}:{w}/',
+            f"FENCE_END: /{w}```{w}/",
+            "BLANK: /[ \\t\\r\\n]+/",
+            f"fn: {' | '.join(f'fn_{i}' for i in range(len(fns)))}",
+        ]
+    return Grammar("lark", "\n".join(head + rules) + "\n")
+
+
+def _arguments_schema(fn: dict) -> dict:
+    """A function's parameter schema as its calls' arguments are held to (see `grammar`)."""
+    from edgellm.structured import schema_error
+
+    schema = fn.get("parameters") or {"type": "object"}
+    why = schema_error(schema)
+    if why is None:
+        return schema
+    if fn.get("strict") is not True and why.startswith(_UNSUPPORTED):
+        return {"type": "object"}
+    strict = " (strict)" if fn.get("strict") is True else ""
+    raise oa.bad("tools", f"the parameters of function {fn['name']!r}{strict} cannot be enforced: {why}")
+
+
+# llguidance's words for a valid schema it does not implement (others: the schema is wrong)
+_UNSUPPORTED = ("Unimplemented keys", "Unknown format")
 
 
 def new_call(name: str, arguments: Any) -> dict:
@@ -214,7 +219,7 @@ def _bare_calls(text: str, names: list[str]) -> list[dict]:
         except (ValueError, RecursionError):  # not JSON, or nested past Python's limit
             return []
         first = next(iter(obj), None) if isinstance(obj, dict) else None
-        call = _call(obj, names) if first == "name" else None  # as _auto_grammar constrains them
+        call = _call(obj, names) if first == "name" else None  # as `grammar` constrains them
         if call is None:
             return []
         calls.append(call)

@@ -291,3 +291,39 @@ def test_auto_tool_calls_are_held_to_their_schemas_and_the_text_around_them_is_f
     assert tools.grammar(req, rf) is rf  # the request's own response format wins
     off = tools.parse({"tools": [{"type": "function", "function": fns[1]}], "tool_choice": "none"})
     assert tools.grammar(off) is None and tools.grammar(off, rf) is rf
+
+
+def test_tool_schemas_resolve_their_own_refs_and_unsupported_keywords_are_strict_only(qwen_coder_path):
+    """Each function's parameters are their own schema root, so a pydantic schema's `#/$defs/...`
+    resolves (forced calls with one used to fail to compile); a valid keyword llguidance does not
+    implement leaves a non-strict function's arguments any object and refuses a strict one by name; a
+    wrong schema is a 400 naming the function."""
+    llm = edgellm.LLM(qwen_coder_path, backend="native", threads=2, n_ctx=1024)
+    unit = {"enum": ["celsius", "fahrenheit"], "title": "Unit", "type": "string"}
+    pydantic = {"$defs": {"Unit": unit}, "title": "GetWeather", "type": "object",
+                "required": ["city", "unit"],
+                "properties": {"city": {"title": "City", "type": "string", "maxLength": 20},
+                               "unit": {"$ref": "#/$defs/Unit"}}}  # fmt: skip
+    fn = {"name": "get_weather", "parameters": pydantic}
+    req = tools.parse({"tools": [{"type": "function", "function": fn}], "tool_choice": "required"})
+    ids = llm.chat_prompt([{"role": "user", "content": "What is the weather in Paris?"}], tools=req.tools)
+    out = llm._collect([GenRequest(ids, llm.params(temperature=0), 60,
+                                   grammar=llm.engine.compile_grammar(tools.grammar(req)))])[0]  # fmt: skip
+    [call] = tools.split(out.text, req.names)[1]
+    jsonschema.validate(json.loads(call["function"]["arguments"]), pydantic)
+
+    negated = {"type": "object", "properties": {"a": {"not": {"type": "string"}}}}
+
+    def one(fn: dict, choice: str) -> tools.ToolRequest:
+        return tools.parse({"tools": [{"type": "function", "function": fn}], "tool_choice": choice})
+
+    for choice in ("auto", "required"):
+        lax = one({"name": "f", "parameters": negated}, choice)
+        assert 'args_0: %json {"type": "object"}\n' in tools.grammar(lax).source
+        llm.engine.compile_grammar(tools.grammar(lax))
+        strict = {"name": "f", "parameters": negated, "strict": True}
+        with pytest.raises(APIError, match="'f' \\(strict\\) cannot be enforced: Unimplemented keys"):
+            tools.grammar(one(strict, choice))
+        wrong = {"name": "g", "parameters": {"type": "object", "properties": {"a": {"type": "text"}}}}
+        with pytest.raises(APIError, match="function 'g' cannot be enforced: Invalid type"):
+            tools.grammar(one(wrong, choice))
