@@ -135,9 +135,9 @@ def grammar(req: ToolRequest, other: Grammar | None = None) -> Grammar | None:
     - none: `other`.
 
     Each function's arguments are their own JSON schema (so a pydantic schema's `#/$defs/...` resolves);
-    a valid one llguidance does not implement (`not`, `if`, an unknown `format`, ...) is refused for a
-    `strict` function and taken as any JSON object otherwise, as llama.cpp's schema converter skips what
-    it does not know; a wrong one (a bad type or reference) is a 400 naming the function."""
+    a keyword llguidance does not implement (`not`, `if`, an unknown `format`, ...) is refused for a
+    `strict` function and skipped otherwise (llguidance's lenient mode), as llama.cpp's schema converter
+    skips what it does not know; a wrong schema (a bad type or reference) is a 400 naming the function."""
     forced = req.forced
     if not forced and (not req.active or other is not None):
         return other
@@ -177,17 +177,15 @@ def _arguments_schema(fn: dict) -> dict:
     from edgellm.structured import schema_error
 
     schema = fn.get("parameters") or {"type": "object"}
+    strict = fn.get("strict") is True
+    if not strict:  # llguidance's lenient mode: keywords it does not implement are skipped
+        extra = schema.get("x-guidance")
+        schema = {**schema, "x-guidance": {**(extra if isinstance(extra, dict) else {}), "lenient": True}}
     why = schema_error(schema)
-    if why is None:
-        return schema
-    if fn.get("strict") is not True and why.startswith(_UNSUPPORTED):
-        return {"type": "object"}
-    strict = " (strict)" if fn.get("strict") is True else ""
-    raise oa.bad("tools", f"the parameters of function {fn['name']!r}{strict} cannot be enforced: {why}")
-
-
-# llguidance's words for a valid schema it does not implement (others: the schema is wrong)
-_UNSUPPORTED = ("Unimplemented keys", "Unknown format")
+    if why is not None:
+        named = f"function {fn['name']!r}" + (" (strict)" if strict else "")
+        raise oa.bad("tools", f"the parameters of {named} cannot be enforced: {why}")
+    return schema
 
 
 def new_call(name: str, arguments: Any) -> dict:
