@@ -359,7 +359,7 @@ def response_format(rf: Any, field: str = "response_format") -> Any:
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
             raise bad(field, "json_schema needs a schema object")
-        return Grammar("json_schema", schema)
+        return Grammar("json_schema", schema, strict=spec.get("strict") is True)
     raise bad(field, f"unknown type {kind!r}: expected text, json_object or json_schema")
 
 

@@ -46,10 +46,13 @@ def _llg() -> Any:
 @dataclass(frozen=True)
 class Grammar:
     """What the output must match. `source`: the schema (a dict, or JSON text), the grammar text, the
-    regex, or (choice) a list of strings."""
+    regex, or (choice) a list of strings. A JSON schema's keywords llguidance does not implement (`not`,
+    `if`, an unknown `format`, ...) are skipped, as llama.cpp's schema converter skips them, unless
+    `strict` (OpenAI's json_schema strict: true), where they are a GrammarError."""
 
     kind: str
     source: Any = None
+    strict: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -87,9 +90,8 @@ def to_llguidance(g: Grammar) -> str:
             raise GrammarError(f"the JSON schema is over {MAX_GRAMMAR_CHARS} characters")
         # whitespace kept to JSON's own (no runs of newlines a small model can loop in)
         try:
-            return llg.LLMatcher.grammar_from_json_schema(
-                text, defaults={"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-            )
+            opts = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+            return llg.LLMatcher.grammar_from_json_schema(text, defaults={**opts, "lenient": not g.strict})
         except ValueError as e:
             raise GrammarError(f"invalid JSON schema: {e}") from None
     if not isinstance(g.source, (str, list)):

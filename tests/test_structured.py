@@ -137,7 +137,7 @@ def test_bad_schemas_and_grammars_fail_before_any_token(llm):
     engine = llm.engine
     for g, what in [
         (Grammar("json_schema", {"type": "objekt"}), "objekt"),
-        (Grammar("json_schema", {"type": "string", "format": "hostname-ish"}), "format"),
+        (Grammar("json_schema", {"type": "string", "format": "hostname-ish"}, strict=True), "format"),
         (Grammar("json_schema", '{"type": '), "not valid JSON"),
         (Grammar("gbnf", "root ::= [a-z"), "GBNF"),
         (Grammar("regex", "(ab"), "regex"),
@@ -147,6 +147,11 @@ def test_bad_schemas_and_grammars_fail_before_any_token(llm):
             engine.compile_grammar(g)
     with pytest.raises(GrammarError):
         Grammar("xml", "<a/>")
+    # not strict: what llguidance does not implement is skipped (as llama.cpp's converter), the rest holds
+    lax = engine.compile_grammar(Grammar("json_schema", {"type": "string", "format": "hostname-ish"}))
+    assert _accepted(llm, lax, '"abc"') and not _accepted(llm, lax, "12")
+    with pytest.raises(GrammarError, match="Unimplemented keys"):
+        engine.compile_grammar(Grammar("json_schema", {"not": {"type": "string"}}, strict=True))
     long = engine.compile_grammar(Grammar("choice", ["the quick brown fox jumps over the lazy dog"]))
     with pytest.raises(RequestRejected, match="at least"):
         engine.submit(GenRequest(llm.tokenize("x"), llm.params(), 3, grammar=long))
