@@ -1286,7 +1286,10 @@ def test_structured_output_on_every_route(server):
                                   "json_schema": {"schema": {"type": "objekt"}}}}, "response_format"),
         ("/v1/chat/completions", {"messages": msgs, "response_format": {"type": "yaml"}}, "response_format"),
         ("/completion", {"prompt": "x", "grammar": "root ::= [a-z"}, "grammar"),
-        ("/completion", {"prompt": "x", "json_schema": {"type": "string", "format": "nope"}}, "json_schema"),
+        ("/completion", {"prompt": "x", "json_schema": {"type": "strnig"}}, "json_schema"),
+        ("/v1/chat/completions", {"messages": msgs, "response_format": {"type": "json_schema", "json_schema":
+                                  {"strict": True, "schema": {"type": "string", "format": "nope"}}}},
+         "response_format"),
         ("/completion", {"prompt": "x", "grammar": 'root ::= "a"', "json_schema": PERSON}, "json_schema"),
         ("/api/generate", {"model": name, "prompt": "x", "format": "yaml"}, "format"),
     ]:  # fmt: skip
