@@ -11,9 +11,13 @@ per call, `stop_reason` end_turn / max_tokens / stop_sequence / tool_use; stream
 (message_start, content_block_start / _delta / _stop per block, message_delta, message_stop). Errors take
 Anthropic's shape ({"type": "error", "error": {"type", "message"}}).
 
+Structured outputs: `output_config.format` (or the beta's `output_format`) {type: json_schema, schema}
+constrains the answer's text to the schema, and a tool's `strict: true` its calls' input, as Anthropic
+guarantees them (structured.py, tools.py).
+
 What a local text model cannot give is refused by name: images and documents, extended `thinking`,
-server tools (web search, code execution, ...), `mcp_servers`, `container`. `metadata` and
-`service_tier` change nothing here and are accepted.
+`output_config.effort`, server tools (web search, code execution, ...), `mcp_servers`, `container`.
+`metadata` and `service_tier` change nothing here and are accepted.
 """
 
 from __future__ import annotations
@@ -130,8 +134,9 @@ def to_openai(body: Any, n_ctx: int, count_only: bool = False) -> dict[str, Any]
                 raise oa.bad("tools", f"tools[{i}]: {kind!r} tools are not supported (only custom tools)",
                              code="unsupported_parameter")  # fmt: skip
             fn = {"name": t.get("name"), "parameters": t.get("input_schema", {"type": "object"})}
-            if t.get("description") is not None:
-                fn["description"] = t["description"]
+            for key in ("description", "strict"):
+                if t.get(key) is not None:
+                    fn[key] = t[key]
             fns.append({"type": "function", "function": fn})
         chat["tools"] = fns
     tc = body.get("tool_choice")
@@ -148,6 +153,9 @@ def to_openai(body: Any, n_ctx: int, count_only: bool = False) -> dict[str, Any]
             )
         if tc.get("disable_parallel_tool_use"):
             chat["parallel_tool_calls"] = False
+    fmt = _output_format(body)
+    if fmt is not None:  # structured outputs: the answer's text is JSON matching the schema, guaranteed
+        chat["response_format"] = {"type": "json_schema", "json_schema": {"schema": fmt, "strict": True}}
     if "stop_sequences" in body:
         chat["stop"] = body["stop_sequences"]
     if not count_only:
@@ -159,6 +167,29 @@ def to_openai(body: Any, n_ctx: int, count_only: bool = False) -> dict[str, Any]
         if key in body:
             chat[key] = body[key]
     return chat
+
+
+def _output_format(body: dict) -> dict | None:
+    """Structured outputs' schema: `output_config.format` ({type: json_schema, schema}), or the beta's
+    top-level `output_format`; None for free text. `output_config.effort` (how hard a reasoning model
+    thinks) is refused by name."""
+    config = body.get("output_config")
+    if config is not None and not isinstance(config, dict):
+        raise oa.bad("output_config", "must be an object")
+    config = config or {}
+    if config.get("effort") is not None:
+        raise oa.bad("output_config.effort", "is not supported", code="unsupported_parameter")
+    fmts = [(k, v) for k, v in (("output_config.format", config.get("format")),
+                                 ("output_format", body.get("output_format"))) if v is not None]  # fmt: skip
+    if not fmts:
+        return None
+    if len(fmts) > 1:
+        raise oa.bad("output_format", "cannot be combined with output_config.format: give one")
+    where, fmt = fmts[0]
+    schema = fmt.get("schema") if isinstance(fmt, dict) and fmt.get("type") == "json_schema" else None
+    if not isinstance(schema, dict):
+        raise oa.bad(where, "must be {'type': 'json_schema', 'schema': {...}}")
+    return schema
 
 
 def tool_use_block(call: dict) -> dict[str, Any]:

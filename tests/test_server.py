@@ -1183,7 +1183,19 @@ def test_the_anthropic_messages_api_with_the_anthropic_client(server):
         model="m", system="Be brief.", messages=[{"role": "user", "content": q}]
     )
     assert counted.input_tokens == chat.usage.prompt_tokens
+    pydantic = pytest.importorskip("pydantic")
+
+    class City(pydantic.BaseModel):
+        name: str
+        country: str
+
+    # structured outputs: the SDK sends the model's schema as output_config.format
+    parsed = client.messages.parse(**{**ask, "max_tokens": 60}, messages=[{"role": "user", "content": q}],
+                                   output_format=City)  # fmt: skip
+    assert isinstance(parsed.parsed_output, City) and parsed.stop_reason == "end_turn"
     refusals = [
+        ({"output_config": {"effort": "high"}}, "output_config.effort"),
+        ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format"),
         ({"thinking": {"type": "enabled", "budget_tokens": 64}}, "thinking"),
         ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages"),
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools"),
