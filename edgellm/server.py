@@ -382,6 +382,12 @@ def create_app(state: State) -> FastAPI:
             for i in range(state.config.parallel)
         ]  # fmt: skip
 
+    @app.post("/slots/{slot_id}")
+    async def slot_action(slot_id: str, action: str = ""):  # llama-server's ?action=save|restore|erase
+        msg = (f"slot actions ({action or 'save, restore, erase'}) are not supported: edgellm's KV cache is "
+               "shared between requests by prompt prefix, not held per slot")  # fmt: skip
+        raise APIError(501, msg, "not_supported_error", param="action")
+
     # -- Ollama's API (ollama_api.py) ------------------------------------------------------------------
     @app.get("/api/version")
     async def ollama_version():

@@ -450,7 +450,8 @@ def test_api_key_is_required_on_every_route_but_health(small_server):
 
 def test_model_retrieve_head_requests_and_the_routes_refused_by_name(server):
     """OpenAI's client.models.retrieve; HEAD on the GET routes (Ollama's client checks a server with
-    HEAD /); llama-server's /v1/health, /lora-adapters (none loaded) and reranking (refused: 501)."""
+    HEAD /); llama-server's /v1/health, /lora-adapters (none loaded), slot actions and reranking
+    (refused: 501)."""
     c = _client(server)
     [m] = c.models.list().data
     assert c.models.retrieve(m.id).id == m.id and c.models.retrieve(m.id).owned_by == "edgellm"
@@ -461,6 +462,8 @@ def test_model_retrieve_head_requests_and_the_routes_refused_by_name(server):
         assert get.status_code == head.status_code == 200 and get.content, path
         assert head.content == b"" and head.headers["content-type"] == get.headers["content-type"], path
     assert httpx.head(server.url + "/nope").status_code == 404
+    r = _post(server, "/slots/0?action=erase", {})
+    assert r.status_code == 501 and "slot actions (erase) are not supported" in r.json()["error"]["message"]
     r = _post(server, "/v1/rerank", {"query": "q", "documents": ["a", "b"]})
     assert r.status_code == 501 and "reranking is not supported" in r.json()["error"]["message"]
     assert httpx.get(server.url + "/lora-adapters").json() == []
