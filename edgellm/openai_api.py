@@ -475,6 +475,7 @@ CHAT_UNSUPPORTED: list[tuple[str, Callable[[Any], bool], str]] = [
     ("prediction", lambda v: False, "predicted outputs are not supported"),
     ("web_search_options", lambda v: False, "web search is not supported"),
     ("reasoning_effort", lambda v: False, "reasoning options are not supported"),
+    ("verbosity", lambda v: v == "medium", "verbosity is not supported (only OpenAI's default, medium)"),
 ]
 # the chat template's own variables and ChatTemplate.render's parameters, which chat_template_kwargs
 # may not set

@@ -133,6 +133,9 @@ def parse(body: Any, lim: oa.Limits) -> tuple[oa.GenerationParams, list[dict], d
     text = body.get("text")
     if text is not None and not isinstance(text, dict):
         raise oa.bad("text", "must be an object")
+    if (text or {}).get("verbosity") not in (None, "medium"):
+        raise oa.bad("text.verbosity", "is not supported (only OpenAI's default, medium)",
+                     code="unsupported_parameter")  # fmt: skip
     fmt = (text or {}).get("format")
     grammar = oa.response_format(fmt, "text.format") if fmt is not None else None
     instructions = body.get("instructions")

@@ -570,6 +570,7 @@ def test_llama_server_fields_edgellm_cannot_honour_are_refused_by_name(field, va
         ("prediction", {"type": "content", "content": "Hello"}, None),
         ("web_search_options", {}, None),
         ("reasoning_effort", "high", None),
+        ("verbosity", "low", "medium"),
     ],
 )
 def test_openai_chat_fields_for_what_a_local_text_model_cannot_give_are_refused_by_name(field, value, off):
@@ -1136,6 +1137,7 @@ def test_the_responses_api_with_the_openai_client(server):
     refusals = [({"tools": [{"type": "web_search"}]}, "tools"),
                 ({"tools": [{"type": "function", "name": "f"}]}, "tools"),  # SmolLM2's template has none
                 ({"reasoning": {"effort": "low"}}, "reasoning"),
+                ({"text": {"verbosity": "high"}}, "text.verbosity"),
                 ({"input": [{"type": "function_call_output", "output": "x"}]}, "input"),
                 ({"previous_response_id": "resp_nope"}, "previous_response_id")]  # fmt: skip
     for bad, name in refusals:
