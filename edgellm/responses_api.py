@@ -187,6 +187,12 @@ class Store:
             while len(self._items) > self.limit:
                 self._items.popitem(last=False)
 
+    def delete(self, rid: str) -> None:
+        """Forget a stored response (404 if it is not kept)."""
+        self.get(rid)
+        with self._lock:
+            self._items.pop(rid, None)
+
     def get(self, rid: str) -> tuple[dict, list[dict]]:
         with self._lock:
             hit = self._items.get(rid)

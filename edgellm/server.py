@@ -513,6 +513,19 @@ def create_app(state: State) -> FastAPI:
         state.ready()
         return state.responses.get(rid)[0]
 
+    @app.delete("/v1/responses/{rid}")
+    async def delete_response(rid: str):  # client.responses.delete
+        state.ready()
+        state.responses.delete(rid)
+        return {"id": rid, "object": "response", "deleted": True}
+
+    @app.get("/v1/responses/{rid}/input_items")
+    async def response_input_items(rid: str):
+        state.ready()
+        state.responses.get(rid)  # 404 for one not kept
+        msg = "listing a response's input items is not supported: the conversation is kept as chat turns"
+        raise APIError(501, msg, "not_supported_error")
+
     # -- Anthropic's Messages API (anthropic_api.py): its own error shape ----------------------------
     @app.post("/v1/messages")
     async def anthropic_messages(request: Request):

@@ -1114,6 +1114,11 @@ def test_the_responses_api_with_the_openai_client(server):
     assert follow.usage.input_tokens > chat.usage.prompt_tokens + r.usage.output_tokens
     assert follow.previous_response_id == r.id
     assert client.responses.retrieve(r.id).output_text == r.output_text
+    with pytest.raises(openai.APIStatusError, match="input items is not supported"):
+        client.responses.input_items.list(follow.id)
+    assert client.responses.delete(follow.id) is None  # the SDK returns nothing on success
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(follow.id)
     parts = [{"role": "developer", "content": "Be brief."},
              {"role": "user", "content": [{"type": "input_text", "text": q}]}]  # fmt: skip
     same = client.responses.create(model="m", input=parts, max_output_tokens=12, temperature=0)
