@@ -437,6 +437,15 @@ def create_app(state: State) -> FastAPI:
             )
         return {"status": "success"}
 
+    async def ollama_manage():
+        msg = ("model management (create, copy, delete, push, blobs) is not supported: this server serves "
+               f"the one model it was started with ('{state.model_id}')")  # fmt: skip
+        raise APIError(501, msg, "not_supported_error")
+
+    for path, methods in (("/api/create", ["POST"]), ("/api/copy", ["POST"]), ("/api/delete", ["DELETE"]),
+                          ("/api/push", ["POST"]), ("/api/blobs/{digest}", ["GET", "POST"])):  # fmt: skip
+        app.add_api_route(path, ollama_manage, methods=methods, include_in_schema=False)
+
     @app.post("/api/generate")
     async def ollama_generate(request: Request):
         return await _ollama(state, request, chat=False)

@@ -821,6 +821,12 @@ def test_ollama_routes_refuse_what_they_cannot_honour_by_name(server):
     assert r.status_code == 404 and r.json()["error"]["message"].startswith("model 'llama3:8b' not found (")
     r = httpx.post(url + "/api/pull", json={"model": "llama3:8b"})
     assert r.status_code == 404 and "offline" in r.json()["error"]["message"]
+    blob = "/api/blobs/sha256:00"
+    for method, path in (("POST", "/api/create"), ("POST", "/api/copy"), ("DELETE", "/api/delete"),
+                         ("POST", "/api/push"), ("HEAD", blob), ("POST", blob)):  # fmt: skip
+        r = httpx.request(method, url + path, json={"model": "x"})
+        assert r.status_code == 501, (method, path)
+        assert method == "HEAD" or "model management" in r.json()["error"]["message"]
     # runner options are accepted (they change nothing here)
     r = httpx.post(
         url + "/api/generate",
