@@ -218,8 +218,10 @@ class Constraint:
         return masks
 
     def valid_prefix(self, tokens: list[int]) -> int:
-        """How many of `tokens` the grammar takes from here, in order (the matcher does not move)."""
-        return int(self.m.validate_tokens([int(t) for t in tokens]))
+        """How many of `tokens` the grammar takes from here, in order, up to an end-of-generation token
+        (a guess never ends the answer: the target does); the matcher does not move."""
+        eos = next((i for i, t in enumerate(tokens) if int(t) in self.gt.eos), len(tokens))
+        return int(self.m.validate_tokens([int(t) for t in tokens[:eos]]))
 
     def consume(self, token: int) -> None:
         if not self.m.consume_token(int(token)):

@@ -88,9 +88,10 @@ def test_constrained_rows_guess_only_what_the_grammar_allows_and_keep_plain_deco
     """A grammar row speculates too: the lookup's guesses are cut where the grammar refuses them and each
     checked row is masked as plain sampling's would be, so at temperature 0 the text is constrained plain
     decoding's, guesses kept where the grammar and the model agree."""
+    pytest.importorskip("llguidance")
+    from edgellm import structured
     from edgellm.structured import Grammar
 
-    pytest.importorskip("llguidance")
     ids = llm.chat_prompt([{"role": "user", "content": COPY}])
     words = "alpha, beta, gamma, delta, epsilon, zeta, eta, theta"
     free = Grammar("lark", "start: /(?s:.*)/")
@@ -106,6 +107,14 @@ def test_constrained_rows_guess_only_what_the_grammar_allows_and_keep_plain_deco
         assert spec_toks == plain and drafted > 0 and kept > 0, (grammar.kind, drafted, kept)
         if grammar is bent:
             assert "GAMMA" in llm.detokenize(plain) and "gamma" not in llm.detokenize(plain)
+    c = structured.Constraint(g, structured.guided_tokenizer(llm.tokenizer, llm.model.config.n_vocab))
+    words = llm.tokenizer.encode("alpha, beta", add_special=False)
+    eos = min(llm.tokenizer.eog_ids)
+    assert c.valid_prefix([*words, eos, *words]) == len(words)  # a guess never ends the answer
+    toks = llm.tokenizer.encode("alpha, beta, gamma", add_special=False)
+    assert c.valid_prefix(toks) == len(toks) - 1  # the bent copy refuses " gamma"
+    masks = c.allowed_along(words)
+    assert len(masks) == len(words) + 1 and c.valid_prefix(words) == len(words)  # and it did not move
     llm.open_engine(spec=None)
 
 
