@@ -206,7 +206,7 @@ def create_app(state: State) -> FastAPI:
         app.add_middleware(
             CORSMiddleware,
             allow_origins=list(state.config.cors_origins),
-            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_methods=["GET", "HEAD", "POST", "DELETE", "OPTIONS"],
             allow_headers=["authorization", "x-api-key", "content-type"],
         )
     app.add_middleware(_AccessLog, fmt=state.config.log_format)  # added last: outermost, sees 401s too
