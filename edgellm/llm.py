@@ -77,6 +77,7 @@ class Completion:
     finish_reason: str
     prompt_tokens: int
     timings: Timings = field(default_factory=Timings)
+    tool_calls: list[dict] = field(default_factory=list)  # chat(tools=...): OpenAI's tool_calls
 
 
 def _will_use_numba(backend: str) -> bool:
@@ -408,12 +409,45 @@ class LLM:
         *,
         max_tokens: int | None = 256,
         stop: Sequence[str] | None = None,
+        tools: list[dict] | None = None,
+        tool_choice: str | dict = "auto",
+        parallel_tool_calls: bool = True,
         **sampling: Any,
     ) -> Completion:
         """One assistant turn for a conversation, through the model's chat template. The conversation's
-        earlier turns are read from the engine's prefix cache: a turn costs its new tokens."""
-        reqs = self._requests([self.chat_prompt(messages)], max_tokens, stop, True, sampling)
-        return self._collect(reqs)[0]
+        earlier turns are read from the engine's prefix cache: a turn costs its new tokens.
+
+        `tools` (OpenAI's function list, with `tool_choice` and `parallel_tool_calls` as OpenAI's): the
+        template shows them to the model, the calls it writes are held to their functions' schemas as
+        `edgellm serve` holds them (tools.py; needs llguidance) and come back parsed in
+        `Completion.tool_calls` (OpenAI's shape; finish_reason "tool_calls"), the text around them in
+        `text`. A call's result goes back as a `tool` message after the assistant's `tool_calls`."""
+        if not tools:
+            reqs = self._requests([self.chat_prompt(messages)], max_tokens, stop, True, sampling)
+            return self._collect(reqs)[0]
+        from edgellm import tools as tl
+        from edgellm.openai_api import APIError
+
+        try:
+            choice = {"tool_choice": tool_choice, "parallel_tool_calls": parallel_tool_calls}
+            req = tl.parse({"tools": tools, **choice})
+            shown = req is not None and req.active
+            if shown and not tl.renders_tools(self.template.source):
+                raise ValueError("the model's chat template does not render tools: the model cannot see them")
+            other = _constraint(sampling.pop("response_format", None), sampling.pop("grammar", None))
+            if req is not None and req.forced and other is not None:
+                raise ValueError("a forced tool call cannot be combined with response_format or grammar")
+            sampling["grammar"] = tl.grammar(req, other) if req is not None else other
+            prompt = self.chat_prompt(tl.template_messages(messages), tools=req.tools if shown else None)
+        except APIError as e:
+            raise ValueError(f"{e.param}: {e.message}" if e.param else e.message) from None
+        out = self._collect(self._requests([prompt], max_tokens, stop, True, sampling))[0]
+        if req is None or req.parsed is None:
+            return out
+        out.text, out.tool_calls = tl.split(out.text, req.parsed, single=not req.parallel)
+        if out.tool_calls and out.finish_reason == "stop":
+            out.finish_reason = "tool_calls"
+        return out
 
     def chat_stream(
         self,
@@ -423,6 +457,8 @@ class LLM:
         stop: Sequence[str] | None = None,
         **sampling: Any,
     ) -> Iterator[Chunk]:
+        if "tools" in sampling:
+            raise ValueError("tools are for chat(), which parses the model's calls; chat_stream streams text")
         yield from self._run(self._requests([self.chat_prompt(messages)], max_tokens, stop, True, sampling))
 
     def _collect(self, reqs: list[GenRequest]) -> list[Completion]:

@@ -338,3 +338,32 @@ def test_tool_schemas_resolve_their_own_refs_and_unsupported_keywords_are_strict
         wrong = {"name": "g", "parameters": {"type": "object", "properties": {"a": {"type": "text"}}}}
         with pytest.raises(APIError, match="function 'g' cannot be enforced: Invalid type"):
             tools.grammar(one(wrong, choice))
+
+
+def test_the_python_api_takes_tools_and_returns_parsed_calls(qwen_coder_path, llm):
+    """LLM.chat(tools=...): the calls the model writes (held to their schemas) come back in
+    Completion.tool_calls, the result goes back as a tool message and the model answers in text; a
+    template without tools (SmolLM2's) and a bad tool are ValueErrors."""
+    qwen = edgellm.LLM(qwen_coder_path, backend="native", threads=2, n_ctx=1024)
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    out = qwen.chat(msgs, tools=[weather], max_tokens=60, temperature=0)
+    [call] = out.tool_calls
+    assert out.finish_reason == "tool_calls" and out.text == "" and call["function"]["name"] == "get_weather"
+    assert set(json.loads(call["function"]["arguments"])) == {"city"}
+    follow = [*msgs, {"role": "assistant", "content": None, "tool_calls": [call]},
+              {"role": "tool", "tool_call_id": call["id"], "content": '{"temp_c": 18}'}]  # fmt: skip
+    answer = qwen.chat(follow, tools=[weather], max_tokens=24, temperature=0)  # the call and its result read
+    assert answer.prompt_tokens > out.prompt_tokens + 20 and (answer.text or answer.tool_calls)
+    plain = qwen.chat(msgs, tools=[weather], tool_choice="none", max_tokens=8, temperature=0)
+    assert plain.tool_calls == [] and plain.prompt_tokens < out.prompt_tokens  # none: the tools not shown
+    pick = {"type": "function", "function": {"name": "get_weather"}}
+    named = qwen.chat(msgs, tools=[weather], tool_choice=pick, max_tokens=60, temperature=0)
+    assert named.tool_calls[0]["function"]["arguments"] == call["function"]["arguments"]
+    with pytest.raises(ValueError, match="does not render tools"):
+        llm.chat(msgs, tools=[weather], max_tokens=4)  # SmolLM2
+    with pytest.raises(ValueError, match="tools"):
+        qwen.chat(msgs, tools=[{"type": "function"}], max_tokens=4)
+    with pytest.raises(ValueError, match="chat_stream streams text"):
+        next(qwen.chat_stream(msgs, tools=[weather]))
