@@ -14,7 +14,8 @@ with the call's JSON alone: an answer that is nothing but such calls (one or mor
 function first, then object arguments, perhaps in a ```json fence) is taken as calls too, as llama.cpp's
 Hermes 2 Pro parser took a bare `{"name": ...}` (common/chat.cpp, before its PEG parsers). This is the
 format of Qwen2.5, Qwen3, Hermes 2/3 and the models trained on them (llama.cpp: common/chat.cpp's Hermes 2
-Pro handler); other families' formats (Llama 3.1 JSON calls, Mistral [TOOL_CALLS], ...) are not parsed.
+Pro handler); Llama 3.x's JSON calls (`{"name": ..., "parameters": {...}}`, bare) are read the same way,
+`parameters` for `arguments`; other families' formats (Mistral [TOOL_CALLS], ...) are not parsed.
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ def grammar(req: ToolRequest, other: Grammar | None = None) -> Grammar | None:
     w = "[ \\t\\r\\n]*"  # JSON's blanks, in a Lark regex
     rules = [
         f'OBJ: /{w}\\{{{w}"name"{w}:{w}/',
-        f'SEP: /{w},{w}"arguments"{w}:{w}/',
+        f'SEP: /{w},{w}"(arguments|parameters)"{w}:{w}/',  # parameters: Llama 3.x's JSON calls
         f"SHUT: /{w}\\}}/",
         f"END: /{w}<\\/tool_call>/",
     ]
@@ -198,8 +199,10 @@ def new_call(name: str, arguments: Any) -> dict:
 
 def _call(obj: Any, names: list[str]) -> dict | None:
     """A parsed block's call: a known function's name with object arguments, else None."""
-    ok = isinstance(obj, dict) and obj.get("name") in names and isinstance(obj.get("arguments", {}), dict)
-    return new_call(obj["name"], obj.get("arguments", {})) if ok else None
+    if not isinstance(obj, dict) or obj.get("name") not in names:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))  # parameters: Llama 3.x's JSON calls
+    return new_call(obj["name"], args) if isinstance(args, dict) else None
 
 
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)

@@ -198,6 +198,9 @@ def test_bare_json_calls_without_tags_are_calls_and_are_held_back_when_streamed(
         content, calls = tools.split(text, names)
         assert content == "" and calls and all(c["function"]["name"] == "get_weather" for c in calls), text
     assert len(tools.split(f"{call}\n{call}", names)[1]) == 2
+    llama = '{"name": "get_weather", "parameters": {"city": "Oslo"}}'  # Llama 3.x's JSON call
+    [lc] = tools.split(llama, names)[1]
+    assert json.loads(lc["function"]["arguments"]) == {"city": "Oslo"}
     block = f"<tool_call>\n{call}\n</tool_call>"
     for text in (f"{call}\n{call}", f"{block}\n{block}"):  # parallel_tool_calls false: the first call only
         assert len(tools.split(text, names, single=True)[1]) == 1
@@ -263,6 +266,7 @@ def test_auto_tool_calls_are_held_to_their_schemas_and_the_text_around_them_is_f
     call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
     block = f"<tool_call>\n{call}\n</tool_call>"
     for text in (
+        call.replace("arguments", "parameters"),  # Llama 3.x's JSON call, held to the schema too
         "The weather in Paris is mild in spring.",
         f"Let me look.\n{block}",
         f'{block}\n<tool_call>\n{{"name": "get_time", "arguments": {{"tz": "CET"}}}}\n</tool_call>\nDone.',
@@ -278,6 +282,7 @@ def test_auto_tool_calls_are_held_to_their_schemas_and_the_text_around_them_is_f
     for text in (
         block.replace("city", "town"),  # not the schema's property
         call.replace("city", "town"),
+        call.replace("arguments", "parameters").replace("city", "town"),
         block.replace("get_weather", "rm_rf"),  # not a tool
         '{"name": "rm_rf", "arguments": {}}',
         f"{call} and then some text",  # a bare call is the whole answer
