@@ -1,6 +1,7 @@
 """Speculative decoding's speed: plain decoding vs prompt lookup (ngram-simple) vs a draft model, on an
-editing prompt whose answer copies much of the prompt and on a free-writing prompt; greedy, so every
-variant must give the same text (checked).
+editing prompt whose answer copies much of the prompt, on a free-writing prompt, and (where llguidance is
+installed) on a JSON-editing prompt answered under a JSON constraint (constrained rows guess too); greedy,
+so every variant must give the same text (checked).
 
     python scripts/bench_speculative.py [--target qwen2.5-coder-1.5b] [--draft qwen2.5-coder-0.5b] [-r 3]
         [--variants plain,ngram-simple,draft,both] [--draft-max 8]
@@ -29,10 +30,15 @@ def save_config(path, data):
     with open(path, "w") as f:
         json.dump(data, f, indent=2)
 """
+DOC = """{"name": "edgellm", "version": "2.1.0", "license": "MIT",
+ "dependencies": ["numpy", "numba", "llvmlite", "cffi", "gguf", "typer", "jinja2"],
+ "scripts": {"edgellm": "edgellm.cli:app"}, "authors": [{"name": "A. Person", "email": "a@example.com"}]}"""
 PROMPTS = {
     "edit": "Add type hints to every function in this code. Reply with the whole code only.\n\n" + CODE,
     "free": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "json": 'Add a field "python": ">=3.10" to this JSON and print all of it back:\n' + DOC,
 }
+CONSTRAINED = {"json": {"response_format": "json"}}  # the answer held to JSON (llguidance)
 
 
 def main() -> None:
@@ -55,6 +61,10 @@ def main() -> None:
     if names[0] != "plain" or any(n not in every for n in names):
         ap.error(f"--variants: plain first, then any of {', '.join(every)}")
     variants = {n: every[n] for n in names}
+    try:
+        import llguidance  # noqa: F401
+    except ImportError:
+        del PROMPTS["json"]
     # every variant loaded once, then the runs interleaved (each repetition runs every variant on each
     # prompt in turn), so the machine's slow spells fall on all of them alike
     llms = {
@@ -66,7 +76,8 @@ def main() -> None:
         for kind, prompt in PROMPTS.items():
             for name, llm in llms.items():
                 llm.open_engine()  # a fresh prefix cache and fresh timings: every run computes its prompt
-                out = llm.chat([{"role": "user", "content": prompt}], max_tokens=a.n_predict, temperature=0)
+                msgs = [{"role": "user", "content": prompt}]
+                out = llm.chat(msgs, max_tokens=a.n_predict, temperature=0, **CONSTRAINED.get(kind, {}))
                 runs[name, kind].append(out)
     for name in variants:
         for kind in PROMPTS:
