@@ -131,7 +131,8 @@ def grammar(req: ToolRequest, other: Grammar | None = None) -> Grammar | None:
     - auto, as llama.cpp's lazy grammars (common/chat.cpp's Hermes 2 Pro handler): `other` where there is
       one; else any text, but from `<tool_call>` on a call's JSON must name one of the tools, its
       arguments match that tool's schema, and `</tool_call>` follow; an answer that opens as a bare call's
-      JSON (`{"name":`, perhaps in a ```json fence) is nothing but such calls. llguidance's lazy lexemes
+      JSON (`{"name":`, perhaps in a ```json fence) is nothing but such calls; with parallel_tool_calls
+      false, one call at most (no other `<tool_call>` after it). llguidance's lazy lexemes
       (its docs/syntax.md, "Tool calling") keep the free text's mask cheap (~0.05 ms a token on 151k).
     - none: `other`.
 
@@ -157,14 +158,23 @@ def grammar(req: ToolRequest, other: Grammar | None = None) -> Grammar | None:
         repeat = "+" if req.parallel and len(forced) > 1 else ""
         alts = " | ".join(f"fn_{i}" for i, fn in enumerate(fns) if fn["name"] in forced)
         head = [f"start: call{repeat}", f'call: "{OPEN}\\n" OBJ ({alts}) END "\\n"?']
-    else:
+    elif req.parallel:
         head = [
             "start: bare | call* tail",
+            "bare: OBJ fn (OBJ fn)* BLANK? | FENCED fn (OBJ fn)* FENCE_END",
+        ]
+    else:  # parallel_tool_calls false: one call at most, the text after it holds no other
+        head = [
+            "start: bare | call AFTER | tail",
+            "bare: OBJ fn BLANK? | FENCED fn FENCE_END",
+            f"AFTER: /(?s:.*)/ & ~/(?s:.*){OPEN}(?s:.*)/",
+        ]
+    if not forced:
+        head += [
             "tail: TEXT",
             f'TEXT: /(?s:.*)/ & ~/{w}(```(json)?{w})?\\{{{w}"name"(?s:.*)/',
             f'call_head[lazy]: TEXT "{OPEN}"',
             "call: call_head OBJ fn END",
-            "bare: OBJ fn (OBJ fn)* BLANK? | FENCED fn (OBJ fn)* FENCE_END",
             f'FENCED: /{w}```(json)?{w}\\{{{w}"name"{w}:{w}/',
             f"FENCE_END: /{w}```{w}/",
             "BLANK: /[ \\t\\r\\n]+/",

@@ -289,6 +289,13 @@ def test_auto_tool_calls_are_held_to_their_schemas_and_the_text_around_them_is_f
         f"<tool_call>\n{call}",  # an open block cannot end the answer
     ):
         assert not accepted(text), text
+    listed = [{"type": "function", "function": f} for f in fns]
+    one = tools.parse({"tools": listed, "parallel_tool_calls": False})
+    compiled = llm.engine.compile_grammar(tools.grammar(one))  # parallel_tool_calls false: one call at most
+    for text in (f"Let me look.\n{block}\nDone.", call, f"```json\n{call}\n```", "No call."):
+        assert accepted(text), text
+    for text in (f"{block}\n{block}", f"{call}\n{call}", f"{block} then <tool_call>"):
+        assert not accepted(text), text
     rf = Grammar("json_object")
     assert tools.grammar(req, rf) is rf  # the request's own response format wins
     off = tools.parse({"tools": [{"type": "function", "function": fns[1]}], "tool_choice": "none"})
