@@ -731,19 +731,22 @@ class ModelRunner:
         out.n_rows = len(logits_of)
         drafted = [s for s, _ in batch if s in logits_of and s.draft]
         for s in drafted:  # check the guesses (speculative.verify)
+            rows = logits_of[s]
+            if s in masks:  # a constrained row: each row's disallowed tokens at -inf
+                try:
+                    allowed_rows = masks[s].result()
+                except Exception as e:  # noqa: BLE001 - the row fails alone, as in _sample
+                    out.failed.append((s, f"the constraint failed: {e}", 500))
+                    continue
+                rows = np.array(rows, dtype=np.float32)
+                for row, allowed in zip(rows, allowed_rows, strict=True):
+                    row[: len(allowed)][~allowed] = -np.inf
+                    row[len(allowed) :] = -np.inf
             try:
                 history = s.tokens[: len(s.tokens) - len(s.draft)]
-                rows = logits_of[s]
-                if s in masks:  # a constrained row: each row's disallowed tokens at -inf
-                    rows = np.array(rows, dtype=np.float32)
-                    for row, allowed in zip(rows, masks[s].result(), strict=True):
-                        row[: len(allowed)][~allowed] = -np.inf
-                        row[len(allowed) :] = -np.inf
                 out.speculated[s] = speculative.verify(s.sampler, rows, s.draft, history)
             except ValueError as e:
                 out.failed.append((s, f"sampling failed: {e}", 400))
-            except structured.GrammarError as e:
-                out.failed.append((s, f"the constraint failed: {e}", 500))
         self._sample([s for s, _ in batch if s in logits_of and not s.draft], logits_of, out, masks)
         for s, tok in out.sampled.items():
             if s.req.logprobs is not None:

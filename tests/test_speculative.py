@@ -244,3 +244,33 @@ def test_llama_cpps_spec_type_lists_and_names():
                       ("ngram-simple", "draft_min <= draft_max")]:  # fmt: skip
         with pytest.raises(ServeError, match=says):
             spec_config(bad, 2 if "draft_min" in says else 8, 3 if "draft_min" in says else 1)
+
+
+def test_a_guessing_rows_failing_mask_fails_that_row_alone(llm, monkeypatch):
+    """A constrained row whose masks fail on a speculative step ends with the constraint's error (a 500's
+    message) while an unconstrained row beside it finishes."""
+    pytest.importorskip("llguidance")
+    from edgellm import structured
+    from edgellm.structured import Grammar
+
+    engine = llm.open_engine(spec=SpecConfig(adaptive=False, max_batch=4))
+    free = engine.compile_grammar(Grammar("lark", "start: /(?s:.*)/"))
+
+    def boom(self, draft):
+        raise RuntimeError("mask boom")
+
+    monkeypatch.setattr(structured.Constraint, "allowed_along", boom)
+    ids = llm.chat_prompt([{"role": "user", "content": COPY}])
+    bad = engine.submit(GenRequest(ids, llm.params(temperature=0), 40, grammar=free))
+    good = engine.submit(GenRequest(ids, llm.params(temperature=0), 40))
+    events: dict = {bad: [], good: []}
+    for _ in range(200):  # this engine is stepped by its caller
+        if bad.done and good.done:
+            break
+        engine.step()
+        for st in events:
+            events[st] += st.ready()
+    last_bad, last_good = events[bad][-1], events[good][-1]
+    assert last_bad.finish_reason == "error" and "the constraint failed: mask boom" in last_bad.error
+    assert last_good.finish_reason == "length"
+    llm.open_engine(spec=None)
