@@ -32,6 +32,7 @@ from edgellm.structured import Grammar
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+_CLOSE_RE = CLOSE.replace("/", "\\/")  # in a Lark regex
 
 
 @dataclass
@@ -149,7 +150,7 @@ def grammar(req: ToolRequest, other: Grammar | None = None) -> Grammar | None:
         f'OBJ: /{w}\\{{{w}"name"{w}:{w}/',
         f'SEP: /{w},{w}"(arguments|parameters)"{w}:{w}/',  # parameters: Llama 3.x's JSON calls
         f"SHUT: /{w}\\}}/",
-        f"END: /{w}<\\/tool_call>/",
+        f"END: /{w}{_CLOSE_RE}/",
     ]
     for i, fn in enumerate(fns):
         rules.append(f"fn_{i}: {json.dumps(json.dumps(fn['name']))} SEP args_{i} SHUT")
