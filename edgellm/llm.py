@@ -432,8 +432,8 @@ class LLM:
             choice = {"tool_choice": tool_choice, "parallel_tool_calls": parallel_tool_calls}
             req = tl.parse({"tools": tools, **choice})
             shown = req is not None and req.active
-            if shown and not tl.renders_tools(self.template.source):
-                raise ValueError("the model's chat template does not render tools: the model cannot see them")
+            if shown:
+                tl.require_shown(self.template.source)
             other = _constraint(sampling.pop("response_format", None), sampling.pop("grammar", None))
             if req is not None and req.forced and other is not None:
                 raise ValueError("a forced tool call cannot be combined with response_format or grammar")

@@ -1239,9 +1239,8 @@ async def _ollama(state: State, request: Request, chat: bool):
 
     treq = q.get("tools")
     names = treq.parsed if treq is not None else None  # parse tool calls from the answer
-    if names and not tools.renders_tools(llm.template.source):
-        why = "this model's chat template does not render tools, so the model cannot see them"
-        raise oa.bad("tools", f"{why}: use a model whose template does (Qwen2.5, Hermes, ...)")
+    if names:
+        tools.require_shown(llm.template.source)
 
     def ids() -> list[int]:
         if chat:
@@ -1354,9 +1353,7 @@ def _prompt_ids(llm: Any, p: oa.GenerationParams, chat: bool, special: bool = Fa
         if chat:
             msgs, fns = p.prompts[0], None
             if p.tools is not None and p.tools.active:
-                if not tools.renders_tools(llm.template.source):
-                    why = "this model's chat template does not render tools, so the model cannot see them"
-                    raise oa.bad("tools", f"{why}: use a model whose template does (Qwen2.5, Hermes, ...)")
+                tools.require_shown(llm.template.source)
                 msgs, fns = tools.template_messages(msgs), p.tools.tools
             ids = llm.chat_prompt(
                 msgs,

@@ -102,6 +102,13 @@ def renders_tools(template_source: str) -> bool:
     return re.search(r"\btools\b", template_source or "") is not None
 
 
+def require_shown(template_source: str) -> None:
+    """A 400 naming `tools` where the chat template cannot show them to the model."""
+    if not renders_tools(template_source):
+        why = "this model's chat template does not render tools, so the model cannot see them"
+        raise oa.bad("tools", f"{why}: use a model whose template does (Qwen2.5, Hermes, ...)")
+
+
 def template_messages(messages: list[dict]) -> list[dict]:
     """Messages as templates expect them: an assistant's tool-call arguments as objects (OpenAI sends
     them as JSON text; templates write `arguments | tojson`), as llama.cpp's common/chat.cpp does."""
