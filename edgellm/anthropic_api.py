@@ -192,11 +192,13 @@ def _output_format(body: dict) -> dict | None:
     return schema
 
 
-def tool_use_block(call: dict) -> dict[str, Any]:
-    """A call (tools.new_call's) as a tool_use content block."""
+def tool_use_block(call: dict, input: dict | None = None) -> dict[str, Any]:
+    """A call (tools.new_call's) as a tool_use content block; `input` for its arguments (a streamed
+    block starts with {})."""
     fn = call["function"]
     uid = "toolu_" + call["id"].removeprefix("call_")
-    return {"type": "tool_use", "id": uid, "name": fn["name"], "input": json.loads(fn["arguments"])}
+    args = json.loads(fn["arguments"]) if input is None else input
+    return {"type": "tool_use", "id": uid, "name": fn["name"], "input": args}
 
 
 def stop_reason(finish: str, calls: list[dict], stop_sequence: str | None) -> str:
@@ -217,3 +219,60 @@ def message(mid: str, model: str, content: list[dict], reason: str | None, stop_
         "usage": {"input_tokens": n_in - cached, "cache_creation_input_tokens": 0,
                   "cache_read_input_tokens": cached, "output_tokens": n_out},
     }  # fmt: skip
+
+
+class Blocks:
+    """An answer's content blocks as Anthropic streams them, from tools.CallStream's parts (or plain text
+    parts): a text block while text comes, a tool_use block per call (its input as input_json_delta
+    pieces), in the order the model wrote them. `feed` and `close` give (event, data) pairs."""
+
+    def __init__(self, calls: list[dict] | None = None):
+        self.calls = calls if calls is not None else []  # the CallStream's calls
+        self.n = 0  # blocks opened
+        self.text_at: int | None = None  # the text block open, if any
+        self.tool_at: int | None = None  # the tool_use block open, if any
+        self.shown: list[str] = []  # the text sent
+
+    def feed(self, part: Any) -> list[tuple[str, dict]]:
+        out: list[tuple[str, dict]] = []
+        if part.kind == "text":
+            if self.text_at is None:
+                self.text_at, self.n = self.n, self.n + 1
+                out.append(
+                    (
+                        "content_block_start",
+                        {"index": self.text_at, "content_block": {"type": "text", "text": ""}},
+                    )
+                )
+            self.shown.append(part.text)
+            out.append(
+                (
+                    "content_block_delta",
+                    {"index": self.text_at, "delta": {"type": "text_delta", "text": part.text}},
+                )
+            )
+        elif part.kind == "begins":
+            out += self._stop("text_at")
+            self.tool_at, self.n = self.n, self.n + 1
+            block = tool_use_block(self.calls[part.index], {})
+            out.append(("content_block_start", {"index": self.tool_at, "content_block": block}))
+        elif part.kind == "args":
+            delta = {"type": "input_json_delta", "partial_json": part.text}
+            out.append(("content_block_delta", {"index": self.tool_at, "delta": delta}))
+        else:
+            out += self._stop("tool_at")
+        return out
+
+    def close(self) -> list[tuple[str, dict]]:
+        """The open blocks stopped (a tool_use block still open: a call cut short); an empty answer gets
+        one empty text block."""
+        if not self.n:
+            self.text_at, self.n = 0, 1
+            return [("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
+                    *self._stop("text_at")]  # fmt: skip
+        return self._stop("text_at") + self._stop("tool_at")
+
+    def _stop(self, which: str) -> list[tuple[str, dict]]:
+        at = getattr(self, which)
+        setattr(self, which, None)
+        return [] if at is None else [("content_block_stop", {"index": at})]

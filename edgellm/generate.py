@@ -18,7 +18,8 @@ class Chunk:
     index: int  # which request of the batch
     text: str
     token: int | None
-    finish_reason: str | None = None  # "stop" | "length" once the sequence has ended
+    finish_reason: str | None = None  # "stop" | "length" (or "tool_calls") once the sequence has ended
+    tool_call: dict | None = None  # chat_stream(tools=...): a call, once written (OpenAI's shape)
 
 
 @dataclass

@@ -426,21 +426,8 @@ class LLM:
             reqs = self._requests([self.chat_prompt(messages)], max_tokens, stop, True, sampling)
             return self._collect(reqs)[0]
         from edgellm import tools as tl
-        from edgellm.openai_api import APIError
 
-        try:
-            choice = {"tool_choice": tool_choice, "parallel_tool_calls": parallel_tool_calls}
-            req = tl.parse({"tools": tools, **choice})
-            shown = req is not None and req.active
-            if shown:
-                tl.require_shown(self.template.source)
-            other = _constraint(sampling.pop("response_format", None), sampling.pop("grammar", None))
-            if req is not None and req.forced and other is not None:
-                raise ValueError("a forced tool call cannot be combined with response_format or grammar")
-            sampling["grammar"] = tl.grammar(req, other) if req is not None else other
-            prompt = self.chat_prompt(tl.template_messages(messages), tools=req.tools if shown else None)
-        except APIError as e:
-            raise ValueError(f"{e.param}: {e.message}" if e.param else e.message) from None
+        prompt, req, _ = self._tools_prompt(messages, tools, tool_choice, parallel_tool_calls, sampling)
         out = self._collect(self._requests([prompt], max_tokens, stop, True, sampling))[0]
         if req is None or req.parsed is None:
             return out
@@ -455,11 +442,62 @@ class LLM:
         *,
         max_tokens: int | None = 256,
         stop: Sequence[str] | None = None,
+        tools: list[dict] | None = None,
+        tool_choice: str | dict = "auto",
+        parallel_tool_calls: bool = True,
         **sampling: Any,
     ) -> Iterator[Chunk]:
-        if "tools" in sampling:
-            raise ValueError("tools are for chat(), which parses the model's calls; chat_stream streams text")
-        yield from self._run(self._requests([self.chat_prompt(messages)], max_tokens, stop, True, sampling))
+        """chat's turn as it is generated. With `tools`, the text that may begin a call is held back and
+        each call comes as a Chunk whose `tool_call` is set, once it is written (the last chunk's
+        finish_reason "tool_calls")."""
+        if not tools:
+            yield from self._run(
+                self._requests([self.chat_prompt(messages)], max_tokens, stop, True, sampling)
+            )
+            return
+        from edgellm import tools as tl
+
+        prompt, req, live = self._tools_prompt(messages, tools, tool_choice, parallel_tool_calls, sampling)
+        reqs = self._requests([prompt], max_tokens, stop, True, sampling)
+        if req is None or req.parsed is None:
+            yield from self._run(reqs)
+            return
+        calls = tl.CallStream(req.parsed, not req.parallel, live)
+        for c in self._run(reqs):
+            parts = (calls.push(c.text) if c.text else []) + (calls.finish() if c.finish_reason else [])
+            out = [
+                Chunk(0, p.text, None)
+                if p.kind == "text"
+                else Chunk(0, "", None, tool_call=calls.calls[p.index])
+                for p in parts
+                if p.kind in ("text", "ends")
+            ] or [Chunk(0, "", None)]
+            finish = "tool_calls" if c.finish_reason == "stop" and calls.ended else c.finish_reason
+            out[0] = replace(out[0], token=c.token)
+            out[-1] = replace(out[-1], finish_reason=finish)
+            yield from out
+
+    def _tools_prompt(
+        self, messages: list[dict], tools: list[dict], choice: Any, parallel: bool, sampling: dict
+    ) -> tuple[list[int], Any, bool]:
+        """A chat turn with tools: its prompt, the tools.ToolRequest (None: no tools after all) and whether
+        the calls are held to their schemas (then they stream as written); sets sampling's grammar."""
+        from edgellm import tools as tl
+        from edgellm.openai_api import APIError
+
+        try:
+            req = tl.parse({"tools": tools, "tool_choice": choice, "parallel_tool_calls": parallel})
+            shown = req is not None and req.active
+            if shown:
+                tl.require_shown(self.template.source)
+            other = _constraint(sampling.pop("response_format", None), sampling.pop("grammar", None))
+            if req is not None and req.forced and other is not None:
+                raise ValueError("a forced tool call cannot be combined with response_format or grammar")
+            sampling["grammar"] = tl.grammar(req, other) if req is not None else other
+            prompt = self.chat_prompt(tl.template_messages(messages), tools=req.tools if shown else None)
+        except APIError as e:
+            raise ValueError(f"{e.param}: {e.message}" if e.param else e.message) from None
+        return prompt, req, sampling["grammar"] is not other
 
     def _collect(self, reqs: list[GenRequest]) -> list[Completion]:
         texts: list[list[str]] = [[] for _ in reqs]

@@ -626,6 +626,7 @@ class Shaper:
     offsets: dict[int, int] = field(default_factory=dict)  # completions: text offset reached, per choice
     tool_names: list[str] | None = None  # chat with tools: <tool_call> blocks become tool_calls
     one_call: bool = False  # parallel_tool_calls false: the first call only
+    live_calls: bool = False  # the calls are held to their schemas: streamed as they are written
 
     def __post_init__(self) -> None:
         self.id = self.id or new_id("chatcmpl" if self.chat else "cmpl")
@@ -667,23 +668,16 @@ class Shaper:
         choice = {"index": index, "text": text or "", "logprobs": lp, "finish_reason": finish}
         return {**self._head("text_completion"), "choices": [choice]}
 
-    def tool_chunks(self, index: int, calls: list[dict]) -> list[dict[str, Any]]:
-        """Streamed tool calls as OpenAI sends them: per call a delta with its id, type and name (empty
-        arguments), then one with the arguments."""
-        out = []
-        for k, c in enumerate(calls):
-            head = {"index": k, "id": c["id"], "type": "function",
-                    "function": {"name": c["function"]["name"], "arguments": ""}}  # fmt: skip
-            args = {"index": k, "function": {"arguments": c["function"]["arguments"]}}
-            for d in (head, args):
-                choice = {
-                    "index": index,
-                    "delta": {"tool_calls": [d]},
-                    "logprobs": None,
-                    "finish_reason": None,
-                }
-                out.append({**self._head("chat.completion.chunk"), "choices": [choice]})
-        return out
+    def call_chunk(self, index: int, k: int, call: dict, args: str | None = None) -> dict[str, Any]:
+        """A streamed tool call's delta as OpenAI sends them: the call's id, type and name as it begins
+        (`args` None), then its arguments' text in pieces."""
+        if args is None:
+            d = {"index": k, "id": call["id"], "type": "function",
+                 "function": {"name": call["function"]["name"], "arguments": ""}}  # fmt: skip
+        else:
+            d = {"index": k, "function": {"arguments": args}}
+        choice = {"index": index, "delta": {"tool_calls": [d]}, "logprobs": None, "finish_reason": None}
+        return {**self._head("chat.completion.chunk"), "choices": [choice]}
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         head = self._head("chat.completion.chunk" if self.chat else "text_completion")

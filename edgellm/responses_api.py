@@ -212,19 +212,19 @@ def response(
     finish: str | None,
     usage: tuple[int, int, int] = (0, 0, 0),
     calls: list[dict] | None = None,
-    message: bool | None = None,
+    output: list[dict] | None = None,
 ) -> dict[str, Any]:
     """A Response object: in progress (text None) or finished (finish "stop" / "length"), its output the
-    answer's message (`message`; by default unless the answer is only tool calls) and a function_call item
-    per call (tools.new_call's)."""
+    answer's message (unless the answer is only tool calls) and a function_call item per call
+    (tools.new_call's); or `output`, the items a stream sent, in its order."""
     done = text is not None
     status = "in_progress" if not done else ("incomplete" if finish == "length" else "completed")
-    output = []
-    if done and (message if message is not None else (text or not calls)):
-        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-        output = [{"type": "message", "id": msg_id, "status": "completed", "role": "assistant",
-                   "content": [part]}]  # fmt: skip
-    output += [function_call_item(c) for c in calls or []]
+    if output is None:
+        output = []
+        if done and (text or not calls):
+            output = [{"type": "message", "id": msg_id, "status": "completed", "role": "assistant",
+                       "content": [_part(text)]}]  # fmt: skip
+        output += [function_call_item(c) for c in calls or []]
     n_in, n_out, cached = usage
     return {
         "id": rid, "object": "response", "created_at": created, "status": status,
@@ -247,3 +247,85 @@ def function_call_item(call: dict, status: str = "completed") -> dict[str, Any]:
 
 def now() -> int:
     return int(time.time())
+
+
+class Items:
+    """An answer's output items as the Responses API streams them, from tools.CallStream's parts (or
+    plain text parts): a message item while text comes, a function_call item per call (its arguments as
+    function_call_arguments.delta pieces), in the order the model wrote them. `feed` and `close` give
+    (event, data) pairs; `items` the items done, the finished Response's output."""
+
+    def __init__(self, msg_id: str, calls: list[dict] | None = None):
+        self.msg_id = msg_id  # the first message item's id
+        self.calls = calls if calls is not None else []  # the CallStream's calls
+        self.items: list[dict] = []
+        self.msg: dict[str, Any] | None = None  # the message being written: item_id, output_index, text
+        self.fc: dict[str, Any] | None = None  # the call being written: item_id, output_index
+        self.shown: list[str] = []  # the text sent
+
+    def open_message(self) -> list[tuple[str, dict]]:
+        k = len(self.items)
+        mid = self.msg_id if not any(i["type"] == "message" for i in self.items) else oa.new_id("msg", "_")
+        self.msg = {"item_id": mid, "output_index": k, "text": []}
+        item = {"type": "message", "id": mid, "status": "in_progress", "role": "assistant", "content": []}
+        return [("response.output_item.added", {"output_index": k, "item": item}),
+                ("response.content_part.added", {**self._at(), "part": _part("")})]  # fmt: skip
+
+    def feed(self, part: Any) -> list[tuple[str, dict]]:
+        out: list[tuple[str, dict]] = []
+        if part.kind == "text":
+            out += [] if self.msg is not None else self.open_message()
+            assert self.msg is not None
+            self.msg["text"].append(part.text)
+            self.shown.append(part.text)
+            out.append(("response.output_text.delta", {**self._at(), "delta": part.text, "logprobs": []}))
+        elif part.kind == "begins":
+            out += self._close_message()
+            item = {**function_call_item(self.calls[part.index], "in_progress"), "arguments": ""}
+            self.fc = {"item_id": item["id"], "output_index": len(self.items)}
+            out.append(("response.output_item.added", {"output_index": len(self.items), "item": item}))
+        elif part.kind == "args":
+            assert self.fc is not None
+            out.append(("response.function_call_arguments.delta", {**self.fc, "delta": part.text}))
+        else:
+            out += self._close_call(part.index, "completed")
+        return out
+
+    def close(self) -> list[tuple[str, dict]]:
+        """The open items done (a call still open was cut short: incomplete)."""
+        out = self._close_message()
+        if self.fc is not None:
+            out += self._close_call(len(self.calls) - 1, "incomplete")
+        return out
+
+    def _at(self) -> dict[str, Any]:
+        assert self.msg is not None
+        return {"item_id": self.msg["item_id"], "output_index": self.msg["output_index"], "content_index": 0}
+
+    def _close_message(self) -> list[tuple[str, dict]]:
+        if self.msg is None:
+            return []
+        at, part = self._at(), _part("".join(self.msg["text"]))
+        item = {"type": "message", "id": at["item_id"], "status": "completed", "role": "assistant",
+                "content": [part]}  # fmt: skip
+        self.items.append(item)
+        self.msg = None
+        return [
+            ("response.output_text.done", {**at, "text": part["text"], "logprobs": []}),
+            ("response.content_part.done", {**at, "part": part}),
+            ("response.output_item.done", {"output_index": at["output_index"], "item": item}),
+        ]
+
+    def _close_call(self, index: int, status: str) -> list[tuple[str, dict]]:
+        assert self.fc is not None
+        item = function_call_item(self.calls[index], status)
+        at, self.fc = self.fc, None
+        self.items.append(item)
+        return [
+            ("response.function_call_arguments.done", {**at, "arguments": item["arguments"]}),
+            ("response.output_item.done", {"output_index": at["output_index"], "item": item}),
+        ]
+
+
+def _part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}

@@ -779,6 +779,7 @@ async def _generate(state: State, request: Request, chat: bool):
         piece=(lambda t: tok.token_to_piece(t, special=True)) if p.logprobs is not None else None,
         tool_names=p.tools.parsed if chat and p.tools is not None else None,
         one_call=p.tools is not None and not p.tools.parallel,
+        live_calls=constraint is not p.grammar,  # the tools' grammar holds the calls
     )
     usage = request.state.edgellm_usage = [0, 0, 0]  # prompt, completion, cached: the access log reads it
     if p.stream:
@@ -858,8 +859,8 @@ async def _responses(state: State, request: Request):
     names = p.tools.parsed if p.tools is not None else None  # parse the model's calls
     single = p.tools is not None and not p.tools.parallel
 
-    def finished(text: str, finish: str, calls: list[dict], message: bool | None = None) -> dict:
-        r = ra.response(rid, mid, state.model_id, created, echo, text, finish, tuple(usage), calls, message)  # type: ignore[arg-type]
+    def finished(text: str, finish: str, calls: list[dict], output: list[dict] | None = None) -> dict:
+        r = ra.response(rid, mid, state.model_id, created, echo, text, finish, tuple(usage), calls, output)  # type: ignore[arg-type]
         if echo["store"]:
             said: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
             if calls:
@@ -888,58 +889,27 @@ async def _responses(state: State, request: Request):
                 f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': seq - 1, **data})}\n\n"
             )
 
-        at = {"item_id": mid, "output_index": 0, "content_index": 0}
         started = ra.response(rid, mid, state.model_id, created, echo, None, None)
-        item = {"type": "message", "id": mid, "status": "in_progress", "role": "assistant", "content": []}
-        empty = {"type": "output_text", "text": "", "annotations": []}
-        splitter = tools.StreamSplitter(names, single) if names else None  # holds back what may be a call
-        opened = False  # the message item (with tools: only once there is text, as an answer may be calls)
-
-        def open_message() -> list[str]:
-            nonlocal opened
-            opened = True
-            return [
-                event("response.output_item.added", output_index=0, item=item),
-                event("response.content_part.added", **at, part=empty),
-            ]
-
+        live = constraint is not p.grammar  # the tools' grammar holds the calls: stream them as written
+        calls = tools.CallStream(names, single, live) if names else None
+        out = ra.Items(mid, calls.calls if calls is not None else None)
         try:
             yield event("response.created", response=started)
             yield event("response.in_progress", response=started)
-            if splitter is None:
-                for e in open_message():
-                    yield e
-            shown, finish = [], "stop"  # the text deltas sent
+            pending = [] if calls is not None else out.open_message()  # with tools: once there is text
+            finish = "stop"
             async for ev in _one_stream(streams, usage):
-                delta = splitter.push(ev.text) if splitter is not None and ev.text else ev.text
-                if delta:
-                    for e in [] if opened else open_message():
-                        yield e
-                    shown.append(delta)
-                    yield event("response.output_text.delta", **at, delta=delta, logprobs=[])
+                parts = calls.push(ev.text) if calls is not None else [tools.Part("text", ev.text)]
+                pending += [e for part in (parts if ev.text else []) for e in out.feed(part)]
+                for kind, data in pending:
+                    yield event(kind, **data)
+                pending = []
                 finish = ev.finish_reason or finish
-            rest, calls = splitter.finish() if splitter is not None else ("", [])
-            if rest:
-                for e in [] if opened else open_message():
-                    yield e
-                shown.append(rest)
-                yield event("response.output_text.delta", **at, delta=rest, logprobs=[])
-            r = finished("".join(shown), finish, calls, opened)
-            if opened:
-                out = r["output"][0]
-                yield event("response.output_text.done", **at, text=out["content"][0]["text"], logprobs=[])
-                yield event("response.content_part.done", **at, part=out["content"][0])
-                yield event("response.output_item.done", output_index=0, item=out)
-            for k, fc in enumerate(r["output"][1 if opened else 0 :], start=1 if opened else 0):
-                at_fc = {"item_id": fc["id"], "output_index": k}
-                yield event(
-                    "response.output_item.added",
-                    output_index=k,
-                    item={**fc, "arguments": "", "status": "in_progress"},
-                )
-                yield event("response.function_call_arguments.delta", **at_fc, delta=fc["arguments"])
-                yield event("response.function_call_arguments.done", **at_fc, arguments=fc["arguments"])
-                yield event("response.output_item.done", output_index=k, item=fc)
+            parts = calls.finish() if calls is not None else []
+            for kind, data in [e for part in parts for e in out.feed(part)] + out.close():
+                yield event(kind, **data)
+            ended = calls.calls[: calls.ended] if calls is not None else []
+            r = finished("".join(out.shown), finish, ended, output=out.items)
             yield event(
                 "response.completed" if r["status"] == "completed" else "response.incomplete", response=r
             )
@@ -998,51 +968,26 @@ async def _anthropic(state: State, request: Request):
         return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
 
     async def events() -> AsyncIterator[str]:
-        splitter = tools.StreamSplitter(names, single) if names else None  # holds back what may be a call
-        blocks = 0  # content blocks opened
-        text_open = False
+        live = constraint is not p.grammar  # the tools' grammar holds the calls: stream them as written
+        calls = tools.CallStream(names, single, live) if names else None
+        out = an.Blocks(calls.calls if calls is not None else None)
         try:
             start = an.message(mid, state.model_id, [], None, None, (len(ids), 0, 0))
             yield event("message_start", message=start)
             yield event("ping")
-            shown, tokens, finish = [], [], "stop"
-
-            def text_block() -> list[str]:
-                nonlocal blocks, text_open
-                text_open, blocks = True, blocks + 1
-                return [event("content_block_start", index=0, content_block={"type": "text", "text": ""})]
-
+            tokens, finish = [], "stop"
             async for ev in _one_stream(streams, usage):
                 tokens += [ev.token] if ev.token is not None else []
-                delta = splitter.push(ev.text) if splitter is not None and ev.text else ev.text
-                if delta:
-                    for e in [] if text_open else text_block():
-                        yield e
-                    shown.append(delta)
-                    yield event("content_block_delta", index=0, delta={"type": "text_delta", "text": delta})
+                parts = calls.push(ev.text) if calls is not None else [tools.Part("text", ev.text)]
+                for kind, data in [e for part in (parts if ev.text else []) for e in out.feed(part)]:
+                    yield event(kind, **data)
                 finish = ev.finish_reason or finish
-            rest, calls = splitter.finish() if splitter is not None else ("", [])
-            if rest or (not text_open and not calls):
-                for e in [] if text_open else text_block():
-                    yield e
-                if rest:
-                    shown.append(rest)
-                    yield event("content_block_delta", index=0, delta={"type": "text_delta", "text": rest})
-            if text_open:
-                yield event("content_block_stop", index=0)
-            for c in calls:
-                block = an.tool_use_block(c)
-                yield event("content_block_start", index=blocks, content_block={**block, "input": {}})
-                partial = json.dumps(block["input"], ensure_ascii=False)
-                yield event(
-                    "content_block_delta",
-                    index=blocks,
-                    delta={"type": "input_json_delta", "partial_json": partial},
-                )
-                yield event("content_block_stop", index=blocks)
-                blocks += 1
-            seq = stop_sequence(finish, "".join(shown), tokens) if not calls else None
-            reason = an.stop_reason(finish, calls, seq)
+            parts = calls.finish() if calls is not None else []
+            for kind, data in [e for part in parts for e in out.feed(part)] + out.close():
+                yield event(kind, **data)
+            ended = calls.calls[: calls.ended] if calls is not None else []
+            seq = stop_sequence(finish, "".join(out.shown), tokens) if not ended else None
+            reason = an.stop_reason(finish, ended, seq)
             yield event("message_delta", delta={"stop_reason": reason, "stop_sequence": seq},
                         usage={"output_tokens": usage[1]})  # fmt: skip
             yield event("message_stop")
@@ -1288,18 +1233,30 @@ async def _ollama(state: State, request: Request, chat: bool):
 
         async def ndjson() -> AsyncIterator[str]:
             reason, ttft = "stop", None
-            splitter = tools.StreamSplitter(names) if names else None  # holds back what may be a call
+            live = constraint is not q["format"]  # the tools' grammar holds the calls
+            calls = tools.CallStream(names, live=live) if names else None
+
+            def lines(parts: list[tools.Part]) -> list[str]:  # each call whole once written, as Ollama's
+                assert calls is not None
+                return [
+                    json.dumps(
+                        piece(part.text) if part.kind == "text" else piece("", [calls.calls[part.index]])
+                    )
+                    + "\n"
+                    for part in parts
+                    if part.kind in ("text", "ends")
+                ]
+
             try:
                 async for ev in events():
                     if ev.finish_reason is not None:
                         reason, ttft = ev.finish_reason, ev.usage.ttft_s if ev.usage else None
-                    text = splitter.push(ev.text) if splitter and ev.text else ev.text
-                    if text:
-                        yield json.dumps(piece(text)) + "\n"
-                if splitter:
-                    rest, calls = splitter.finish()
-                    if rest or calls:
-                        yield json.dumps(piece(rest, calls)) + "\n"
+                    if calls is None and ev.text:
+                        yield json.dumps(piece(ev.text)) + "\n"
+                    for line in lines(calls.push(ev.text)) if calls is not None and ev.text else []:
+                        yield line
+                for line in lines(calls.finish()) if calls is not None else []:
+                    yield line
                 yield json.dumps(last(reason, ttft)) + "\n"
             except APIError as e:
                 yield json.dumps({"error": e.message}) + "\n"
@@ -1413,7 +1370,10 @@ async def _sse(streams: list, shaper: oa.Shaper, include_usage: bool, usage: lis
     timings = _Timings()
     pending: dict[int, list] = {}  # log-probabilities not yet sent, per choice
     splitters = (
-        {i: tools.StreamSplitter(shaper.tool_names, shaper.one_call) for i in range(len(streams))}
+        {
+            i: tools.CallStream(shaper.tool_names, shaper.one_call, shaper.live_calls)
+            for i in range(len(streams))
+        }
         if shaper.tool_names
         else {}
     )
@@ -1431,17 +1391,22 @@ async def _sse(streams: list, shaper: oa.Shaper, include_usage: bool, usage: lis
                 pending.setdefault(i, []).append((ev.token, ev.logprob))
             if ev.usage is not None:
                 timings.add(ev.usage)
-            text, reason, calls = ev.text, ev.finish_reason, []
-            if i in splitters:  # hold back what may be a tool call; parse it at the end
-                text = splitters[i].push(text)
-                if reason is not None:
-                    rest, calls = splitters[i].finish()
-                    text += rest
-                    reason = "tool_calls" if calls and reason == "stop" else reason
-            if text or (reason is not None and pending.get(i)):
-                yield _sse_line(shaper.chunk(i, text, None, logprobs=pending.pop(i, None)))
-            for c in shaper.tool_chunks(i, calls):
-                yield _sse_line(c)
+            reason = ev.finish_reason
+            parts = [tools.Part("text", ev.text)] if ev.text else []
+            if i in splitters:  # tool calls as deltas, the text that may begin one held back
+                s = splitters[i]
+                parts = (s.push(ev.text) if ev.text else []) + (s.finish() if reason is not None else [])
+                reason = "tool_calls" if s.ended and reason == "stop" else reason
+            for part in parts:
+                if part.kind == "text":
+                    yield _sse_line(shaper.chunk(i, part.text, None, logprobs=pending.pop(i, None)))
+                elif part.kind != "ends":
+                    call = splitters[i].calls[part.index]
+                    yield _sse_line(
+                        shaper.call_chunk(i, part.index, call, part.text if part.kind == "args" else None)
+                    )
+            if reason is not None and pending.get(i):
+                yield _sse_line(shaper.chunk(i, "", None, logprobs=pending.pop(i)))
             if reason is not None:
                 left -= 1
                 last = shaper.chunk(i, None if shaper.chat else "", reason)

@@ -327,3 +327,189 @@ class StreamSplitter:
         """(text not yet sent, the calls)."""
         rest, calls = split(self.buf[self.sent :], self.names, self.single)
         return rest, calls
+
+
+@dataclass
+class Part:
+    """One step of a streamed answer (CallStream): `text` to show; a call `begins` (calls[index] has its
+    id and name, no arguments yet); a piece of its `args` text; or the call `ends` (its arguments whole)."""
+
+    kind: str  # "text", "begins", "args", "ends"
+    text: str = ""
+    index: int = -1
+
+
+_W = "[ \t\r\n]*"  # JSON's blanks
+# A call's JSON up to its arguments' first character, as the grammar writes it (the name first, a
+# known name needs no escapes); bare calls may open a ```json fence first.
+_HEAD = re.compile(_W + r'\{' + _W + r'"name"' + _W + ":" + _W + r'"([^"\\]{1,64})"' + _W + ","
+                   + _W + r'"(?:arguments|parameters)"' + _W + ":" + _W + r"(?=\S)")  # fmt: skip
+_FENCE_OPEN = re.compile(_W + "```(?:json)?")
+_SHUT_TAG = re.compile(_W + r"\}" + _W + re.escape(CLOSE))
+_SHUT_BARE = re.compile(_W + r"\}")
+_HEAD_LIMIT = 256  # characters a call's head may take before the stream stops reading it as one
+
+
+class CallStream:
+    """An answer streamed as it is generated, its tool calls as they are written: `push(text)` and
+    `finish()` give Parts. Text that may begin a call is held back (StreamSplitter).
+
+    `live` (the calls are held to their schemas by the request's grammar, `grammar`): a call begins once
+    its name and its arguments' opening brace are written, and its arguments stream as they come, as
+    OpenAI, llama-server and Anthropic stream them; it ends at its closing tag (or, bare, its closing
+    brace). An answer cut short (max_tokens, a stop string) leaves its last call begun and not ended.
+    Otherwise (the calls were not constrained, so one may not parse) each call comes whole at the end,
+    as `split` reads the held text. `calls` holds the calls begun (OpenAI's tool_calls shape, arguments
+    as streamed) and `ended` how many of them ended."""
+
+    def __init__(self, names: list[str], single: bool = False, live: bool = False):
+        self.names, self.single, self.live = names, single, live
+        self.calls: list[dict] = []
+        self.ended = 0
+        self._whole = StreamSplitter(names, single)  # the text, when not live
+        self._buf = ""
+        self._pos = 0  # read up to here
+        self._state = "start"  # start, text, head, args, shut, bare, bare_next, held
+        self._bare = False  # the answer is bare calls (no tags)
+        self._held_from = 0  # where a call that did not read as one began (held to the end)
+        self._blank = ""  # blanks after a call, shown only if text follows them
+        self._depth = 0  # the arguments' JSON: open brackets, in a string, after a backslash
+        self._in_str = self._esc = False
+
+    def push(self, text: str) -> list[Part]:
+        if not self.live:
+            shown = self._whole.push(text)
+            return [Part("text", shown)] if shown else []
+        self._buf += text
+        out: list[Part] = []
+        while self._step(out):
+            pass
+        return out
+
+    def finish(self) -> list[Part]:
+        if not self.live:
+            rest, calls = self._whole.finish()
+            return ([Part("text", rest)] if rest else []) + self._whole_calls(calls)
+        out: list[Part] = []
+        s = self._state
+        if s in ("start", "head", "bare", "held"):  # text, or calls not begun: read whole
+            rest, calls = split(self._buf[self._held_from :], self.names, self.single)
+            out += ([Part("text", rest)] if rest else []) + self._whole_calls(calls)
+        elif s == "text":
+            self._text(out, self._buf[self._pos :])
+        return out  # args, shut: the last call was cut short; bare_next: blanks or the fence's end
+
+    def _whole_calls(self, calls: list[dict]) -> list[Part]:
+        out = []
+        for c in calls:
+            k = len(self.calls)
+            self.calls.append(c)
+            self.ended += 1
+            out += [
+                Part("begins", index=k),
+                Part("args", c["function"]["arguments"], k),
+                Part("ends", index=k),
+            ]
+        return out
+
+    def _text(self, out: list[Part], text: str) -> None:
+        if self.calls and not text.strip():  # blanks between or after calls: shown only before text
+            self._blank += text
+        elif text:
+            out.append(Part("text", self._blank + text))
+            self._blank = ""
+
+    def _step(self, out: list[Part]) -> bool:
+        """Reads what it can of the buffer; True if the state moved on (read again)."""
+        buf, pos, s = self._buf, self._pos, self._state
+        if s == "start":  # the answer's start: bare JSON calls, or text
+            bare = _bare_start(buf.lstrip())
+            if bare is None:
+                return False
+            self._state, self._bare = ("bare", True) if bare else ("text", False)
+            return True
+        if s == "text":
+            at = buf.find(OPEN, pos)
+            if at >= 0:
+                self._text(out, buf[pos:at])
+                self._pos, self._held_from, self._state = at + len(OPEN), at, "head"
+                return True
+            safe = len(buf)
+            for k in range(min(len(OPEN) - 1, len(buf) - pos), 0, -1):
+                if OPEN.startswith(buf[-k:]):
+                    safe = len(buf) - k
+                    break
+            self._text(out, buf[pos:safe])
+            self._pos = safe
+            return False
+        if s in ("head", "bare"):
+            at = pos
+            if s == "bare" and not self.calls:
+                fence = _FENCE_OPEN.match(buf, pos)
+                at = fence.end() if fence else pos
+            m = _HEAD.match(buf, at)
+            if m is None:
+                if len(buf) - self._held_from > _HEAD_LIMIT:
+                    self._state = "held"  # not a call as the grammar writes one: parsed at the end
+                return False
+            if m.group(1) not in self.names or buf[m.end()] != "{":
+                self._state = "held"
+                return False
+            k, self._blank = len(self.calls), ""  # blanks between calls are not text
+            self.calls.append(new_call(m.group(1), {}))
+            self.calls[k]["function"]["arguments"] = ""
+            out.append(Part("begins", index=k))
+            self._pos, self._state = m.end(), "args"
+            self._depth, self._in_str, self._esc = 0, False, False
+            return True
+        if s == "args":
+            end = self._scan(pos)
+            piece = buf[pos:end]
+            if piece:
+                self.calls[-1]["function"]["arguments"] += piece
+                out.append(Part("args", piece, len(self.calls) - 1))
+            self._pos = end
+            if self._depth == 0:  # the arguments' closing brace
+                self._state = "shut"
+                return True
+            return False
+        if s == "shut":
+            m = (_SHUT_BARE if self._bare else _SHUT_TAG).match(buf, pos)
+            if m is None:
+                return False
+            self.ended += 1
+            out.append(Part("ends", index=len(self.calls) - 1))
+            self._pos = m.end()
+            self._state = "text"
+            if self._bare:  # another bare call may follow
+                self._state, self._held_from = "bare_next", m.end()
+            return True
+        if s == "bare_next":
+            rest = buf[pos:].lstrip(" \t\r\n")
+            if rest.startswith("{"):
+                self._state = "bare"
+                return True
+            return False  # blanks or the fence's end (the grammar allows nothing else)
+        return False  # held: read at the end
+
+    def _scan(self, pos: int) -> int:
+        """Reads the arguments' JSON from `pos`; where it stopped (after the closing brace, or the end)."""
+        buf = self._buf
+        for i in range(pos, len(buf)):
+            c = buf[i]
+            if self._in_str:
+                if self._esc:
+                    self._esc = False
+                elif c == "\\":
+                    self._esc = True
+                elif c == '"':
+                    self._in_str = False
+            elif c == '"':
+                self._in_str = True
+            elif c in "{[":
+                self._depth += 1
+            elif c in "}]":
+                self._depth -= 1
+                if self._depth == 0:
+                    return i + 1
+        return len(buf)

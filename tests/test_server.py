@@ -1372,7 +1372,9 @@ def test_tool_calls_with_the_openai_client_on_qwen(qwen_server):
             deltas += ch.choices[0].delta.tool_calls or []
             finish = ch.choices[0].finish_reason or finish
     assert finish == "tool_calls" and deltas[0].id and deltas[0].function.name == "get_weather"
-    assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
+    streamed = "".join(d.function.arguments or "" for d in deltas)
+    assert json.loads(streamed) == json.loads(call.function.arguments)
+    assert len([d for d in deltas if d.function.arguments]) > 2  # the arguments as they are written
     follow = msgs + [
         {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
         {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 18}'},
@@ -1430,12 +1432,15 @@ def test_function_tools_on_the_responses_api_on_qwen(qwen_server):
                                     tool_choice={"type": "function", "name": "get_weather"})  # fmt: skip
     assert [o.type for o in named.output] == ["function_call"]
     with client.responses.stream(model="m", input=q, tools=[fn], temperature=0, max_output_tokens=60) as st:
-        kinds = [ev.type for ev in st]
+        evs = list(st)
         final = st.get_final_response()
+    kinds = [e.type for k, e in enumerate(evs) if k == 0 or e.type != evs[k - 1].type]
     assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
                      "response.function_call_arguments.delta", "response.function_call_arguments.done",
                      "response.output_item.done", "response.completed"]  # fmt: skip
-    assert final.output[0].arguments == call.arguments
+    pieces = [e.delta for e in evs if e.type == "response.function_call_arguments.delta"]
+    assert len(pieces) > 2 and "".join(pieces) == final.output[0].arguments  # as they are written
+    assert json.loads(final.output[0].arguments) == json.loads(call.arguments)
     result = {"type": "function_call_output", "call_id": call.call_id, "output": '{"temp_c": 18}'}
     follow = client.responses.create(model="m", previous_response_id=r.id, input=[result], tools=[fn],
                                      temperature=0, max_output_tokens=8)  # fmt: skip
@@ -1474,8 +1479,10 @@ def test_anthropic_tool_use_on_qwen(qwen_server):
     named = client.messages.create(**ask, messages=msgs, tool_choice={"type": "tool", "name": "get_weather"})
     assert [b.type for b in named.content] == ["tool_use"]
     with client.messages.stream(**ask, messages=msgs) as st:
+        pieces = [e.delta.partial_json for e in st if e.type == "content_block_delta"]
         final = st.get_final_message()
     assert final.stop_reason == "tool_use" and final.content[0].input == use.input
+    assert len(pieces) > 2 and json.loads("".join(pieces)) == use.input  # as they are written
     for is_error in (False, True):
         result = {
             "type": "tool_result",

@@ -228,6 +228,93 @@ def test_bare_json_calls_without_tags_are_calls_and_are_held_back_when_streamed(
     assert quoted.finish() == ('{"a": 1}', [])
 
 
+def _streamed(
+    text: str, size: int, live: bool = True, names=("get_weather", "f")
+) -> tuple[list, tools.CallStream]:
+    """`text` through a CallStream in pieces of `size` characters: its parts, text and arguments joined."""
+    s = tools.CallStream(list(names), live=live)
+    parts = [p for k in range(0, len(text), size) for p in s.push(text[k : k + size])] + s.finish()
+    out: list = []
+    for p in parts:
+        if out and p.kind in ("text", "args") and out[-1][0] == p.kind and out[-1][2] == p.index:
+            out[-1] = (p.kind, out[-1][1] + p.text, p.index)
+        else:
+            out.append((p.kind, p.text, p.index))
+    return out, s
+
+
+def test_tool_calls_stream_as_they_are_written():
+    """Under the tools' grammar a call begins once its name and its arguments' brace are written, and the
+    arguments stream as they come (braces and quotes inside strings are not the end); the same parts
+    however the text is cut into tokens; blanks between calls are not text, text after one is."""
+    args = '{"city": "Os\\"lo}", "n": [1, {"a": "]"}]}'
+    one = f'<tool_call>\n{{"name": "get_weather", "arguments": {args}}}\n</tool_call>'
+    text = f'Sure.\n{one}\n<tool_call>\n{{"name": "f", "arguments": {{}}}}\n</tool_call>\nDone.'
+    want = [("text", "Sure.\n", -1), ("begins", "", 0), ("args", args, 0), ("ends", "", 0),
+            ("begins", "", 1), ("args", "{}", 1), ("ends", "", 1), ("text", "\nDone.", -1)]  # fmt: skip
+    for size in (1, 2, 3, 7, len(text)):
+        parts, s = _streamed(text, size)
+        assert parts == want, size
+        assert s.ended == 2 and [c["function"]["arguments"] for c in s.calls] == [args, "{}"]
+    s = tools.CallStream(["get_weather"], live=True)
+    early = s.push('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa')
+    assert [p.kind for p in early] == ["begins", "args"] and early[1].text == '{"city": "Pa'  # not held
+    assert s.ended == 0 and s.finish() == []  # cut short (max_tokens): begun, never ended
+    assert _streamed(f"{one}\n\n", 3)[0][-1] == ("ends", "", 0)  # trailing blanks are not text
+    bare = (
+        f'```json\n{{"name": "get_weather", "arguments": {args}}}\n{{"name": "f", "parameters": {{}}}}\n```'
+    )
+    parts, s = _streamed(bare, 2)
+    assert parts == [("begins", "", 0), ("args", args, 0), ("ends", "", 0),
+                     ("begins", "", 1), ("args", "{}", 1), ("ends", "", 1)]  # fmt: skip
+
+
+def test_a_tool_call_that_does_not_read_as_one_is_text_or_comes_whole():
+    cut = '<tool_call>\n{"name": "get_wea'
+    assert _streamed(cut, 4)[0] == [("text", cut, -1)]  # its head cut short
+    other = '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>'
+    assert _streamed("a " + other, 5)[0] == [("text", "a " + other, -1)]  # not a tool's name
+    assert _streamed('{"a": 1}', 2)[0] == [("text", '{"a": 1}', -1)]
+    block = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    parts, s = _streamed("Hi.\n" + block, 3, live=False)  # calls not held by the grammar: whole, at the end
+    assert [p[0] for p in parts] == ["text", "begins", "args", "ends"] and parts[0][1] == "Hi.\n"
+    assert json.loads(parts[2][1]) == {"city": "Oslo"} and s.ended == 1
+
+
+def test_streamed_calls_become_anthropic_blocks_and_responses_items_in_order():
+    """Text, a call, text again: three blocks / items in that order; a call cut short is closed (a
+    Responses item `incomplete`); an empty answer is one empty text block."""
+    from edgellm import anthropic_api as an
+    from edgellm import responses_api as ra
+
+    call = '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
+    text = f'Sure.{call}\nDone.<tool_call>{{"name": "f", "arguments": {{"y'
+    s = tools.CallStream(["f"], live=True)
+    parts = [p for k in range(0, len(text), 4) for p in s.push(text[k : k + 4])] + s.finish()
+    blocks = an.Blocks(s.calls)
+    evs = [e for p in parts for e in blocks.feed(p)] + blocks.close()
+    starts = [(d["index"], d["content_block"]["type"]) for k, d in evs if k == "content_block_start"]
+    assert starts == [(0, "text"), (1, "tool_use"), (2, "text"), (3, "tool_use")]
+    assert [d["index"] for k, d in evs if k == "content_block_stop"] == [0, 1, 2, 3]
+    json_1 = "".join(
+        d["delta"]["partial_json"] for k, d in evs if k == "content_block_delta" and d["index"] == 1
+    )
+    assert json.loads(json_1) == {"x": 1} and "".join(blocks.shown) == "Sure.\nDone."
+    items = ra.Items("msg_1", s.calls)
+    evs = [e for p in parts for e in items.feed(p)] + items.close()
+    added = [(d["output_index"], d["item"]["type"]) for k, d in evs if k == "response.output_item.added"]
+    assert added == [(0, "message"), (1, "function_call"), (2, "message"), (3, "function_call")]
+    assert [i["type"] for i in items.items] == ["message", "function_call", "message", "function_call"]
+    assert items.items[0]["id"] == "msg_1" != items.items[2]["id"]
+    assert [i.get("status") for i in items.items[1::2]] == ["completed", "incomplete"]
+    assert json.loads(items.items[1]["arguments"]) == {"x": 1} and items.items[3]["arguments"] == '{"y'
+    done = [d["arguments"] for k, d in evs if k == "response.function_call_arguments.done"]
+    deltas = "".join(d["delta"] for k, d in evs if k == "response.function_call_arguments.delta")
+    assert "".join(done) == deltas
+    empty = an.Blocks().close()
+    assert [k for k, _ in empty] == ["content_block_start", "content_block_stop"]
+
+
 def test_a_forced_tool_call_on_qwen_parses(qwen_coder_path):
     """Qwen2.5-Coder-0.5B's template renders the tools; tool_choice required constrains the answer to a
     <tool_call> whose arguments match the function's schema."""
@@ -354,8 +441,9 @@ def test_tool_schemas_resolve_their_own_refs_and_unsupported_keywords_are_strict
 
 def test_the_python_api_takes_tools_and_returns_parsed_calls(qwen_coder_path, llm):
     """LLM.chat(tools=...): the calls the model writes (held to their schemas) come back in
-    Completion.tool_calls, the result goes back as a tool message and the model answers in text; a
-    template without tools (SmolLM2's) and a bad tool are ValueErrors."""
+    Completion.tool_calls (chat_stream: a chunk's tool_call, once written), the result goes back as a
+    tool message and the model answers in text; a template without tools (SmolLM2's) and a bad tool are
+    ValueErrors."""
     qwen = edgellm.LLM(qwen_coder_path, backend="native", threads=2, n_ctx=1024)
     weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
@@ -377,5 +465,10 @@ def test_the_python_api_takes_tools_and_returns_parsed_calls(qwen_coder_path, ll
         llm.chat(msgs, tools=[weather], max_tokens=4)  # SmolLM2
     with pytest.raises(ValueError, match="tools"):
         qwen.chat(msgs, tools=[{"type": "function"}], max_tokens=4)
-    with pytest.raises(ValueError, match="chat_stream streams text"):
-        next(qwen.chat_stream(msgs, tools=[weather]))
+    chunks = list(qwen.chat_stream(msgs, tools=[weather], max_tokens=60, temperature=0))
+    [streamed] = [c.tool_call for c in chunks if c.tool_call is not None]
+    assert streamed["function"]["name"] == "get_weather" and chunks[-1].finish_reason == "tool_calls"
+    assert json.loads(streamed["function"]["arguments"]) == json.loads(call["function"]["arguments"])
+    assert "".join(c.text for c in chunks) == "" and len([c for c in chunks if c.token is not None]) > 5
+    with pytest.raises(ValueError, match="does not render tools"):
+        next(llm.chat_stream(msgs, tools=[weather]))
