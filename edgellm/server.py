@@ -841,7 +841,8 @@ class _Timings:
 async def _responses(state: State, request: Request):
     """POST /v1/responses: a turn through the chat template, whole or as the Responses API's named
     server-sent events; a stored response's conversation continues with previous_response_id. With
-    function tools the model's calls come back as function_call items after any text."""
+    function tools the model's calls come back as function_call items (streamed: in the order written,
+    the arguments as they come)."""
     engine = state.ready()
     llm = state.llm
     body = await _json(request, state.config.max_body)
@@ -924,7 +925,8 @@ async def _responses(state: State, request: Request):
 
 async def _anthropic(state: State, request: Request):
     """POST /v1/messages: the request as a chat turn (anthropic_api.to_openai), the answer as a Message,
-    whole or as Anthropic's stream events; the model's tool calls as tool_use blocks after any text."""
+    whole or as Anthropic's stream events; the model's tool calls as tool_use blocks (streamed: in the
+    order written, the input as it comes)."""
     engine = state.ready()
     llm = state.llm
     body = await _json(request, state.config.max_body)
