@@ -540,6 +540,10 @@ def parse_chat(body: Any, lim: Limits) -> GenerationParams:
     p.continue_final = cont or (last.get("role") == "assistant" and not last.get("tool_calls"))
     if p.continue_final and not isinstance(last.get("content"), str):
         raise bad("messages", "the assistant message to continue must have text content")
+    if p.continue_final and not cont and len(msgs) > 1 and msgs[-2].get("role") == "assistant":
+        raise bad(
+            "messages", "cannot have 2 or more assistant messages at the end: the last one is a prefill"
+        )
     p.prompts = [msgs]
     return p
 
@@ -661,7 +665,7 @@ class Shaper:
             delta: dict[str, Any] = {}
             if first:
                 delta["role"] = "assistant"
-            if text is not None:
+            if text is not None or first:
                 delta["content"] = text
             choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}

@@ -517,6 +517,13 @@ def create_app(state: State) -> FastAPI:
     async def responses(request: Request):
         return await _responses(state, request)
 
+    @app.post("/v1/responses/input_tokens")  # OpenAI's (client.responses.input_tokens.count)
+    @app.post("/responses/input_tokens")
+    async def responses_input_tokens(request: Request):
+        state.ready()
+        _, _, _, ids = await _responses_prompt(state, await _json(request, state.config.max_body))
+        return {"object": "response.input_tokens", "input_tokens": len(ids)}
+
     @app.get("/v1/responses/{rid}")
     async def get_response(rid: str):
         state.ready()
@@ -564,6 +571,16 @@ def create_app(state: State) -> FastAPI:
     @app.post("/chat/completions")  # llama-server's alias; its /completions is its own native API
     async def chat_completions(request: Request):
         return await _generate(state, request, chat=True)
+
+    @app.post("/v1/chat/completions/input_tokens")  # llama-server's: the prompt a chat request makes
+    @app.post("/chat/completions/input_tokens")
+    async def chat_input_tokens(request: Request):
+        state.ready()
+        llm = state.llm
+        body = await _json(request, state.config.max_body)
+        p = oa.parse_chat(body, oa.Limits(llm.n_ctx, llm.model.config.n_vocab))
+        [ids] = await run_in_threadpool(_prompt_ids, llm, p, True, state.config.special_in_messages)
+        return {"input_tokens": len(ids)}
 
     return app
 
@@ -838,6 +855,21 @@ class _Timings:
         return t
 
 
+async def _responses_prompt(
+    state: State, body: Any
+) -> tuple[oa.GenerationParams, dict, list[dict], list[int]]:
+    """A Responses request read: its parameters, the fields it echoes, the conversation it continues
+    (previous_response_id's turns, then its input) and the prompt's token ids."""
+    llm = state.llm
+    p, msgs, echo = ra.parse(body, oa.Limits(llm.n_ctx, llm.model.config.n_vocab))
+    history = state.responses.get(echo["previous_response_id"])[1] if echo["previous_response_id"] else []
+    system = [{"role": "system", "content": echo["instructions"]}] if echo["instructions"] else []
+    convo = [*history, *msgs]  # instructions are not carried over to the next turn (as OpenAI's)
+    p.prompts = [[*system, *convo]]
+    [ids] = await run_in_threadpool(_prompt_ids, llm, p, True, state.config.special_in_messages)
+    return p, echo, convo, ids
+
+
 async def _responses(state: State, request: Request):
     """POST /v1/responses: a turn through the chat template, whole or as the Responses API's named
     server-sent events; a stored response's conversation continues with previous_response_id. With
@@ -845,13 +877,7 @@ async def _responses(state: State, request: Request):
     the arguments as they come)."""
     engine = state.ready()
     llm = state.llm
-    body = await _json(request, state.config.max_body)
-    p, msgs, echo = ra.parse(body, oa.Limits(llm.n_ctx, llm.model.config.n_vocab))
-    history = state.responses.get(echo["previous_response_id"])[1] if echo["previous_response_id"] else []
-    system = [{"role": "system", "content": echo["instructions"]}] if echo["instructions"] else []
-    convo = [*history, *msgs]  # instructions are not carried over to the next turn (as OpenAI's)
-    p.prompts = [[*system, *convo]]
-    [ids] = await run_in_threadpool(_prompt_ids, llm, p, True, state.config.special_in_messages)
+    p, echo, convo, ids = await _responses_prompt(state, await _json(request, state.config.max_body))
     constraint = tools.grammar(p.tools, p.grammar) if p.tools is not None else p.grammar
     grammar = await _compile(engine, constraint, p.grammar_field if constraint is p.grammar else "tools")
     streams = _submit(engine, [GenRequest(ids, _params(llm, p), p.max_tokens, tuple(p.stop), None, grammar)])
@@ -1382,7 +1408,7 @@ async def _sse(streams: list, shaper: oa.Shaper, include_usage: bool, usage: lis
     try:
         if shaper.chat:
             for i in range(len(streams)):
-                yield _sse_line(shaper.chunk(i, "", None, first=True))
+                yield _sse_line(shaper.chunk(i, None, None, first=True))  # content null, as llama-server
         failed = None
         left = len(streams)
         async for i, ev in _merged(streams):

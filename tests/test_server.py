@@ -318,6 +318,20 @@ BAD = [  # (path, body, status, param or message fragment)
     ("/v1/completions", "[1, 2]", 400, "JSON object"),
     ("/v1/completions", "[" * 100000 + "]" * 100000, 400, "JSON"),
     ("/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
+    (
+        "/v1/chat/completions",  # a prefill after another assistant turn: llama-server refuses it too
+        {
+            "messages": [
+                {"role": "user", "content": "x"},
+                {"role": "assistant", "content": "a"},
+                {"role": "assistant", "content": "b"},
+            ]
+        },  # fmt: skip
+        400,
+        "2 or more assistant",
+    ),
+    ("/v1/chat/completions/input_tokens", {"messages": []}, 400, "messages"),
+    ("/v1/responses/input_tokens", {"input": 5}, 400, "input"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": {"a": 1}}]}, 400, "messages"),
@@ -470,6 +484,21 @@ def test_model_retrieve_head_requests_and_the_routes_refused_by_name(server):
     assert _post(server, "/lora-adapters", []).json() == {"success": True}
     r = _post(server, "/lora-adapters", [{"id": 0, "scale": 0.5}])
     assert r.status_code == 400 and r.json()["error"]["param"] == "lora"
+
+
+def test_input_token_counts_are_the_prompts_the_requests_make(server):
+    """llama-server's /v1/chat/completions/input_tokens and OpenAI's /v1/responses/input_tokens
+    (client.responses.input_tokens.count): the prompt's tokens as the request itself would count them."""
+    c = _client(server)
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
+    n = _post(server, "/v1/chat/completions/input_tokens", {"messages": msgs}).json()["input_tokens"]
+    assert n == c.chat.completions.create(model="m", messages=msgs, max_tokens=1).usage.prompt_tokens > 10
+    assert _post(server, "/chat/completions/input_tokens", {"messages": msgs}).json()["input_tokens"] == n
+    counted = c.responses.input_tokens.count(model="m", input="Name a colour.", instructions="Be brief.")
+    r = c.responses.create(model="m", input="Name a colour.", instructions="Be brief.", max_output_tokens=16)
+    assert counted.object == "response.input_tokens" and counted.input_tokens == r.usage.input_tokens == n
+    follow = c.responses.input_tokens.count(model="m", input="And another?", previous_response_id=r.id)
+    assert follow.input_tokens > n  # the stored turns count
 
 
 def test_a_full_queue_answers_429_and_the_others_go_on(small_server):
