@@ -64,7 +64,8 @@ class ToolRequest:
 def parse(body: dict) -> ToolRequest | None:
     """`tools`, `tool_choice` and `parallel_tool_calls` of a chat request, checked; None without tools."""
     tools = body.get("tools")
-    choice = body.get("tool_choice", "auto")
+    choice = body.get("tool_choice")
+    choice = "auto" if choice is None else choice  # null: the default, as llama-server reads it
     parallel = oa._boolean(body, "parallel_tool_calls", True)
     if tools in (None, []):
         if choice not in ("auto", "none", None):

@@ -262,6 +262,15 @@ def test_hf_helpers_and_whitespace_control():
     assert got == '  "<é>"\n[\n {\n  "a": 1\n }\n]|4|E'
 
 
+def test_tojson_takes_a_filters_generator_as_a_list():
+    """`tools | map(attribute='function') | tojson` (llama.cpp's DeepSeek-R1 template): jinja's map is a
+    generator, minja's a list; json.dumps alone refused it."""
+    tmpl = ChatTemplate(
+        "{{ tools | map(attribute='function') | tojson }}|{{ range(3) | select('odd') | tojson }}"
+    )
+    assert tmpl.render([], tools=[{"function": {"name": "f"}}]) == '[{"name": "f"}]|[1]'
+
+
 def test_generation_tag_and_loop_controls_are_accepted():
     tmpl = ChatTemplate(
         "{% for m in messages %}{% if loop.index > 2 %}{% break %}{% endif %}"
@@ -373,6 +382,7 @@ def test_endless_loop_is_stopped_at_the_deadline(source):
         "{{ '%*d' % (10**9, 1) }}",
         "{{ range(10)|slice(10**9)|list }}",
         "{{ messages | tojson(indent=100000) }}",
+        "{{ ('x' * 200000) | list | map('upper') | tojson }}",
         "{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}",
     ],
 )

@@ -14,9 +14,11 @@ C code that would allocate it runs where that matters. A template that escapes, 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import re
 import time
+from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,6 +33,7 @@ from jinja2.visitor import NodeTransformer
 
 # Integers may not grow past this many bits (`10 ** 10 ** 10` would otherwise hang inside C).
 MAX_INT_BITS = 1 << 16
+MAX_JSON_ITEMS = 100_000  # items of a sequence (a map's generator) the `tojson` filter takes
 # `indent` of the `tojson` filter: real templates use 2 or 4; a huge one multiplies the output.
 MAX_JSON_INDENT = 64
 # Format strings (`'%99999999d' % x`, `'{:>99999999}'.format(x)`) may not ask for fields this wide.
@@ -177,6 +180,10 @@ def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False
         isinstance(indent, str) and len(indent) > MAX_JSON_INDENT
     ):
         raise ChatTemplateError(f"tojson indent over {MAX_JSON_INDENT}", "too_large")
+    if isinstance(x, Iterator):  # `tools | map(attribute='function') | tojson`: minja's map gives a list
+        x = list(itertools.islice(x, MAX_JSON_ITEMS + 1))
+        if len(x) > MAX_JSON_ITEMS:
+            raise ChatTemplateError("chat template's tojson would build a value too large", "too_large")
     budget = _budget.get()
     if budget is not None and value_size(x, budget.max_chars) > budget.max_chars:
         raise ChatTemplateError("chat template's tojson would build a value too large", "too_large")
