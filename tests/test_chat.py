@@ -308,10 +308,17 @@ def test_invalid_messages_are_rejected(messages, match):
     assert e.value.kind == "messages"
 
 
-def test_null_content_reaches_jinja_as_none_and_builtins_as_empty():
-    msgs = [{"role": "assistant", "content": None, "tool_calls": [{"type": "function"}]}]
-    assert ChatTemplate("{{ messages[0].content is none }}").render(msgs) == "True"
-    assert ChatTemplate.builtin("chatml").render(msgs, add_generation_prompt=False) == (
+def test_a_null_or_missing_content_reaches_every_template_as_empty():
+    """As llama.cpp gives every template (common_chat_msg::to_json_oaicompat): a template that adds
+    content to a string (SmolLM2's) or looks inside it (Qwen3's '</think>' in content) failed on a null."""
+    msgs = [{"role": "assistant", "content": None, "tool_calls": [{"type": "function"}]}, {"role": "tool"}]
+    assert (
+        ChatTemplate("{{ messages[0].content is string }}{{ messages[1].content is string }}").render(msgs)
+        == "TrueTrue"
+    )
+    plain = ChatTemplate("{% for m in messages %}{{ '<' + m['role'] + '>' + m['content'] }}{% endfor %}")
+    assert plain.render(msgs) == "<assistant><tool>"
+    assert ChatTemplate.builtin("chatml").render(msgs[:1], add_generation_prompt=False) == (
         "<|im_start|>assistant\n<|im_end|>\n"
     )
 

@@ -146,10 +146,12 @@ class ChatTemplate:
         as llama.cpp's common_chat_templates_apply does, so the prompt does not start with two BOS tokens.
         """
         msgs = normalize_messages(messages)
-        if self.name in BUILTIN_TEMPLATES:  # llama.cpp's C formats see a null content as ""
-            for m in msgs:
-                if m.get("content") is None:
-                    m["content"] = ""
+        # a null content (an assistant turn that only calls tools) is "", as llama.cpp gives every template
+        # (common/chat.cpp, common_chat_msg::to_json_oaicompat): SmolLM2's template adds content to a
+        # string and Qwen3's looks for '</think>' in it, and both failed on a null
+        for m in msgs:
+            if m.get("content") is None:
+                m["content"] = ""
         tools_ = None if tools is None else _plain(tools, "tools", 0)
         extra_ = {k: _plain(v, k, 0) for k, v in extra.items()}
         context = {
