@@ -15,7 +15,8 @@ Structured outputs: `output_config.format` (or the beta's `output_format`) {type
 constrains the answer's text to the schema, and a tool's `strict: true` its calls' input, as Anthropic
 guarantees them (structured.py, tools.py).
 
-What a local text model cannot give is refused by name: images and documents, extended `thinking`,
+What a local text model cannot give is refused by name: images and documents, extended `thinking` (an
+earlier turn's thinking blocks are read, as reasoning_content for the template),
 `output_config.effort`, server tools (web search, code execution, ...), `mcp_servers`, `container`.
 `metadata` and `service_tier` change nothing here and are accepted.
 """
@@ -67,7 +68,7 @@ def _message(i: int, msg: Any) -> list[dict[str, Any]]:
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
         raise oa.bad("messages", f"messages[{i}].content must be a string or a list of content blocks")
-    texts, calls, results = [], [], []
+    texts, calls, results, thoughts = [], [], [], []
     for j, b in enumerate(content):
         kind = b.get("type") if isinstance(b, dict) else None
         where = f"messages[{i}].content[{j}]"
@@ -89,16 +90,20 @@ def _message(i: int, msg: Any) -> list[dict[str, Any]]:
             if b.get("is_error"):  # the model should know the call failed
                 text = f"Error: {text}"
             results.append({"role": "tool", "tool_call_id": b["tool_use_id"], "content": text})
-        elif kind in ("thinking", "redacted_thinking") and role == "assistant":
-            continue  # an earlier turn's reasoning: not shown again, as chat templates drop it
+        elif kind == "thinking" and role == "assistant" and isinstance(b.get("thinking"), str):
+            thoughts.append(b["thinking"])  # the template shows it where it shows reasoning (Qwen3's)
+        elif kind == "redacted_thinking" and role == "assistant":
+            continue  # encrypted reasoning of another model: nothing to show
         else:
             raise oa.bad("messages", f"{where}: {kind!r} blocks are not supported",
                          code="unsupported_parameter")  # fmt: skip
     said: list[dict[str, Any]] = []
-    if texts or calls or not results:
+    if texts or calls or thoughts or not results:
         m: dict[str, Any] = {"role": role, "content": "".join(texts) if texts or not calls else None}
         if calls:
             m["tool_calls"] = calls
+        if thoughts:  # as reasoning_content, as llama-server carries it (server-chat.cpp)
+            m["reasoning_content"] = "".join(thoughts)
         said.append(m)
     return said + results
 

@@ -1255,6 +1255,23 @@ def test_the_anthropic_messages_api_with_the_anthropic_client(server):
         assert err["error"]["type"] == "invalid_request_error" and err["error"]["message"].startswith(name)
 
 
+def test_anthropic_thinking_in_history_reaches_the_template_as_reasoning_content():
+    """An earlier turn's thinking blocks (Claude Code sends them back with its tool loop) become the
+    assistant message's reasoning_content, as llama-server's conversion does, so a template that shows
+    reasoning (Qwen3's) shows it; redacted thinking is dropped."""
+    from edgellm import anthropic_api as an
+
+    turn = {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "Check the files first.", "signature": "s"},
+        {"type": "redacted_thinking", "data": "xyz"},
+        {"type": "tool_use", "id": "call_1", "name": "ls", "input": {"path": "."}}]}  # fmt: skip
+    body = {"max_tokens": 8, "messages": [{"role": "user", "content": "Fix it"}, turn]}
+    said = an.to_openai(body, 512)["messages"][1]
+    assert said["reasoning_content"] == "Check the files first." and said["tool_calls"][0]["id"] == "call_1"
+    plain = {"role": "assistant", "content": [{"type": "text", "text": "Hi"}]}
+    assert "reasoning_content" not in an.to_openai({**body, "messages": [plain]}, 512)["messages"][0]
+
+
 CURL_ROUTES = [  # (method, path, body): every route the issue lists, as curl sends it
     ("GET", "/health", None), ("GET", "/metrics", None), ("GET", "/props", None), ("GET", "/slots", None),
     ("GET", "/models", None), ("GET", "/v1/models", None), ("GET", "/openapi.json", None), ("GET", "/", None),
