@@ -117,6 +117,12 @@ def serve(
     header_timeout: float = typer.Option(
         10.0, "--header-timeout", help="Seconds a connection has to send its request headers."
     ),
+    reasoning_format: str = typer.Option(
+        "auto",
+        "--reasoning-format",
+        help="A thinking model's <think> reasoning: auto or deepseek (apart, as reasoning_content), none "
+        "(left in the content).",
+    ),
     spec_type: str = SPEC_OPTIONS["spec_type"](),
     model_draft: str | None = SPEC_OPTIONS["model_draft"](),
     draft_max: int = SPEC_OPTIONS["draft_max"](),
@@ -176,6 +182,8 @@ def serve(
         raise ServeError(f"--log-format must be text or json, not {log_format!r}")
     if pooling is not None and pooling not in ("mean", "cls", "last", "none"):
         raise ServeError(f"--pooling must be mean, cls, last or none, not {pooling!r}")
+    if reasoning_format not in ("auto", "deepseek", "none"):
+        raise ServeError(f"--reasoning-format must be auto, deepseek or none, not {reasoning_format!r}")
     if not 0 < header_timeout <= 3600:
         raise ServeError("--header-timeout must be in (0, 3600] seconds")
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
@@ -198,6 +206,7 @@ def serve(
         api_key=api_key or None,
         shutdown_grace=shutdown_grace,
         model_name=alias,
+        reasoning_format=reasoning_format,
         log_format=log_format,
         header_timeout=header_timeout,
         special_in_messages=special_in_messages,

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgellm import reasoning
+
 MAX_CHOICES = 16  # n times the number of prompts
 MAX_STOPS = 16
 MAX_STOP_CHARS = 1024
@@ -122,7 +124,6 @@ LLAMA_SERVER_UNSUPPORTED: list[tuple[str, Callable[[Any], bool], str]] = [
     ("return_progress", lambda v: v is False, "prompt progress events are not supported"),
     ("adaptive_target", lambda v: _is_num(v) and v < 0, "adaptive-p sampling is not supported"),
     ("reasoning_budget_tokens", lambda v: v == -1, "a reasoning budget is not supported"),
-    ("reasoning_format", lambda v: v in ("none", ""), "reasoning extraction is not supported"),
     ("parse_tool_calls", lambda v: v is False, "tool calls are not supported"),
     ("grammar_lazy", lambda v: v is False, "lazy grammars (triggered by a word) are not supported"),
     ("grammar_triggers", lambda v: v == [], "lazy grammars (triggered by a word) are not supported"),
@@ -181,6 +182,7 @@ class GenerationParams:
     tools: Any = None  # chat: a tools.ToolRequest
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat: chat_template_kwargs
     speculative: bool = True  # false (or llama-server's speculative.n_max 0): no guessing for this one
+    reasoning_format: str | None = None  # chat: llama-server's reasoning_format (None: the server's)
 
 
 def _sampling(body: dict, lim: Limits) -> dict[str, Any]:
@@ -317,8 +319,10 @@ def _common(
         include_usage = _boolean(opts, "include_usage")
     _refuse_if_set(body, "echo", lambda v: v is False, "echo is not supported")
     _refuse_if_set(body, "best_of", lambda v: v == 1, "best_of is not supported")
-    if logprobs != "chat":  # the chat route reads tools (tools.py)
+    if logprobs != "chat":  # the chat route reads tools (tools.py) and reasoning_format
         _refuse_if_set(body, "tools", lambda v: v == [], "tools are only supported on chat completions")
+        _refuse_if_set(body, "reasoning_format", lambda v: v in ("none", ""),
+                       "reasoning is only taken apart on chat completions")  # fmt: skip
     # llama-server's and vLLM's fields that edgellm cannot honour yet: refused by name, never silently ignored
     for name, default_ok, what in LLAMA_SERVER_UNSUPPORTED:
         _refuse_if_set(body, name, default_ok, what)
@@ -490,6 +494,19 @@ TEMPLATE_RESERVED = (
 )
 
 
+def _reasoning_format(body: dict) -> str | None:
+    """llama-server's `reasoning_format`: auto / deepseek (the reasoning apart) or none (in the content)."""
+    v = body.get("reasoning_format")
+    if v is None:
+        return None
+    if v == "deepseek-legacy":
+        raise bad("reasoning_format", "deepseek-legacy (the reasoning both apart and in the content) is not "
+                  "supported: use deepseek or none", code="unsupported_parameter")  # fmt: skip
+    if v not in ("auto", "deepseek", "none", ""):
+        raise bad("reasoning_format", "must be auto, deepseek or none")
+    return v or "none"
+
+
 def _template_kwargs(body: dict) -> dict[str, Any]:
     """llama-server's and vLLM's chat_template_kwargs: extra variables for the chat template (e.g.
     enable_thinking), an object whose keys are not the template's own variables."""
@@ -535,6 +552,7 @@ def parse_chat(body: Any, lim: Limits) -> GenerationParams:
     from edgellm import tools
 
     p.tools = tools.parse(body)
+    p.reasoning_format = _reasoning_format(body)
     if p.tools is not None and p.tools.forced and p.grammar is not None:
         raise bad("tool_choice", f"a forced tool call cannot be combined with {p.grammar_field}")
     p.continue_final = cont or (last.get("role") == "assistant" and not last.get("tool_calls"))
@@ -631,6 +649,8 @@ class Shaper:
     tool_names: list[str] | None = None  # chat with tools: <tool_call> blocks become tool_calls
     one_call: bool = False  # parallel_tool_calls false: the first call only
     live_calls: bool = False  # the calls are held to their schemas: streamed as they are written
+    reasoning: bool = False  # chat: a <think> reasoning goes apart, as reasoning_content (reasoning.py)
+    inside: bool = False  # the prompt opened the reasoning: the answer starts inside it
 
     def __post_init__(self) -> None:
         self.id = self.id or new_id("chatcmpl" if self.chat else "cmpl")
@@ -659,6 +679,7 @@ class Shaper:
         finish: str | None,
         first: bool = False,
         logprobs: list | None = None,
+        thought: str | None = None,
     ) -> dict[str, Any]:
         lp = self._logprobs(index, logprobs)
         if self.chat:
@@ -667,6 +688,8 @@ class Shaper:
                 delta["role"] = "assistant"
             if text is not None or first:
                 delta["content"] = text
+            if thought is not None:
+                delta["reasoning_content"] = thought
             choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
         choice = {"index": index, "text": text or "", "logprobs": lp, "finish_reason": finish}
@@ -694,6 +717,9 @@ class Shaper:
         if self.chat:
             choices = []
             for i, (t, f, lp) in enumerate(zip(texts, finishes, lps)):
+                thought = None
+                if self.reasoning:
+                    thought, t = reasoning.split(t, self.inside)
                 message: dict[str, Any] = {"role": "assistant", "content": t}
                 if self.tool_names is not None:
                     from edgellm.tools import split
@@ -702,6 +728,8 @@ class Shaper:
                     if calls:
                         message = {"role": "assistant", "content": content or None, "tool_calls": calls}
                         f = "tool_calls" if f == "stop" else f
+                if thought is not None:
+                    message["reasoning_content"] = thought
                 choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": f})
             return {**self._head("chat.completion"), "choices": choices, "usage": usage}
         choices = [

@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edgellm import anthropic_api as an
 from edgellm import llama_api as la
-from edgellm import modelinfo, structured, tools
+from edgellm import modelinfo, reasoning, structured, tools
 from edgellm import ollama_api as ol
 from edgellm import openai_api as oa
 from edgellm import responses_api as ra
@@ -82,6 +82,9 @@ class ServerConfig:
     spec: Any = None  # speculative.SpecConfig: prompt-lookup speculative decoding (--spec-type)
     use_mmap: bool = True  # --no-mmap: read the file into memory
     mlock: bool = False  # --mlock: lock the model's pages in RAM
+    reasoning_format: str = (
+        "auto"  # chat: <think> reasoning as reasoning_content (auto, deepseek) or not (none)
+    )
 
 
 @dataclass
@@ -797,7 +800,10 @@ async def _generate(state: State, request: Request, chat: bool):
         tool_names=p.tools.parsed if chat and p.tools is not None else None,
         one_call=p.tools is not None and not p.tools.parallel,
         live_calls=constraint is not p.grammar,  # the tools' grammar holds the calls
+        reasoning=chat and (p.reasoning_format or state.config.reasoning_format) != "none",
     )
+    if shaper.reasoning:  # does the prompt leave a <think> open (DeepSeek-R1's generation prompt)?
+        shaper.inside = reasoning.opens_in_thought(llm.detokenize(prompts[0][-8:], special=True))
     usage = request.state.edgellm_usage = [0, 0, 0]  # prompt, completion, cached: the access log reads it
     if p.stream:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -1405,6 +1411,9 @@ async def _sse(streams: list, shaper: oa.Shaper, include_usage: bool, usage: lis
         if shaper.tool_names
         else {}
     )
+    thinkers = (
+        {i: reasoning.ReasoningStream(shaper.inside) for i in range(len(streams))} if shaper.reasoning else {}
+    )
     try:
         if shaper.chat:
             for i in range(len(streams)):
@@ -1420,13 +1429,25 @@ async def _sse(streams: list, shaper: oa.Shaper, include_usage: bool, usage: lis
             if ev.usage is not None:
                 timings.add(ev.usage)
             reason = ev.finish_reason
-            parts = [tools.Part("text", ev.text)] if ev.text else []
-            if i in splitters:  # tool calls as deltas, the text that may begin one held back
-                s = splitters[i]
-                parts = (s.push(ev.text) if ev.text else []) + (s.finish() if reason is not None else [])
-                reason = "tool_calls" if s.ended and reason == "stop" else reason
+            pieces = [("content", ev.text)] if ev.text else []
+            if i in thinkers:  # the reasoning apart, as reasoning_content deltas
+                th = thinkers[i]
+                pieces = (th.push(ev.text) if ev.text else []) + (th.finish() if reason is not None else [])
+            parts = []
+            for kind, text in pieces:
+                if kind == "reasoning":
+                    parts.append(tools.Part("reasoning", text))
+                else:  # tool calls as deltas, the text that may begin one held back
+                    parts += splitters[i].push(text) if i in splitters else [tools.Part("text", text)]
+            if i in splitters and reason is not None:
+                parts += splitters[i].finish()
+                reason = "tool_calls" if splitters[i].ended and reason == "stop" else reason
             for part in parts:
-                if part.kind == "text":
+                if part.kind == "reasoning":
+                    yield _sse_line(
+                        shaper.chunk(i, None, None, logprobs=pending.pop(i, None), thought=part.text)
+                    )
+                elif part.kind == "text":
                     yield _sse_line(shaper.chunk(i, part.text, None, logprobs=pending.pop(i, None)))
                 elif part.kind != "ends":
                     call = splitters[i].calls[part.index]

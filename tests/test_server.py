@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -484,6 +485,35 @@ def test_model_retrieve_head_requests_and_the_routes_refused_by_name(server):
     assert _post(server, "/lora-adapters", []).json() == {"success": True}
     r = _post(server, "/lora-adapters", [{"id": 0, "scale": 0.5}])
     assert r.status_code == 400 and r.json()["error"]["param"] == "lora"
+
+
+def test_a_thinking_answers_reasoning_comes_apart_as_reasoning_content(server):
+    """llama-server's reasoning_format (auto by default): an answer's <think> ... </think> is its
+    message's reasoning_content, whole and streamed (reasoning_content deltas), the rest its content; none
+    leaves it in the content. A grammar makes SmolLM2 write one."""
+    msgs = [{"role": "user", "content": "Name a colour."}]
+    grammar = 'root ::= "<think>\\nI should answer briefly.\\n</think>\\n\\n" [A-Z] [a-z]+ "."'
+    ask = {"messages": msgs, "grammar": grammar, "max_tokens": 40, "temperature": 0}
+    whole = _post(server, "/v1/chat/completions", ask).json()["choices"][0]["message"]
+    assert whole["reasoning_content"] == "I should answer briefly.", whole
+    assert re.fullmatch(r"[A-Z][a-z]+\.", whole["content"]), whole
+    c = _client(server)
+    stream = c.chat.completions.create(model="m", messages=msgs, stream=True, max_tokens=40, temperature=0,
+                                       extra_body={"grammar": grammar})  # fmt: skip
+    deltas = [ch.choices[0].delta for ch in stream if ch.choices]
+    thought = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
+    assert (
+        thought == whole["reasoning_content"] and "".join(d.content or "" for d in deltas) == whole["content"]
+    )
+    assert len([d for d in deltas if getattr(d, "reasoning_content", None)]) > 2  # as it is written
+    kept = _post(server, "/v1/chat/completions", {**ask, "reasoning_format": "none"}).json()["choices"][0]
+    assert kept["message"]["content"].startswith("<think>") and "reasoning_content" not in kept["message"]
+    plain = _post(server, "/v1/chat/completions", {"messages": msgs, "max_tokens": 8}).json()["choices"][0]
+    assert "reasoning_content" not in plain["message"]  # no <think>: no reasoning
+    for path, body in (("/v1/chat/completions", {"reasoning_format": "deepseek-legacy"}),
+                       ("/v1/completions", {"prompt": "x", "reasoning_format": "deepseek"})):  # fmt: skip
+        r = _post(server, path, {"messages": msgs, **body})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_format", r.text
 
 
 def test_input_token_counts_are_the_prompts_the_requests_make(server):

@@ -1,0 +1,62 @@
+"""A thinking model's <think> reasoning taken apart from its answer (reasoning.py), whole and streamed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgellm import openai_api as oa
+from edgellm import reasoning
+
+CASES = [  # (answer, the prompt opened <think>, reasoning, content)
+    ("<think>\nLet me see.\n</think>\n\nThe answer is 4.", False, "Let me see.", "The answer is 4."),
+    ("  <think>a < b, so </thin is not the end</think>b", False, "a < b, so </thin is not the end", "b"),
+    ("Hello <think>x</think>", False, None, "Hello <think>x</think>"),  # not at the start: content
+    ("<think>\ncut short by max_tokens  ", False, "cut short by max_tokens", ""),
+    ("<thi", False, None, "<thi"),
+    ("", False, None, ""),
+    ("<think></think>\n\nx", False, "", "x"),
+    ("I add them.\n</think>\n\n2", True, "I add them.", "2"),  # DeepSeek-R1: the prompt ends in <think>
+    ("", True, "", ""),
+]
+
+
+@pytest.mark.parametrize("text,inside,thought,content", CASES)
+def test_reasoning_comes_apart_whole_and_in_any_pieces(text, inside, thought, content):
+    assert reasoning.split(text, inside) == (thought, content)
+    for size in (1, 2, 3, 5):
+        s = reasoning.ReasoningStream(inside)
+        parts = [p for k in range(0, len(text), size) for p in s.push(text[k : k + size])] + s.finish()
+        got = "".join(t for k, t in parts if k == "reasoning"), "".join(t for k, t in parts if k == "content")
+        assert got == (thought or "", content) and s.thought == (thought is not None), size
+        assert all(t for _, t in parts)  # no empty pieces
+
+
+def test_reasoning_streams_before_the_answer_ends():
+    s = reasoning.ReasoningStream()
+    assert s.push("<think>\nFirst") == [("reasoning", "First")]
+    assert s.push(" second  \n") == [("reasoning", " second")]  # blanks held: they may end the reasoning
+    assert s.push("</th") == []
+    assert s.push("ink>\n\nDone") == [("content", "Done")]
+
+
+def test_a_prompt_that_opens_the_reasoning_is_seen():
+    assert reasoning.opens_in_thought("<｜User｜>Hi<｜Assistant｜><think>\n")
+    assert not reasoning.opens_in_thought("<think>old</think>\n<|im_start|>assistant\n")
+    assert not reasoning.opens_in_thought("<|im_start|>assistant\n")
+
+
+def test_a_whole_chat_answer_carries_reasoning_content_then_its_calls():
+    shaper = oa.Shaper(chat=True, model="m", reasoning=True, tool_names=["f"])
+    text = '<think>Call f.</think>\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    [choice] = shaper.whole([text], ["stop"], {})["choices"]
+    msg = choice["message"]
+    assert (
+        msg["reasoning_content"] == "Call f."
+        and msg["content"] is None
+        and choice["finish_reason"] == "tool_calls"
+    )
+    assert json.loads(msg["tool_calls"][0]["function"]["arguments"]) == {"a": 1}
+    off = oa.Shaper(chat=True, model="m").whole(["<think>x</think>y"], ["stop"], {})["choices"][0]["message"]
+    assert off == {"role": "assistant", "content": "<think>x</think>y"}
