@@ -15,8 +15,12 @@ Structured outputs: `output_config.format` (or the beta's `output_format`) {type
 constrains the answer's text to the schema, and a tool's `strict: true` its calls' input, as Anthropic
 guarantees them (structured.py, tools.py).
 
-What a local text model cannot give is refused by name: images and documents, extended `thinking` (an
-earlier turn's thinking blocks are read, as reasoning_content for the template),
+A thinking model's reasoning (reasoning.py) comes back as a `thinking` block before the text, as
+llama-server's; an earlier turn's thinking blocks go to the template as reasoning_content; `thinking:
+{type: disabled}` tells a template that can think not to (`enable_thinking` false).
+
+What a local text model cannot give is refused by name: images and documents, extended `thinking`
+(enabled, with its budget),
 `output_config.effort`, server tools (web search, code execution, ...), `mcp_servers`, `container`.
 `metadata` and `service_tier` change nothing here and are accepted.
 """
@@ -128,6 +132,8 @@ def to_openai(body: Any, n_ctx: int, count_only: bool = False) -> dict[str, Any]
     for i, m in enumerate(msgs):
         out += _message(i, m)
     chat: dict[str, Any] = {"messages": out}
+    if isinstance(body.get("thinking"), dict):  # disabled: a template that can think is told not to (Qwen3)
+        chat["chat_template_kwargs"] = {"enable_thinking": False}
     tools = body.get("tools")
     if tools is not None:
         if not isinstance(tools, list):
@@ -228,37 +234,42 @@ def message(mid: str, model: str, content: list[dict], reason: str | None, stop_
 
 class Blocks:
     """An answer's content blocks as Anthropic streams them, from tools.CallStream's parts (or plain text
-    parts): a text block while text comes, a tool_use block per call (its input as input_json_delta
-    pieces), in the order the model wrote them. `feed` and `close` give (event, data) pairs."""
+    parts): a thinking block for a thinking model's reasoning (thinking_delta pieces; its signature empty,
+    as llama-server's), a text block while text comes, a tool_use block per call (its input as
+    input_json_delta pieces), in the order the model wrote them. `feed` and `close` give (event, data)
+    pairs."""
 
     def __init__(self, calls: list[dict] | None = None):
         self.calls = calls if calls is not None else []  # the CallStream's calls
         self.n = 0  # blocks opened
         self.text_at: int | None = None  # the text block open, if any
         self.tool_at: int | None = None  # the tool_use block open, if any
+        self.thought_at: int | None = None  # the thinking block open, if any (a thinking model's reasoning)
         self.shown: list[str] = []  # the text sent
+        self.answered = False  # a text or tool_use block was opened
 
     def feed(self, part: Any) -> list[tuple[str, dict]]:
         out: list[tuple[str, dict]] = []
+        if part.kind == "reasoning":
+            if self.thought_at is None:
+                self.thought_at, self.n = self.n, self.n + 1
+                block = {"type": "thinking", "thinking": "", "signature": ""}
+                out.append(("content_block_start", {"index": self.thought_at, "content_block": block}))
+            delta = {"type": "thinking_delta", "thinking": part.text}
+            out.append(("content_block_delta", {"index": self.thought_at, "delta": delta}))
+            return out
+        out += self._stop("thought_at")  # the reasoning comes first: what follows ends it
         if part.kind == "text":
             if self.text_at is None:
-                self.text_at, self.n = self.n, self.n + 1
-                out.append(
-                    (
-                        "content_block_start",
-                        {"index": self.text_at, "content_block": {"type": "text", "text": ""}},
-                    )
-                )
+                self.text_at, self.n, self.answered = self.n, self.n + 1, True
+                block = {"type": "text", "text": ""}
+                out.append(("content_block_start", {"index": self.text_at, "content_block": block}))
             self.shown.append(part.text)
-            out.append(
-                (
-                    "content_block_delta",
-                    {"index": self.text_at, "delta": {"type": "text_delta", "text": part.text}},
-                )
-            )
+            delta = {"type": "text_delta", "text": part.text}
+            out.append(("content_block_delta", {"index": self.text_at, "delta": delta}))
         elif part.kind == "begins":
             out += self._stop("text_at")
-            self.tool_at, self.n = self.n, self.n + 1
+            self.tool_at, self.n, self.answered = self.n, self.n + 1, True
             block = tool_use_block(self.calls[part.index], {})
             out.append(("content_block_start", {"index": self.tool_at, "content_block": block}))
         elif part.kind == "args":
@@ -269,13 +280,14 @@ class Blocks:
         return out
 
     def close(self) -> list[tuple[str, dict]]:
-        """The open blocks stopped (a tool_use block still open: a call cut short); an empty answer gets
-        one empty text block."""
-        if not self.n:
-            self.text_at, self.n = 0, 1
-            return [("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
-                    *self._stop("text_at")]  # fmt: skip
-        return self._stop("text_at") + self._stop("tool_at")
+        """The open blocks stopped (a tool_use block still open: a call cut short); an answer with no
+        text and no call gets one empty text block."""
+        out = self._stop("thought_at") + self._stop("text_at") + self._stop("tool_at")
+        if not self.answered:
+            at, self.n = self.n, self.n + 1
+            out += [("content_block_start", {"index": at, "content_block": {"type": "text", "text": ""}}),
+                    ("content_block_stop", {"index": at})]  # fmt: skip
+        return out
 
     def _stop(self, which: str) -> list[tuple[str, dict]]:
         at = getattr(self, which)

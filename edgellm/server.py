@@ -800,10 +800,9 @@ async def _generate(state: State, request: Request, chat: bool):
         tool_names=p.tools.parsed if chat and p.tools is not None else None,
         one_call=p.tools is not None and not p.tools.parallel,
         live_calls=constraint is not p.grammar,  # the tools' grammar holds the calls
-        reasoning=chat and (p.reasoning_format or state.config.reasoning_format) != "none",
     )
-    if shaper.reasoning:  # does the prompt leave a <think> open (DeepSeek-R1's generation prompt)?
-        shaper.inside = reasoning.opens_in_thought(llm.detokenize(prompts[0][-8:], special=True))
+    think = _thinks(state, llm, p, prompts[0]) if chat else None
+    shaper.reasoning, shaper.inside = think is not None, bool(think)
     usage = request.state.edgellm_usage = [0, 0, 0]  # prompt, completion, cached: the access log reads it
     if p.stream:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -972,6 +971,7 @@ async def _anthropic(state: State, request: Request):
     names = p.tools.parsed if p.tools is not None else None  # parse the model's calls
     single = p.tools is not None and not p.tools.parallel
     eog = llm.tokenizer.eog_ids
+    inside = _thinks(state, llm, p, ids)  # None: the reasoning is left in the text
 
     def stop_sequence(finish: str, text: str, tokens: list[int]) -> str | None:
         """The stop sequence that ended the answer (its text is cut where the sequence began)."""
@@ -991,8 +991,10 @@ async def _anthropic(state: State, request: Request):
         finally:
             _cancel_all(streams)
         raw = "".join(texts)
-        text, calls = tools.split(raw, names, single) if names else (raw, [])
-        content = ([{"type": "text", "text": text}] if text or not calls else []) + [
+        thought, said = reasoning.split(raw, inside) if inside is not None else (None, raw)
+        text, calls = tools.split(said, names, single) if names else (said, [])
+        content = [{"type": "thinking", "thinking": thought, "signature": ""}] if thought else []
+        content += ([{"type": "text", "text": text}] if text or not calls else []) + [
             an.tool_use_block(c) for c in calls
         ]
         seq = stop_sequence(finish, raw, tokens)
@@ -1005,22 +1007,23 @@ async def _anthropic(state: State, request: Request):
         live = constraint is not p.grammar  # the tools' grammar holds the calls: stream them as written
         calls = tools.CallStream(names, single, live) if names else None
         out = an.Blocks(calls.calls if calls is not None else None)
+        think = reasoning.ReasoningStream(inside) if inside is not None else None
         try:
             start = an.message(mid, state.model_id, [], None, None, (len(ids), 0, 0))
             yield event("message_start", message=start)
             yield event("ping")
-            tokens, finish = [], "stop"
+            tokens, finish, raw = [], "stop", []
             async for ev in _one_stream(streams, usage):
                 tokens += [ev.token] if ev.token is not None else []
-                parts = calls.push(ev.text) if calls is not None else [tools.Part("text", ev.text)]
-                for kind, data in [e for part in (parts if ev.text else []) for e in out.feed(part)]:
+                raw.append(ev.text)
+                for kind, data in [e for part in _parts(think, calls, ev.text) for e in out.feed(part)]:
                     yield event(kind, **data)
                 finish = ev.finish_reason or finish
-            parts = calls.finish() if calls is not None else []
+            parts = _parts(think, calls, None)
             for kind, data in [e for part in parts for e in out.feed(part)] + out.close():
                 yield event(kind, **data)
             ended = calls.calls[: calls.ended] if calls is not None else []
-            seq = stop_sequence(finish, "".join(out.shown), tokens) if not ended else None
+            seq = stop_sequence(finish, "".join(raw), tokens) if not ended else None
             reason = an.stop_reason(finish, ended, seq)
             yield event("message_delta", delta={"stop_reason": reason, "stop_sequence": seq},
                         usage={"output_tokens": usage[1]})  # fmt: skip
@@ -1032,6 +1035,32 @@ async def _anthropic(state: State, request: Request):
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+
+def _thinks(state: State, llm: Any, p: oa.GenerationParams, ids: list[int]) -> bool | None:
+    """Whether a chat answer's reasoning is taken apart (reasoning.py): None where the request's
+    reasoning_format (or the server's) is none, else whether the prompt opened it."""
+    if (p.reasoning_format or state.config.reasoning_format) == "none":
+        return None
+    return reasoning.opens_in_thought(llm.detokenize(ids[-8:], special=True))
+
+
+def _parts(think: Any, calls: Any, text: str | None) -> list[tools.Part]:
+    """A single-sequence answer's next text (None: its end) as Parts: the reasoning apart (`think`, a
+    ReasoningStream, or None), then the text with its tool calls (`calls`, a CallStream, or None)."""
+    if think is not None:
+        pieces = think.push(text) if text else think.finish() if text is None else []
+    else:
+        pieces = [("content", text)] if text else []
+    out = []
+    for kind, t in pieces:
+        if kind == "reasoning":
+            out.append(tools.Part("reasoning", t))
+        else:
+            out += calls.push(t) if calls is not None else [tools.Part("text", t)]
+    if text is None and calls is not None:
+        out += calls.finish()
+    return out
 
 
 def _embedder(state: State) -> Any:
@@ -1429,19 +1458,13 @@ async def _sse(streams: list, shaper: oa.Shaper, include_usage: bool, usage: lis
             if ev.usage is not None:
                 timings.add(ev.usage)
             reason = ev.finish_reason
-            pieces = [("content", ev.text)] if ev.text else []
-            if i in thinkers:  # the reasoning apart, as reasoning_content deltas
-                th = thinkers[i]
-                pieces = (th.push(ev.text) if ev.text else []) + (th.finish() if reason is not None else [])
-            parts = []
-            for kind, text in pieces:
-                if kind == "reasoning":
-                    parts.append(tools.Part("reasoning", text))
-                else:  # tool calls as deltas, the text that may begin one held back
-                    parts += splitters[i].push(text) if i in splitters else [tools.Part("text", text)]
-            if i in splitters and reason is not None:
-                parts += splitters[i].finish()
-                reason = "tool_calls" if splitters[i].ended and reason == "stop" else reason
+            # the reasoning apart (reasoning_content deltas), tool calls as deltas, text that may begin
+            # either held back
+            think, calls = thinkers.get(i), splitters.get(i)
+            parts = _parts(think, calls, ev.text) if ev.text else []
+            if reason is not None:
+                parts += _parts(think, calls, None)
+                reason = "tool_calls" if calls is not None and calls.ended and reason == "stop" else reason
             for part in parts:
                 if part.kind == "reasoning":
                     yield _sse_line(

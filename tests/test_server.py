@@ -1302,6 +1302,40 @@ def test_anthropic_thinking_in_history_reaches_the_template_as_reasoning_content
     assert "reasoning_content" not in an.to_openai({**body, "messages": [plain]}, 512)["messages"][0]
 
 
+def test_a_thinking_answer_streams_to_anthropic_as_a_thinking_block_then_text():
+    """The reasoning as a thinking block (thinking_delta pieces, an empty signature, as llama-server's)
+    before the text block; an answer cut short in its reasoning still ends with an (empty) text block;
+    `thinking: disabled` tells a template that can think not to (Qwen3's enable_thinking)."""
+    from edgellm import anthropic_api as an
+    from edgellm import reasoning
+    from edgellm.server import _parts
+
+    def events(text: str) -> list[tuple[str, dict]]:
+        think, blocks = reasoning.ReasoningStream(), an.Blocks()
+        parts = [p for k in range(0, len(text), 3) for p in _parts(think, None, text[k : k + 3])]
+        return [e for p in parts + _parts(think, None, None) for e in blocks.feed(p)] + blocks.close()
+
+    evs = events("<think>\nPlan it.\n</think>\n\nHello there.")
+    starts = [(d["index"], d["content_block"]) for k, d in evs if k == "content_block_start"]
+    assert starts == [
+        (0, {"type": "thinking", "thinking": "", "signature": ""}),
+        (1, {"type": "text", "text": ""}),
+    ]
+    deltas = [d["delta"] for k, d in evs if k == "content_block_delta"]
+    assert "".join(d.get("thinking", "") for d in deltas) == "Plan it."
+    assert "".join(d.get("text", "") for d in deltas) == "Hello there."
+    assert [d["index"] for k, d in evs if k == "content_block_stop"] == [0, 1]
+    cut = events("<think>still thinking")
+    opened = [(k.split("_")[-1], d["index"]) for k, d in cut if k != "content_block_delta"]
+    assert opened == [("start", 0), ("stop", 0), ("start", 1), ("stop", 1)]
+    body = {
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "thinking": {"type": "disabled"},
+    }
+    assert an.to_openai(body, 512)["chat_template_kwargs"] == {"enable_thinking": False}
+
+
 CURL_ROUTES = [  # (method, path, body): every route the issue lists, as curl sends it
     ("GET", "/health", None), ("GET", "/metrics", None), ("GET", "/props", None), ("GET", "/slots", None),
     ("GET", "/models", None), ("GET", "/v1/models", None), ("GET", "/openapi.json", None), ("GET", "/", None),
