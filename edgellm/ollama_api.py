@@ -3,9 +3,11 @@ server.py). Mirrors ollama/ollama docs/api.md and api/types.go: `/api/generate` 
 NDJSON (one JSON object per line, `done: false` pieces then one `done: true` with counts and nanosecond
 durations) unless `"stream": false`; sampling comes in `options` under Ollama's names.
 
-A field edgellm cannot honour is refused with a 400 naming it (`images`, `think`, a per-request `template`,
-options such as `mirostat`), never ignored. `/api/chat`'s `tools` go through the model's chat template
-and come back as `message.tool_calls` with object arguments (tools.py: the Hermes / Qwen format).
+`think: true` takes a thinking model's reasoning apart into `thinking` (reasoning.py), `false` tells a
+template that can think not to (`enable_thinking`). A field edgellm cannot honour is refused with a 400
+naming it (`images`, `think` levels, a per-request `template`, options such as `mirostat`), never ignored.
+`/api/chat`'s `tools` go through the model's chat template and come back as `message.tool_calls` with
+object arguments (tools.py: the Hermes / Qwen format).
 Options that only tune Ollama's own runner (`num_gpu`, `num_thread`, `num_batch`, `use_mmap`, ...) change
 nothing here and are accepted.
 """
@@ -109,7 +111,16 @@ def _refuse(body: dict, name: str, ok: Any, why: str) -> None:
 
 def _common_refusals(body: dict) -> None:
     _refuse(body, "images", lambda v: v == [], "images are not supported")
-    _refuse(body, "think", lambda v: v is False, "thinking control is not supported")
+    _refuse(
+        body, "think", lambda v: isinstance(v, bool), "thinking levels (high, medium, low) are not supported"
+    )
+
+
+def think(body: dict) -> bool | None:
+    """Ollama's `think`: true, the model's reasoning apart (`thinking`); false, a template that can think is
+    told not to (enable_thinking); None (not sent), the answer as the model writes it."""
+    v = body.get("think")
+    return v if isinstance(v, bool) else None
 
 
 def _tool_calls(calls: Any, i: int) -> list[dict]:
@@ -188,7 +199,7 @@ def parse_generate(body: Any, n_ctx: int) -> dict[str, Any]:
     sampling, max_tokens, stop = parse_options(body, n_ctx)
     return dict(
         model=model_name(body), prompt=prompt, system=system, raw=bool(body.get("raw")), suffix=suffix,
-        format=output_format(body),
+        format=output_format(body), think=think(body),
         stream=body.get("stream", True) is not False, sampling=sampling, max_tokens=max_tokens, stop=stop,
     )  # fmt: skip
 
@@ -213,6 +224,8 @@ def parse_chat(body: Any, n_ctx: int) -> dict[str, Any]:
         if m.get("images"):
             raise oa.bad("messages", "images are not supported", code="unsupported_parameter")
         msg = {"role": m["role"], "content": m.get("content", "")}
+        if isinstance(m.get("thinking"), str) and m["thinking"]:  # an earlier turn's, for the template
+            msg["reasoning_content"] = m["thinking"]
         if m.get("tool_calls"):
             msg["tool_calls"] = _tool_calls(m["tool_calls"], i)
         name = m.get("tool_name")
@@ -226,7 +239,7 @@ def parse_chat(body: Any, n_ctx: int) -> dict[str, Any]:
     sampling, max_tokens, stop = parse_options(body, n_ctx)
     return dict(
         model=model_name(body), messages=out, tools=tools.parse({"tools": body.get("tools")}),
-        format=output_format(body),
+        format=output_format(body), think=think(body),
         stream=body.get("stream", True) is not False, sampling=sampling, max_tokens=max_tokens, stop=stop,
     )  # fmt: skip
 

@@ -1250,11 +1250,16 @@ async def _ollama(state: State, request: Request, chat: bool):
     if names:
         tools.require_shown(llm.template.source)
 
+    kwargs = {"enable_thinking": q["think"]} if q["think"] is not None else {}  # Qwen3's switch
+
     def ids() -> list[int]:
         if chat:
             special = state.config.special_in_messages
             return llm.chat_prompt(
-                q["messages"], special_in_content=special, tools=treq.tools if names else None
+                q["messages"],
+                special_in_content=special,
+                tools=treq.tools if names else None,
+                template_kwargs=kwargs,
             )
         if q["suffix"]:  # an insertion: the model's fill-in-the-middle prompt
             return la.infill_ids(llm.tokenizer, q["prompt"], q["suffix"], n_ctx=llm.n_ctx)
@@ -1263,7 +1268,9 @@ async def _ollama(state: State, request: Request, chat: bool):
         msgs = ([{"role": "system", "content": q["system"]}] if q["system"] else []) + [
             {"role": "user", "content": q["prompt"]}
         ]
-        return llm.chat_prompt(msgs, special_in_content=state.config.special_in_messages)
+        return llm.chat_prompt(
+            msgs, special_in_content=state.config.special_in_messages, template_kwargs=kwargs
+        )
 
     try:
         prompt = await run_in_threadpool(ids)
@@ -1278,13 +1285,19 @@ async def _ollama(state: State, request: Request, chat: bool):
     streams = _submit(engine, [GenRequest(prompt, params, q["max_tokens"], tuple(q["stop"]), None, grammar)])
     usage = request.state.edgellm_usage = [0, 0, 0]
 
-    def piece(text: str, calls: list[dict] | None = None) -> dict:
+    # think: the reasoning apart, as Ollama's `thinking` (None: left in the text)
+    inside = reasoning.opens_in_thought(llm.detokenize(prompt[-8:], special=True)) if q["think"] else None
+
+    def piece(text: str, calls: list[dict] | None = None, thought: str | None = None) -> dict:
         if chat:
             msg = {"role": "assistant", "content": text}
+            if thought:
+                msg["thinking"] = thought
             if calls:
                 msg["tool_calls"] = ol.answer_tool_calls(calls)
             return {"model": name, "created_at": ol.now(), "message": msg, "done": False}
-        return {"model": name, "created_at": ol.now(), "response": text, "done": False}
+        out = {"model": name, "created_at": ol.now(), "response": text, "done": False}
+        return {**out, "thinking": thought} if thought else out
 
     def events() -> AsyncIterator[Event]:
         return _one_stream(streams, usage)
@@ -1298,27 +1311,25 @@ async def _ollama(state: State, request: Request, chat: bool):
             reason, ttft = "stop", None
             live = constraint is not q["format"]  # the tools' grammar holds the calls
             calls = tools.CallStream(names, live=live) if names else None
+            think = reasoning.ReasoningStream(inside) if inside is not None else None
 
             def lines(parts: list[tools.Part]) -> list[str]:  # each call whole once written, as Ollama's
-                assert calls is not None
-                return [
-                    json.dumps(
-                        piece(part.text) if part.kind == "text" else piece("", [calls.calls[part.index]])
-                    )
-                    + "\n"
-                    for part in parts
-                    if part.kind in ("text", "ends")
-                ]
+                out = []
+                for part in parts:
+                    if part.kind in ("text", "reasoning"):
+                        out.append(piece(part.text) if part.kind == "text" else piece("", thought=part.text))
+                    elif part.kind == "ends":
+                        assert calls is not None
+                        out.append(piece("", [calls.calls[part.index]]))
+                return [json.dumps(x) + "\n" for x in out]
 
             try:
                 async for ev in events():
                     if ev.finish_reason is not None:
                         reason, ttft = ev.finish_reason, ev.usage.ttft_s if ev.usage else None
-                    if calls is None and ev.text:
-                        yield json.dumps(piece(ev.text)) + "\n"
-                    for line in lines(calls.push(ev.text)) if calls is not None and ev.text else []:
+                    for line in lines(_parts(think, calls, ev.text)) if ev.text else []:
                         yield line
-                for line in lines(calls.finish()) if calls is not None else []:
+                for line in lines(_parts(think, calls, None)):
                     yield line
                 yield json.dumps(last(reason, ttft)) + "\n"
             except APIError as e:
@@ -1335,10 +1346,14 @@ async def _ollama(state: State, request: Request, chat: bool):
                 reason, ttft = ev.finish_reason, ev.usage.ttft_s if ev.usage else None
     finally:
         _cancel_all(streams)
-    text, calls = tools.split("".join(texts), names) if names else ("".join(texts), [])
+    raw = "".join(texts)
+    thought, said = reasoning.split(raw, inside) if inside is not None else (None, raw)
+    text, calls = tools.split(said, names) if names else (said, [])
     answer = last(reason, ttft, text)
     if calls:
         answer["message"]["tool_calls"] = ol.answer_tool_calls(calls)
+    if thought:
+        (answer["message"] if chat else answer)["thinking"] = thought
     return answer
 
 

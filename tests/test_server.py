@@ -516,6 +516,65 @@ def test_a_thinking_answers_reasoning_comes_apart_as_reasoning_content(server):
         assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_format", r.text
 
 
+THINKING_TEMPLATE = (  # ChatML whose generation prompt opens the reasoning unless enable_thinking is false
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is not defined or enable_thinking %}<think>\n{% endif %}{% endif %}"
+)
+
+
+def test_a_prompt_that_opens_the_reasoning_on_every_api(smollm2_path, tmp_path):
+    """A template that opens <think> in its generation prompt (DeepSeek-R1's, Qwen3's forced thinking):
+    the answer starts inside the reasoning: reasoning_content on chat completions (to </think> when it
+    comes, else all of it), Ollama's `thinking` with think true; think false (and Anthropic's thinking
+    disabled) reach the template as enable_thinking false; think levels are refused by name."""
+    tmpl = tmp_path / "thinking.jinja"
+    tmpl.write_text(THINKING_TEMPLATE)
+    with Server(smollm2_path, tmp_path / "think.log", "--chat-template", str(tmpl)) as srv:
+        msgs = [{"role": "user", "content": "Name a colour."}]
+        grammar = 'root ::= "I will name one.\\n</think>\\n\\n" [A-Z] [a-z]+ "."'
+        ask = {"messages": msgs, "grammar": grammar, "max_tokens": 30, "temperature": 0}
+        m = _post(srv, "/v1/chat/completions", ask).json()["choices"][0]["message"]
+        assert m["reasoning_content"] == "I will name one." and re.fullmatch(
+            r"[A-Z][a-z]+\.", m["content"]
+        ), m
+        cut = _post(
+            srv, "/v1/chat/completions", {"messages": msgs, "max_tokens": 6, "temperature": 0}
+        ).json()["choices"][0]
+        assert cut["message"]["reasoning_content"] and cut["message"]["content"] == "", cut  # never closed
+        body = {
+            "model": "",
+            "messages": msgs,
+            "options": {"temperature": 0, "num_predict": 6},
+            "stream": False,
+        }
+        thinking = _post(srv, "/api/chat", {**body, "think": True}).json()
+        assert thinking["message"]["thinking"] == cut["message"]["reasoning_content"], thinking
+        lines = [
+            json.loads(x)
+            for x in _post(srv, "/api/chat", {**body, "think": True, "stream": True}).text.splitlines()
+        ]
+        assert "".join(x["message"].get("thinking", "") for x in lines) == thinking["message"]["thinking"]
+        off = _post(srv, "/api/chat", {**body, "think": False}).json()
+        assert off["prompt_eval_count"] < thinking["prompt_eval_count"] and "thinking" not in off["message"]
+        plain = _post(srv, "/api/chat", body).json()  # think not sent: the text as the model writes it
+        assert (
+            plain["message"]["content"].strip() == thinking["message"]["thinking"]
+            and "thinking" not in plain["message"]
+        )
+        ant = {"model": "m", "max_tokens": 6, "messages": msgs}
+        on = _post(srv, "/v1/messages", ant).json()
+        assert [b["type"] for b in on["content"]] == ["thinking", "text"], on
+        no = _post(srv, "/v1/messages", {**ant, "thinking": {"type": "disabled"}}).json()
+        assert (
+            sum(no["usage"][k] for k in ("input_tokens", "cache_read_input_tokens"))
+            < sum(on["usage"][k] for k in ("input_tokens", "cache_read_input_tokens"))
+            and no["content"][0]["type"] == "text"
+        )
+        r = _post(srv, "/api/chat", {**body, "think": "high"})
+        assert r.status_code == 400 and "think" in r.text
+
+
 def test_input_token_counts_are_the_prompts_the_requests_make(server):
     """llama-server's /v1/chat/completions/input_tokens and OpenAI's /v1/responses/input_tokens
     (client.responses.input_tokens.count): the prompt's tokens as the request itself would count them."""
