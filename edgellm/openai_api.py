@@ -728,7 +728,7 @@ class Shaper:
                     if calls:
                         message = {"role": "assistant", "content": content or None, "tool_calls": calls}
                         f = "tool_calls" if f == "stop" else f
-                if thought is not None:
+                if thought:
                     message["reasoning_content"] = thought
                 choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": f})
             return {**self._head("chat.completion"), "choices": choices, "usage": usage}

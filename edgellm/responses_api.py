@@ -10,8 +10,11 @@ MAX_STORED, unless `store` is false) so `previous_response_id` continues a conve
 Function tools (`tools` of type function, `tool_choice`, `parallel_tool_calls`) go through tools.py as on
 chat completions: the model's calls come back as `function_call` output items (streamed as
 response.function_call_arguments.delta / .done), and `function_call` / `function_call_output` input items
-carry them and their results into the next turn. Anything else a client may ask (built-in tools,
-reasoning, images, files, background runs) is refused by name.
+carry them and their results into the next turn. A thinking model's reasoning (reasoning.py) comes
+back as a `reasoning` item before the answer (its text as `reasoning_text`, streamed as
+response.reasoning_text.delta, as llama-server gives it); a reasoning item in `input` joins the assistant
+turn it led to. Anything else a client may ask (built-in tools, reasoning options, images, files,
+background runs) is refused by name.
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ def _text_of(content: Any, where: str) -> str:
     out = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
+        if kind in ("input_text", "output_text", "text", "reasoning_text", "summary_text") and isinstance(
+            part.get("text"), str
+        ):
             out.append(part["text"])
         else:
             raise oa.bad(
@@ -54,7 +59,8 @@ def _string(item: dict, key: str, where: str) -> str:
 
 def input_messages(body: dict) -> list[dict[str, Any]]:
     """`input` as chat messages: function_call items as an assistant's tool_calls (consecutive ones in one
-    message), function_call_output items as tool messages."""
+    message), function_call_output items as tool messages, a reasoning item's text as the reasoning_content
+    of the assistant turn it led to (as llama-server reads it)."""
     msgs: list[dict[str, Any]] = []
     x = body.get("input")
     if isinstance(x, str):
@@ -64,6 +70,13 @@ def input_messages(body: dict) -> list[dict[str, Any]]:
             if not isinstance(item, dict):
                 raise oa.bad("input", f"input[{i}] must be an object")
             kind = item.get("type", "message")
+            if kind == "reasoning":
+                parts = item.get("content") or item.get("summary") or []
+                text = _text_of(parts, f"input[{i}]") if parts else ""
+                msgs.append(
+                    {"role": "assistant", "content": None, "reasoning_content": text, "_thought": True}
+                )
+                continue
             if kind == "function_call":
                 call = {"id": _string(item, "call_id", f"input[{i}]"), "type": "function",
                         "function": {"name": _string(item, "name", f"input[{i}]"),
@@ -92,7 +105,14 @@ def input_messages(body: dict) -> list[dict[str, Any]]:
             msgs.append({"role": role, "content": _text_of(item.get("content"), f"input[{i}]")})
     else:
         raise oa.bad("input", "must be a string or a non-empty list of messages")
-    return msgs
+    out: list[dict[str, Any]] = []
+    for m in msgs:  # a reasoning item joins the assistant turn after it
+        if out and out[-1].pop("_thought", False) and m["role"] == "assistant" and "_thought" not in m:
+            m = {**m, "reasoning_content": out.pop()["reasoning_content"]}
+        out.append(m)
+    if out:
+        out[-1].pop("_thought", None)
+    return out
 
 
 def parse_tools(body: dict) -> tl.ToolRequest | None:
@@ -213,17 +233,19 @@ def response(
     usage: tuple[int, int, int] = (0, 0, 0),
     calls: list[dict] | None = None,
     output: list[dict] | None = None,
+    thought: str | None = None,
 ) -> dict[str, Any]:
     """A Response object: in progress (text None) or finished (finish "stop" / "length"), its output the
     answer's message (unless the answer is only tool calls) and a function_call item per call
-    (tools.new_call's); or `output`, the items a stream sent, in its order."""
+    (tools.new_call's), after a reasoning item for `thought` (a thinking model's reasoning); or `output`,
+    the items a stream sent, in its order."""
     done = text is not None
     status = "in_progress" if not done else ("incomplete" if finish == "length" else "completed")
     if output is None:
-        output = []
+        output = [reasoning_item(oa.new_id("rs", "_"), thought)] if thought is not None else []
         if done and (text or not calls):
-            output = [{"type": "message", "id": msg_id, "status": "completed", "role": "assistant",
-                       "content": [_part(text)]}]  # fmt: skip
+            output += [{"type": "message", "id": msg_id, "status": "completed", "role": "assistant",
+                        "content": [_part(text)]}]  # fmt: skip
         output += [function_call_item(c) for c in calls or []]
     n_in, n_out, cached = usage
     return {
@@ -236,6 +258,14 @@ def response(
                   "total_tokens": n_in + n_out} if done else None,
         **echo,
     }  # fmt: skip
+
+
+def reasoning_item(rid: str, text: str | None, status: str = "completed") -> dict[str, Any]:
+    """A thinking model's reasoning as a reasoning output item (its text in content, as llama-server and
+    gpt-oss's open reasoning give it; no summary, no encrypted content); text None: an empty, open one."""
+    content = [] if text is None else [{"type": "reasoning_text", "text": text}]
+    return {"type": "reasoning", "id": rid, "summary": [], "content": content, "encrypted_content": None,
+            "status": status}  # fmt: skip
 
 
 def function_call_item(call: dict, status: str = "completed") -> dict[str, Any]:
@@ -255,12 +285,14 @@ class Items:
     function_call_arguments.delta pieces), in the order the model wrote them. `feed` and `close` give
     (event, data) pairs; `items` the items done, the finished Response's output."""
 
-    def __init__(self, msg_id: str, calls: list[dict] | None = None):
+    def __init__(self, msg_id: str, calls: list[dict] | None = None, message: bool = False):
         self.msg_id = msg_id  # the first message item's id
+        self.message = message  # an answer without text still has a (empty) message item
         self.calls = calls if calls is not None else []  # the CallStream's calls
         self.items: list[dict] = []
         self.msg: dict[str, Any] | None = None  # the message being written: item_id, output_index, text
         self.fc: dict[str, Any] | None = None  # the call being written: item_id, output_index
+        self.rs: dict[str, Any] | None = None  # the reasoning being written: item_id, output_index, text
         self.shown: list[str] = []  # the text sent
 
     def open_message(self) -> list[tuple[str, dict]]:
@@ -273,6 +305,16 @@ class Items:
 
     def feed(self, part: Any) -> list[tuple[str, dict]]:
         out: list[tuple[str, dict]] = []
+        if part.kind == "reasoning":
+            if self.rs is None:
+                k = len(self.items)
+                self.rs = {"item_id": oa.new_id("rs", "_"), "output_index": k, "text": []}
+                item = reasoning_item(self.rs["item_id"], None, "in_progress")
+                out.append(("response.output_item.added", {"output_index": k, "item": item}))
+            self.rs["text"].append(part.text)
+            at = {"item_id": self.rs["item_id"], "output_index": self.rs["output_index"], "content_index": 0}
+            return out + [("response.reasoning_text.delta", {**at, "delta": part.text})]
+        out += self._close_reasoning()  # the reasoning comes first: what follows ends it
         if part.kind == "text":
             out += [] if self.msg is not None else self.open_message()
             assert self.msg is not None
@@ -293,7 +335,10 @@ class Items:
 
     def close(self) -> list[tuple[str, dict]]:
         """The open items done (a call still open was cut short: incomplete)."""
-        out = self._close_message()
+        out = self._close_reasoning()
+        if self.message and self.msg is None and not any(i["type"] == "message" for i in self.items):
+            out += self.open_message()
+        out += self._close_message()
         if self.fc is not None:
             out += self._close_call(len(self.calls) - 1, "incomplete")
         return out
@@ -314,6 +359,18 @@ class Items:
             ("response.output_text.done", {**at, "text": part["text"], "logprobs": []}),
             ("response.content_part.done", {**at, "part": part}),
             ("response.output_item.done", {"output_index": at["output_index"], "item": item}),
+        ]
+
+    def _close_reasoning(self) -> list[tuple[str, dict]]:
+        if self.rs is None:
+            return []
+        rs, self.rs = self.rs, None
+        item = reasoning_item(rs["item_id"], "".join(rs["text"]))
+        self.items.append(item)
+        at = {"item_id": rs["item_id"], "output_index": rs["output_index"], "content_index": 0}
+        return [
+            ("response.reasoning_text.done", {**at, "text": item["content"][0]["text"]}),
+            ("response.output_item.done", {"output_index": rs["output_index"], "item": item}),
         ]
 
     def _close_call(self, index: int, status: str) -> list[tuple[str, dict]]:

@@ -890,13 +890,23 @@ async def _responses(state: State, request: Request):
     usage = request.state.edgellm_usage = [0, 0, 0]
     names = p.tools.parsed if p.tools is not None else None  # parse the model's calls
     single = p.tools is not None and not p.tools.parallel
+    inside = _thinks(state, llm, p, ids)  # None: the reasoning is left in the text
 
-    def finished(text: str, finish: str, calls: list[dict], output: list[dict] | None = None) -> dict:
-        r = ra.response(rid, mid, state.model_id, created, echo, text, finish, tuple(usage), calls, output)  # type: ignore[arg-type]
+    def finished(
+        text: str,
+        finish: str,
+        calls: list[dict],
+        output: list[dict] | None = None,
+        thought: str | None = None,
+    ) -> dict:
+        u = tuple(usage)
+        r = ra.response(rid, mid, state.model_id, created, echo, text, finish, u, calls, output, thought)  # type: ignore[arg-type]
         if echo["store"]:
             said: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
             if calls:
                 said["tool_calls"] = calls
+            if thought:
+                said["reasoning_content"] = thought
             state.responses.put(r, [*convo, said])
         return r
 
@@ -908,8 +918,10 @@ async def _responses(state: State, request: Request):
                 finish = ev.finish_reason or finish
         finally:
             _cancel_all(streams)
-        text, calls = tools.split("".join(texts), names, single) if names else ("".join(texts), [])
-        return finished(text, finish, calls)
+        raw = "".join(texts)
+        thought, said = reasoning.split(raw, inside) if inside is not None else (None, raw)
+        text, calls = tools.split(said, names, single) if names else (said, [])
+        return finished(text, finish, calls, thought=thought or None)
 
     async def events() -> AsyncIterator[str]:
         seq = 0
@@ -924,24 +936,23 @@ async def _responses(state: State, request: Request):
         started = ra.response(rid, mid, state.model_id, created, echo, None, None)
         live = constraint is not p.grammar  # the tools' grammar holds the calls: stream them as written
         calls = tools.CallStream(names, single, live) if names else None
-        out = ra.Items(mid, calls.calls if calls is not None else None)
+        think = reasoning.ReasoningStream(inside) if inside is not None else None
+        # items as the model writes them; without tools the answer always has a message item
+        out = ra.Items(mid, calls.calls if calls is not None else None, message=calls is None)
         try:
             yield event("response.created", response=started)
             yield event("response.in_progress", response=started)
-            pending = [] if calls is not None else out.open_message()  # with tools: once there is text
             finish = "stop"
             async for ev in _one_stream(streams, usage):
-                parts = calls.push(ev.text) if calls is not None else [tools.Part("text", ev.text)]
-                pending += [e for part in (parts if ev.text else []) for e in out.feed(part)]
-                for kind, data in pending:
+                for kind, data in [e for part in _parts(think, calls, ev.text) for e in out.feed(part)]:
                     yield event(kind, **data)
-                pending = []
                 finish = ev.finish_reason or finish
-            parts = calls.finish() if calls is not None else []
+            parts = _parts(think, calls, None)
             for kind, data in [e for part in parts for e in out.feed(part)] + out.close():
                 yield event(kind, **data)
             ended = calls.calls[: calls.ended] if calls is not None else []
-            r = finished("".join(out.shown), finish, ended, output=out.items)
+            thought = next((i["content"][0]["text"] for i in out.items if i["type"] == "reasoning"), None)
+            r = finished("".join(out.shown), finish, ended, output=out.items, thought=thought)
             yield event(
                 "response.completed" if r["status"] == "completed" else "response.incomplete", response=r
             )

@@ -60,3 +60,25 @@ def test_a_whole_chat_answer_carries_reasoning_content_then_its_calls():
     assert json.loads(msg["tool_calls"][0]["function"]["arguments"]) == {"a": 1}
     off = oa.Shaper(chat=True, model="m").whole(["<think>x</think>y"], ["stop"], {})["choices"][0]["message"]
     assert off == {"role": "assistant", "content": "<think>x</think>y"}
+
+
+def test_a_responses_reasoning_item_joins_the_turn_it_led_to():
+    """Clients that keep no server state (store false, the Agents SDK) send a reasoning item back before
+    the calls or message it led to: it becomes that assistant turn's reasoning_content."""
+    from edgellm import responses_api as ra
+
+    rs = {
+        "type": "reasoning",
+        "id": "rs_1",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": "t"}],
+    }
+    fc = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    msgs = ra.input_messages({"input": [{"role": "user", "content": "q"}, rs, fc, {**fc, "call_id": "c2"}]})
+    assert [m["role"] for m in msgs] == ["user", "assistant"] and msgs[1]["reasoning_content"] == "t"
+    assert [c["id"] for c in msgs[1]["tool_calls"]] == ["c1", "c2"]
+    said = ra.input_messages({"input": [rs, {"role": "assistant", "content": "a"}]})
+    assert said == [{"role": "assistant", "content": "a", "reasoning_content": "t"}]
+    summary = {"type": "reasoning", "summary": [{"type": "summary_text", "text": "s"}]}
+    alone = ra.input_messages({"input": [{"role": "user", "content": "q"}, summary]})
+    assert alone[-1] == {"role": "assistant", "content": None, "reasoning_content": "s"}

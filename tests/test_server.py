@@ -573,6 +573,16 @@ def test_a_prompt_that_opens_the_reasoning_on_every_api(smollm2_path, tmp_path):
         )
         r = _post(srv, "/api/chat", {**body, "think": "high"})
         assert r.status_code == 400 and "think" in r.text
+        c = _client(srv)  # the Responses API: a reasoning item before the message, whole and streamed
+        whole = c.responses.create(model="m", input="Name a colour.", max_output_tokens=6, temperature=0)
+        assert [o.type for o in whole.output] == ["reasoning", "message"], whole.output
+        assert whole.output[0].content[0].text == thinking["message"]["thinking"]
+        with c.responses.stream(model="m", input="Name a colour.", max_output_tokens=6, temperature=0) as st:
+            evs = list(st)
+        deltas = [e.delta for e in evs if e.type == "response.reasoning_text.delta"]
+        assert "".join(deltas) == thinking["message"]["thinking"] and evs[-1].type == "response.incomplete"
+        done = evs[-1].response.output
+        assert [o.type for o in done] == ["reasoning", "message"] and done[1].content[0].text == ""
 
 
 def test_input_token_counts_are_the_prompts_the_requests_make(server):
