@@ -20,6 +20,7 @@ class Chunk:
     token: int | None
     finish_reason: str | None = None  # "stop" | "length" (or "tool_calls") once the sequence has ended
     tool_call: dict | None = None  # chat_stream(tools=...): a call, once written (OpenAI's shape)
+    reasoning: str = ""  # chat_stream: a piece of a thinking model's reasoning (text is then empty)
 
 
 @dataclass

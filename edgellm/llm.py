@@ -78,6 +78,7 @@ class Completion:
     prompt_tokens: int
     timings: Timings = field(default_factory=Timings)
     tool_calls: list[dict] = field(default_factory=list)  # chat(tools=...): OpenAI's tool_calls
+    reasoning: str | None = None  # chat: a thinking model's <think> reasoning, taken apart from text
 
 
 def _will_use_numba(backend: str) -> bool:
@@ -412,6 +413,7 @@ class LLM:
         tools: list[dict] | None = None,
         tool_choice: str | dict = "auto",
         parallel_tool_calls: bool = True,
+        reasoning_format: str = "auto",
         **sampling: Any,
     ) -> Completion:
         """One assistant turn for a conversation, through the model's chat template. The conversation's
@@ -421,14 +423,18 @@ class LLM:
         template shows them to the model, the calls it writes are held to their functions' schemas as
         `edgellm serve` holds them (tools.py; needs llguidance) and come back parsed in
         `Completion.tool_calls` (OpenAI's shape; finish_reason "tool_calls"), the text around them in
-        `text`. A call's result goes back as a `tool` message after the assistant's `tool_calls`."""
-        if not tools:
-            reqs = self._requests([self.chat_prompt(messages)], max_tokens, stop, True, sampling)
-            return self._collect(reqs)[0]
+        `text`. A call's result goes back as a `tool` message after the assistant's `tool_calls`.
+        A thinking model's `<think>` reasoning comes back apart in `Completion.reasoning` (reasoning.py;
+        `reasoning_format="none"` leaves it in `text`), as the server's reasoning_content."""
+        from edgellm import reasoning
         from edgellm import tools as tl
 
-        prompt, req, _ = self._tools_prompt(messages, tools, tool_choice, parallel_tool_calls, sampling)
+        inside = self._reasoning(reasoning_format)
+        prompt, req, _ = self._chat_setup(messages, tools, tool_choice, parallel_tool_calls, sampling)
         out = self._collect(self._requests([prompt], max_tokens, stop, True, sampling))[0]
+        if inside is not None:
+            thought, out.text = reasoning.split(out.text, inside or self._opens_thought(prompt))
+            out.reasoning = thought or None
         if req is None or req.parsed is None:
             return out
         out.text, out.tool_calls = tl.split(out.text, req.parsed, single=not req.parallel)
@@ -445,37 +451,62 @@ class LLM:
         tools: list[dict] | None = None,
         tool_choice: str | dict = "auto",
         parallel_tool_calls: bool = True,
+        reasoning_format: str = "auto",
         **sampling: Any,
     ) -> Iterator[Chunk]:
-        """chat's turn as it is generated. With `tools`, the text that may begin a call is held back and
-        each call comes as a Chunk whose `tool_call` is set, once it is written (the last chunk's
-        finish_reason "tool_calls")."""
-        if not tools:
-            yield from self._run(
-                self._requests([self.chat_prompt(messages)], max_tokens, stop, True, sampling)
-            )
-            return
+        """chat's turn as it is generated. A thinking model's reasoning comes in chunks whose `reasoning`
+        is set (their text empty); with `tools`, the text that may begin a call is held back and each call
+        comes as a Chunk whose `tool_call` is set, once it is written (the last chunk's finish_reason
+        "tool_calls")."""
+        from edgellm import reasoning
         from edgellm import tools as tl
 
-        prompt, req, live = self._tools_prompt(messages, tools, tool_choice, parallel_tool_calls, sampling)
+        inside = self._reasoning(reasoning_format)
+        prompt, req, live = self._chat_setup(messages, tools, tool_choice, parallel_tool_calls, sampling)
         reqs = self._requests([prompt], max_tokens, stop, True, sampling)
-        if req is None or req.parsed is None:
-            yield from self._run(reqs)
-            return
-        calls = tl.CallStream(req.parsed, not req.parallel, live)
+        think = (
+            reasoning.ReasoningStream(inside or self._opens_thought(prompt)) if inside is not None else None
+        )
+        calls = tl.CallStream(req.parsed, not req.parallel, live) if req is not None and req.parsed else None
         for c in self._run(reqs):
-            parts = (calls.push(c.text) if c.text else []) + (calls.finish() if c.finish_reason else [])
+            parts = tl.stream_parts(think, calls, c.text) if c.text else []
+            parts += tl.stream_parts(think, calls, None) if c.finish_reason else []
             out = [
                 Chunk(0, p.text, None)
                 if p.kind == "text"
-                else Chunk(0, "", None, tool_call=calls.calls[p.index])
+                else Chunk(0, "", None, reasoning=p.text)
+                if p.kind == "reasoning"
+                else Chunk(0, "", None, tool_call=calls.calls[p.index])  # type: ignore[union-attr]
                 for p in parts
-                if p.kind in ("text", "ends")
+                if p.kind in ("text", "reasoning", "ends")
             ] or [Chunk(0, "", None)]
-            finish = "tool_calls" if c.finish_reason == "stop" and calls.ended else c.finish_reason
+            ended = calls is not None and calls.ended
+            finish = "tool_calls" if c.finish_reason == "stop" and ended else c.finish_reason
             out[0] = replace(out[0], token=c.token)
             out[-1] = replace(out[-1], finish_reason=finish)
             yield from out
+
+    @staticmethod
+    def _reasoning(fmt: str) -> bool | None:
+        """reasoning_format checked: None for "none" (the reasoning stays in the text), else False (whether
+        the prompt opened it is asked later)."""
+        if fmt not in ("auto", "deepseek", "none"):
+            raise ValueError(f"reasoning_format must be auto, deepseek or none, not {fmt!r}")
+        return None if fmt == "none" else False
+
+    def _opens_thought(self, prompt: list[int]) -> bool:
+        from edgellm import reasoning
+
+        return reasoning.opens_in_thought(self.detokenize(prompt[-8:], special=True))
+
+    def _chat_setup(
+        self, messages: list[dict], tools: list[dict] | None, choice: Any, parallel: bool, sampling: dict
+    ) -> tuple[list[int], Any, bool]:
+        """A chat turn's prompt, its tools.ToolRequest (None without tools) and whether the calls are held
+        to their schemas (see _tools_prompt)."""
+        if not tools:
+            return self.chat_prompt(messages), None, False
+        return self._tools_prompt(messages, tools, choice, parallel, sampling)
 
     def _tools_prompt(
         self, messages: list[dict], tools: list[dict], choice: Any, parallel: bool, sampling: dict

@@ -944,10 +944,12 @@ async def _responses(state: State, request: Request):
             yield event("response.in_progress", response=started)
             finish = "stop"
             async for ev in _one_stream(streams, usage):
-                for kind, data in [e for part in _parts(think, calls, ev.text) for e in out.feed(part)]:
+                for kind, data in [
+                    e for part in tools.stream_parts(think, calls, ev.text) for e in out.feed(part)
+                ]:
                     yield event(kind, **data)
                 finish = ev.finish_reason or finish
-            parts = _parts(think, calls, None)
+            parts = tools.stream_parts(think, calls, None)
             for kind, data in [e for part in parts for e in out.feed(part)] + out.close():
                 yield event(kind, **data)
             ended = calls.calls[: calls.ended] if calls is not None else []
@@ -1027,10 +1029,12 @@ async def _anthropic(state: State, request: Request):
             async for ev in _one_stream(streams, usage):
                 tokens += [ev.token] if ev.token is not None else []
                 raw.append(ev.text)
-                for kind, data in [e for part in _parts(think, calls, ev.text) for e in out.feed(part)]:
+                for kind, data in [
+                    e for part in tools.stream_parts(think, calls, ev.text) for e in out.feed(part)
+                ]:
                     yield event(kind, **data)
                 finish = ev.finish_reason or finish
-            parts = _parts(think, calls, None)
+            parts = tools.stream_parts(think, calls, None)
             for kind, data in [e for part in parts for e in out.feed(part)] + out.close():
                 yield event(kind, **data)
             ended = calls.calls[: calls.ended] if calls is not None else []
@@ -1054,24 +1058,6 @@ def _thinks(state: State, llm: Any, p: oa.GenerationParams, ids: list[int]) -> b
     if (p.reasoning_format or state.config.reasoning_format) == "none":
         return None
     return reasoning.opens_in_thought(llm.detokenize(ids[-8:], special=True))
-
-
-def _parts(think: Any, calls: Any, text: str | None) -> list[tools.Part]:
-    """A single-sequence answer's next text (None: its end) as Parts: the reasoning apart (`think`, a
-    ReasoningStream, or None), then the text with its tool calls (`calls`, a CallStream, or None)."""
-    if think is not None:
-        pieces = think.push(text) if text else think.finish() if text is None else []
-    else:
-        pieces = [("content", text)] if text else []
-    out = []
-    for kind, t in pieces:
-        if kind == "reasoning":
-            out.append(tools.Part("reasoning", t))
-        else:
-            out += calls.push(t) if calls is not None else [tools.Part("text", t)]
-    if text is None and calls is not None:
-        out += calls.finish()
-    return out
 
 
 def _embedder(state: State) -> Any:
@@ -1338,9 +1324,9 @@ async def _ollama(state: State, request: Request, chat: bool):
                 async for ev in events():
                     if ev.finish_reason is not None:
                         reason, ttft = ev.finish_reason, ev.usage.ttft_s if ev.usage else None
-                    for line in lines(_parts(think, calls, ev.text)) if ev.text else []:
+                    for line in lines(tools.stream_parts(think, calls, ev.text)) if ev.text else []:
                         yield line
-                for line in lines(_parts(think, calls, None)):
+                for line in lines(tools.stream_parts(think, calls, None)):
                     yield line
                 yield json.dumps(last(reason, ttft)) + "\n"
             except APIError as e:
@@ -1487,9 +1473,9 @@ async def _sse(streams: list, shaper: oa.Shaper, include_usage: bool, usage: lis
             # the reasoning apart (reasoning_content deltas), tool calls as deltas, text that may begin
             # either held back
             think, calls = thinkers.get(i), splitters.get(i)
-            parts = _parts(think, calls, ev.text) if ev.text else []
+            parts = tools.stream_parts(think, calls, ev.text) if ev.text else []
             if reason is not None:
-                parts += _parts(think, calls, None)
+                parts += tools.stream_parts(think, calls, None)
                 reason = "tool_calls" if calls is not None and calls.ended and reason == "stop" else reason
             for part in parts:
                 if part.kind == "reasoning":

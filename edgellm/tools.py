@@ -335,7 +335,7 @@ class Part:
     """One step of a streamed answer (CallStream): `text` to show; a call `begins` (calls[index] has its
     id and name, no arguments yet); a piece of its `args` text; or the call `ends` (its arguments whole)."""
 
-    kind: str  # "text", "begins", "args", "ends"
+    kind: str  # "text", "begins", "args", "ends" (and stream_parts' "reasoning")
     text: str = ""
     index: int = -1
 
@@ -514,3 +514,22 @@ class CallStream:
                 if self._depth == 0:
                     return i + 1
         return len(buf)
+
+
+def stream_parts(think: Any, calls: CallStream | None, text: str | None) -> list[Part]:
+    """A single answer's next text (None: its end) as Parts: the reasoning apart (`think`, a
+    reasoning.ReasoningStream, or None: no reasoning is taken apart) as "reasoning" parts, then the text
+    with its tool calls (`calls`, a CallStream, or None: plain text)."""
+    if think is not None:
+        pieces = think.push(text) if text else think.finish() if text is None else []
+    else:
+        pieces = [("content", text)] if text else []
+    out: list[Part] = []
+    for kind, t in pieces:
+        if kind == "reasoning":
+            out.append(Part("reasoning", t))
+        else:
+            out += calls.push(t) if calls is not None else [Part("text", t)]
+    if text is None and calls is not None:
+        out += calls.finish()
+    return out

@@ -82,3 +82,32 @@ def test_a_responses_reasoning_item_joins_the_turn_it_led_to():
     summary = {"type": "reasoning", "summary": [{"type": "summary_text", "text": "s"}]}
     alone = ra.input_messages({"input": [{"role": "user", "content": "q"}, summary]})
     assert alone[-1] == {"role": "assistant", "content": None, "reasoning_content": "s"}
+
+
+THINKING_TEMPLATE = (  # ChatML whose generation prompt opens the reasoning (DeepSeek-R1's way)
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
+)
+
+
+def test_the_python_api_takes_the_reasoning_apart(smollm2_path, tmp_path):
+    """LLM.chat: Completion.reasoning and the text after </think>; chat_stream: reasoning chunks (their
+    text empty) then the text; reasoning_format none leaves it all in the text."""
+    import edgellm
+
+    tmpl = tmp_path / "thinking.jinja"
+    tmpl.write_text(THINKING_TEMPLATE)
+    llm = edgellm.LLM(smollm2_path, backend="native", threads=1, n_ctx=512, chat_template=str(tmpl))
+    msgs = [{"role": "user", "content": "Name a colour."}]
+    grammar = 'root ::= "I will name one.\\n</think>\\n\\n" [A-Z] [a-z]+ "."'
+    out = llm.chat(msgs, max_tokens=30, temperature=0, grammar=grammar)
+    assert out.reasoning == "I will name one." and out.text[0].isupper() and out.text.endswith(".")
+    chunks = list(llm.chat_stream(msgs, max_tokens=30, temperature=0, grammar=grammar))
+    assert (
+        "".join(c.reasoning for c in chunks) == out.reasoning and "".join(c.text for c in chunks) == out.text
+    )
+    assert all(not (c.reasoning and c.text) for c in chunks) and chunks[-1].finish_reason == "stop"
+    raw = llm.chat(msgs, max_tokens=30, temperature=0, grammar=grammar, reasoning_format="none")
+    assert raw.reasoning is None and raw.text == f"I will name one.\n</think>\n\n{out.text}"
+    with pytest.raises(ValueError, match="reasoning_format"):
+        llm.chat(msgs, reasoning_format="deepseek-legacy")

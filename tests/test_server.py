@@ -1377,7 +1377,7 @@ def test_a_thinking_answer_streams_to_anthropic_as_a_thinking_block_then_text():
     `thinking: disabled` tells a template that can think not to (Qwen3's enable_thinking)."""
     from edgellm import anthropic_api as an
     from edgellm import reasoning
-    from edgellm.server import _parts
+    from edgellm.tools import stream_parts as _parts
 
     def events(text: str) -> list[tuple[str, dict]]:
         think, blocks = reasoning.ReasoningStream(), an.Blocks()
