@@ -429,11 +429,12 @@ class LLM:
         from edgellm import reasoning
         from edgellm import tools as tl
 
-        inside = self._reasoning(reasoning_format)
+        apart = self._takes_reasoning(reasoning_format)
+        shaped = _shaped(sampling, tools, tool_choice)
         prompt, req, _ = self._chat_setup(messages, tools, tool_choice, parallel_tool_calls, sampling)
         out = self._collect(self._requests([prompt], max_tokens, stop, True, sampling))[0]
-        if inside is not None:
-            thought, out.text = reasoning.split(out.text, inside or self._opens_thought(prompt))
+        if apart:
+            thought, out.text = reasoning.split(out.text, not shaped and self._opens_thought(prompt))
             out.reasoning = thought or None
         if req is None or req.parsed is None:
             return out
@@ -461,12 +462,12 @@ class LLM:
         from edgellm import reasoning
         from edgellm import tools as tl
 
-        inside = self._reasoning(reasoning_format)
+        apart = self._takes_reasoning(reasoning_format)
+        shaped = _shaped(sampling, tools, tool_choice)
         prompt, req, live = self._chat_setup(messages, tools, tool_choice, parallel_tool_calls, sampling)
         reqs = self._requests([prompt], max_tokens, stop, True, sampling)
-        think = (
-            reasoning.ReasoningStream(inside or self._opens_thought(prompt)) if inside is not None else None
-        )
+        opened = not shaped and self._opens_thought(prompt)
+        think = reasoning.ReasoningStream(opened) if apart else None
         calls = tl.CallStream(req.parsed, not req.parallel, live) if req is not None and req.parsed else None
         for c in self._run(reqs):
             parts = tl.stream_parts(think, calls, c.text) if c.text else []
@@ -487,12 +488,11 @@ class LLM:
             yield from out
 
     @staticmethod
-    def _reasoning(fmt: str) -> bool | None:
-        """reasoning_format checked: None for "none" (the reasoning stays in the text), else False (whether
-        the prompt opened it is asked later)."""
+    def _takes_reasoning(fmt: str) -> bool:
+        """reasoning_format checked: whether the reasoning is taken apart ("none": it stays in the text)."""
         if fmt not in ("auto", "deepseek", "none"):
             raise ValueError(f"reasoning_format must be auto, deepseek or none, not {fmt!r}")
-        return None if fmt == "none" else False
+        return fmt != "none"
 
     def _opens_thought(self, prompt: list[int]) -> bool:
         from edgellm import reasoning
@@ -563,6 +563,13 @@ class LLM:
             pos = np.arange(s, s + len(part), dtype=np.int64)
             out.append(self.model.forward(part, pos, np.zeros(len(part), np.int64), kv))
         return np.concatenate(out, axis=0)
+
+
+def _shaped(sampling: dict, tools: list[dict] | None, choice: Any) -> bool:
+    """Whether a grammar shapes a chat answer from its first token (a response_format or grammar, a
+    forced tool call): then it does not start inside a reasoning the prompt opened."""
+    forced = bool(tools) and choice not in ("auto", "none")
+    return forced or sampling.get("grammar") is not None or sampling.get("response_format") is not None
 
 
 def _wait_one(st: Stream) -> list:

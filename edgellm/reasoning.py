@@ -5,8 +5,11 @@ the models trained on them) becomes `reasoning_content`, the rest the answer's c
 The reasoning is read only where the answer opens with `<think>` (blanks before it allowed), or where the
 prompt already opened it (DeepSeek-R1's template ends its generation prompt with `<think>\\n`: llama.cpp's
 "thinking forced open"); an answer without it is all content, so models that do not think are untouched.
-An answer cut short inside its reasoning is all reasoning. Blanks around the reasoning and before the
-content are dropped, as llama.cpp trims them. Format "none" leaves the answer whole (llama-server's `none`).
+An answer a grammar shapes from its first token (structured output, a forced tool call) does not start
+inside a reasoning the prompt opened: it is what the grammar says (`auto` tools leave the text free, so
+their answers may). An answer cut short inside its reasoning is all reasoning. Blanks around the
+reasoning and before the content are dropped, as llama.cpp trims them. Format "none" leaves the answer
+whole (llama-server's `none`).
 """
 
 from __future__ import annotations

@@ -1054,10 +1054,13 @@ async def _anthropic(state: State, request: Request):
 
 def _thinks(state: State, llm: Any, p: oa.GenerationParams, ids: list[int]) -> bool | None:
     """Whether a chat answer's reasoning is taken apart (reasoning.py): None where the request's
-    reasoning_format (or the server's) is none, else whether the prompt opened it."""
+    reasoning_format (or the server's) is none, else whether the answer starts inside it: the prompt
+    opened it, and no grammar shapes the answer from its first token (structured output, a forced tool
+    call: the answer is what the grammar says; `auto` tools leave the text free until a call)."""
     if (p.reasoning_format or state.config.reasoning_format) == "none":
         return None
-    return reasoning.opens_in_thought(llm.detokenize(ids[-8:], special=True))
+    shaped = p.grammar is not None or (p.tools is not None and bool(p.tools.forced))
+    return not shaped and reasoning.opens_in_thought(llm.detokenize(ids[-8:], special=True))
 
 
 def _embedder(state: State) -> Any:
@@ -1283,7 +1286,9 @@ async def _ollama(state: State, request: Request, chat: bool):
     usage = request.state.edgellm_usage = [0, 0, 0]
 
     # think: the reasoning apart, as Ollama's `thinking` (None: left in the text)
-    inside = reasoning.opens_in_thought(llm.detokenize(prompt[-8:], special=True)) if q["think"] else None
+    shaped = q["format"] is not None  # the answer is the format's from its first token
+    opened = not shaped and reasoning.opens_in_thought(llm.detokenize(prompt[-8:], special=True))
+    inside = opened if q["think"] else None
 
     def piece(text: str, calls: list[dict] | None = None, thought: str | None = None) -> dict:
         if chat:

@@ -92,14 +92,19 @@ THINKING_TEMPLATE = (  # ChatML whose generation prompt opens the reasoning (Dee
 
 def test_the_python_api_takes_the_reasoning_apart(smollm2_path, tmp_path):
     """LLM.chat: Completion.reasoning and the text after </think>; chat_stream: reasoning chunks (their
-    text empty) then the text; reasoning_format none leaves it all in the text."""
+    text empty) then the text; an answer a grammar shapes is read as it starts (JSON: content; a grammar
+    that writes <think> first: reasoning); reasoning_format none leaves it all in the text."""
     import edgellm
 
     tmpl = tmp_path / "thinking.jinja"
     tmpl.write_text(THINKING_TEMPLATE)
     llm = edgellm.LLM(smollm2_path, backend="native", threads=1, n_ctx=512, chat_template=str(tmpl))
     msgs = [{"role": "user", "content": "Name a colour."}]
-    grammar = 'root ::= "I will name one.\\n</think>\\n\\n" [A-Z] [a-z]+ "."'
+    cut = llm.chat(msgs, max_tokens=8, temperature=0)  # the prompt opened it, nothing closed it
+    assert cut.reasoning and cut.text == "" and cut.finish_reason == "length"
+    chunks = list(llm.chat_stream(msgs, max_tokens=8, temperature=0))
+    assert "".join(c.reasoning for c in chunks) == cut.reasoning and not any(c.text for c in chunks)
+    grammar = 'root ::= "<think>I will name one.</think>\\n\\n" [A-Z] [a-z]+ "."'
     out = llm.chat(msgs, max_tokens=30, temperature=0, grammar=grammar)
     assert out.reasoning == "I will name one." and out.text[0].isupper() and out.text.endswith(".")
     chunks = list(llm.chat_stream(msgs, max_tokens=30, temperature=0, grammar=grammar))
@@ -107,7 +112,30 @@ def test_the_python_api_takes_the_reasoning_apart(smollm2_path, tmp_path):
         "".join(c.reasoning for c in chunks) == out.reasoning and "".join(c.text for c in chunks) == out.text
     )
     assert all(not (c.reasoning and c.text) for c in chunks) and chunks[-1].finish_reason == "stop"
+    js = llm.chat(msgs, max_tokens=30, temperature=0, response_format={"type": "json_object"})
+    assert js.reasoning is None and js.text.startswith("{")
     raw = llm.chat(msgs, max_tokens=30, temperature=0, grammar=grammar, reasoning_format="none")
-    assert raw.reasoning is None and raw.text == f"I will name one.\n</think>\n\n{out.text}"
+    assert raw.reasoning is None and raw.text == f"<think>I will name one.</think>\n\n{out.text}"
     with pytest.raises(ValueError, match="reasoning_format"):
         llm.chat(msgs, reasoning_format="deepseek-legacy")
+
+
+def test_reasoning_then_a_tool_call_streams_as_both():
+    """DeepSeek-R1's way with `auto` tools (whose grammar leaves the text free until a call): the
+    reasoning the prompt opened, then a call written as it comes."""
+    from edgellm import tools
+
+    text = 'Use f.\n</think>\n\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    for size in (1, 4, len(text)):
+        think, calls = reasoning.ReasoningStream(True), tools.CallStream(["f"], live=True)
+        parts = [
+            p for k in range(0, len(text), size) for p in tools.stream_parts(think, calls, text[k : k + size])
+        ]
+        parts += tools.stream_parts(think, calls, None)
+        kinds = [p.kind for p in parts if p.kind != "args"]
+        assert kinds[-3:] == ["reasoning", "begins", "ends"] and set(kinds[:-2]) == {"reasoning"}, size
+        assert "".join(p.text for p in parts if p.kind == "reasoning") == "Use f."
+        assert json.loads("".join(p.text for p in parts if p.kind == "args")) == {"a": 1}
+    shaper = oa.Shaper(chat=True, model="m", reasoning=True, inside=True, tool_names=["f"])
+    msg = shaper.whole([text], ["stop"], {})["choices"][0]["message"]
+    assert msg["reasoning_content"] == "Use f." and msg["tool_calls"][0]["function"]["name"] == "f"

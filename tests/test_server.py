@@ -526,18 +526,22 @@ THINKING_TEMPLATE = (  # ChatML whose generation prompt opens the reasoning unle
 def test_a_prompt_that_opens_the_reasoning_on_every_api(smollm2_path, tmp_path):
     """A template that opens <think> in its generation prompt (DeepSeek-R1's, Qwen3's forced thinking):
     the answer starts inside the reasoning: reasoning_content on chat completions (to </think> when it
-    comes, else all of it), Ollama's `thinking` with think true; think false (and Anthropic's thinking
-    disabled) reach the template as enable_thinking false; think levels are refused by name."""
+    comes, else all of it), Ollama's `thinking` with think true, a reasoning item on the Responses API, a
+    thinking block on Anthropic's; an answer a grammar shapes (JSON) is content from its start; think
+    false (and Anthropic's thinking disabled) reach the template as enable_thinking false; think levels
+    are refused by name."""
     tmpl = tmp_path / "thinking.jinja"
     tmpl.write_text(THINKING_TEMPLATE)
     with Server(smollm2_path, tmp_path / "think.log", "--chat-template", str(tmpl)) as srv:
         msgs = [{"role": "user", "content": "Name a colour."}]
-        grammar = 'root ::= "I will name one.\\n</think>\\n\\n" [A-Z] [a-z]+ "."'
-        ask = {"messages": msgs, "grammar": grammar, "max_tokens": 30, "temperature": 0}
-        m = _post(srv, "/v1/chat/completions", ask).json()["choices"][0]["message"]
-        assert m["reasoning_content"] == "I will name one." and re.fullmatch(
-            r"[A-Z][a-z]+\.", m["content"]
-        ), m
+        shaped = {
+            "messages": msgs,
+            "max_tokens": 30,
+            "temperature": 0,
+            "response_format": {"type": "json_object"},
+        }
+        m = _post(srv, "/v1/chat/completions", shaped).json()["choices"][0]["message"]
+        assert "reasoning_content" not in m and m["content"].startswith("{"), m  # JSON from its start
         cut = _post(
             srv, "/v1/chat/completions", {"messages": msgs, "max_tokens": 6, "temperature": 0}
         ).json()["choices"][0]
