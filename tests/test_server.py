@@ -835,6 +835,21 @@ def test_a_busy_port_is_one_line_and_nothing_is_announced(smollm2_path):
     assert "listening on" not in r.stderr and "Traceback" not in r.stderr
 
 
+def test_a_bad_reasoning_format_flag_is_one_line(smollm2_path):
+    cmd = [
+        sys.executable,
+        "-m",
+        "edgellm",
+        "serve",
+        str(smollm2_path),
+        "--reasoning-format",
+        "deepseek-legacy",
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "--reasoning-format must be auto, deepseek or none" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_the_access_log_speaks_json_for_machines(smollm2_path, tmp_path):
     pytest.importorskip("uvicorn")
     with Server(smollm2_path, tmp_path / "json.log", "--log-format", "json") as s:
