@@ -82,9 +82,7 @@ class ServerConfig:
     spec: Any = None  # speculative.SpecConfig: prompt-lookup speculative decoding (--spec-type)
     use_mmap: bool = True  # --no-mmap: read the file into memory
     mlock: bool = False  # --mlock: lock the model's pages in RAM
-    reasoning_format: str = (
-        "auto"  # chat: <think> reasoning as reasoning_content (auto, deepseek) or not (none)
-    )
+    reasoning_format: str = "auto"  # chat: <think> reasoning apart (auto, deepseek) or in the text (none)
 
 
 @dataclass
