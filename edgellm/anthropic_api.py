@@ -233,11 +233,10 @@ def message(mid: str, model: str, content: list[dict], reason: str | None, stop_
 
 
 class Blocks:
-    """An answer's content blocks as Anthropic streams them, from tools.CallStream's parts (or plain text
-    parts): a thinking block for a thinking model's reasoning (thinking_delta pieces; its signature empty,
-    as llama-server's), a text block while text comes, a tool_use block per call (its input as
-    input_json_delta pieces), in the order the model wrote them. `feed` and `close` give (event, data)
-    pairs."""
+    """An answer's content blocks as Anthropic streams them, from tools.stream_parts' parts: a thinking
+    block for a thinking model's reasoning (thinking_delta pieces; its signature empty, as llama-server's),
+    a text block while text comes, a tool_use block per call (its input as input_json_delta pieces), in
+    the order the model wrote them. `feed` and `close` give (event, data) pairs."""
 
     def __init__(self, calls: list[dict] | None = None):
         self.calls = calls if calls is not None else []  # the CallStream's calls

@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from edgellm import store
+from edgellm import reasoning, store
 from edgellm.cli_eval import CACHE_OPTIONS, model_option
 
 
@@ -182,7 +182,7 @@ def serve(
         raise ServeError(f"--log-format must be text or json, not {log_format!r}")
     if pooling is not None and pooling not in ("mean", "cls", "last", "none"):
         raise ServeError(f"--pooling must be mean, cls, last or none, not {pooling!r}")
-    if reasoning_format not in ("auto", "deepseek", "none"):
+    if reasoning_format not in reasoning.FORMATS:
         raise ServeError(f"--reasoning-format must be auto, deepseek or none, not {reasoning_format!r}")
     if not 0 < header_timeout <= 3600:
         raise ServeError("--header-timeout must be in (0, 3600] seconds")

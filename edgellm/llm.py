@@ -490,7 +490,9 @@ class LLM:
     @staticmethod
     def _takes_reasoning(fmt: str) -> bool:
         """reasoning_format checked: whether the reasoning is taken apart ("none": it stays in the text)."""
-        if fmt not in ("auto", "deepseek", "none"):
+        from edgellm import reasoning
+
+        if fmt not in reasoning.FORMATS:
             raise ValueError(f"reasoning_format must be auto, deepseek or none, not {fmt!r}")
         return fmt != "none"
 

@@ -502,7 +502,7 @@ def _reasoning_format(body: dict) -> str | None:
     if v == "deepseek-legacy":
         raise bad("reasoning_format", "deepseek-legacy (the reasoning both apart and in the content) is not "
                   "supported: use deepseek or none", code="unsupported_parameter")  # fmt: skip
-    if v not in ("auto", "deepseek", "none", ""):
+    if v not in (*reasoning.FORMATS, ""):
         raise bad("reasoning_format", "must be auto, deepseek or none")
     return v or "none"
 

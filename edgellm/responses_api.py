@@ -280,9 +280,10 @@ def now() -> int:
 
 
 class Items:
-    """An answer's output items as the Responses API streams them, from tools.CallStream's parts (or
-    plain text parts): a message item while text comes, a function_call item per call (its arguments as
-    function_call_arguments.delta pieces), in the order the model wrote them. `feed` and `close` give
+    """An answer's output items as the Responses API streams them, from tools.stream_parts' parts: a
+    reasoning item for a thinking model's reasoning (reasoning_text.delta pieces), a message item while
+    text comes, a function_call item per call (its arguments as function_call_arguments.delta pieces), in
+    the order the model wrote them. `feed` and `close` give
     (event, data) pairs; `items` the items done, the finished Response's output."""
 
     def __init__(self, msg_id: str, calls: list[dict] | None = None, message: bool = False):

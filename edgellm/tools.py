@@ -355,7 +355,7 @@ class CallStream:
     """An answer streamed as it is generated, its tool calls as they are written: `push(text)` and
     `finish()` give Parts. Text that may begin a call is held back (StreamSplitter).
 
-    `live` (the calls are held to their schemas by the request's grammar, `grammar`): a call begins once
+    `live` (the calls are held to their schemas by the request's grammar, tools.grammar): a call begins once
     its name and its arguments' opening brace are written, and its arguments stream as they come, as
     OpenAI, llama-server and Anthropic stream them; it ends at its closing tag (or, bare, its closing
     brace). An answer cut short (max_tokens, a stop string) leaves its last call begun and not ended.
