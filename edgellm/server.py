@@ -421,7 +421,7 @@ def create_app(state: State) -> FastAPI:
             "model_info": {"general.architecture": info["architecture"],
                            "general.parameter_count": info["parameters"],
                            f"{info['architecture']}.context_length": info["context_length"]},
-            "capabilities": ["completion"],
+            "capabilities": _ollama_capabilities(state),
         }  # fmt: skip
 
     @app.post("/api/pull")
@@ -1204,6 +1204,20 @@ def _ollama_model(state: State) -> dict:
     if state.ollama_entry is None:
         state.ollama_entry = _ollama_entry(state)
     return state.ollama_entry
+
+
+def _ollama_capabilities(state: State) -> list[str]:
+    """What /api/show says the served model can do, as Ollama names it (apps check `tools` before they
+    send tools): tools where its template renders them, insert where it has fill-in-the-middle tokens,
+    thinking where its template thinks (<think>, enable_thinking), embedding with --embeddings."""
+    llm = state.llm
+    source = llm.template.source or ""
+    v = llm.tokenizer.vocab
+    caps = ["completion"]
+    caps += ["tools"] if tools.renders_tools(source) else []
+    caps += ["insert"] if all(v.special_id(r) is not None for r in ("fim_pre", "fim_suf", "fim_mid")) else []
+    caps += ["thinking"] if reasoning.OPEN in source or "enable_thinking" in source else []
+    return caps + (["embedding"] if state.config.embeddings else [])
 
 
 def _ollama_entry(state: State) -> dict:

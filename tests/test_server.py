@@ -577,6 +577,7 @@ def test_a_prompt_that_opens_the_reasoning_on_every_api(smollm2_path, tmp_path):
         )
         r = _post(srv, "/api/chat", {**body, "think": "high"})
         assert r.status_code == 400 and "think" in r.text
+        assert _post(srv, "/api/show", {"model": ""}).json()["capabilities"] == ["completion", "thinking"]
         c = _client(srv)  # the Responses API: a reasoning item before the message, whole and streamed
         whole = c.responses.create(model="m", input="Name a colour.", max_output_tokens=6, temperature=0)
         assert [o.type for o in whole.output] == ["reasoning", "message"], whole.output
@@ -885,7 +886,11 @@ def test_the_official_ollama_client_works_unchanged(server):
     assert len(listed) == 1
     name = listed[0].model
     assert name.endswith(":latest") and listed[0].details.format == "gguf" and listed[0].size > 0
-    assert client.show(name).details.family == "llama"
+    shown = client.show(name)
+    assert shown.details.family == "llama" and shown.capabilities == [
+        "completion",
+        "embedding",
+    ]  # --embeddings
     assert client.ps().models[0].model == name
     assert client.pull(name).status == "success"
     opts = {"temperature": 0, "num_predict": 8}
@@ -1586,7 +1591,13 @@ def test_tool_calls_with_the_openai_client_on_qwen(qwen_server):
 def test_auto_tool_calls_on_qwen_openai_and_ollama(qwen_server):
     """tool_choice auto (Ollama's chat has no other): the model's call, which Qwen2.5-Coder-0.5B writes as
     bare JSON without the <tool_call> tags, comes back as tool calls on both APIs, whole and streamed;
-    Ollama's assistant tool_calls and tool messages go back through the template."""
+    Ollama's assistant tool_calls and tool messages go back through the template; /api/show says the
+    model takes tools and insertions (apps check before they send tools)."""
+    assert _post(qwen_server, "/api/show", {"model": ""}).json()["capabilities"] == [
+        "completion",
+        "tools",
+        "insert",
+    ]
     msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
     r = _post(qwen_server, "/v1/chat/completions", {"messages": msgs, "tools": [WEATHER], "max_tokens": 60,
                                                      "temperature": 0}).json()  # fmt: skip
