@@ -1209,14 +1209,16 @@ def _ollama_model(state: State) -> dict:
 def _ollama_capabilities(state: State) -> list[str]:
     """What /api/show says the served model can do, as Ollama names it (apps check `tools` before they
     send tools): tools where its template renders them, insert where it has fill-in-the-middle tokens,
-    thinking where its template thinks (<think>, enable_thinking), embedding with --embeddings."""
+    thinking where its template thinks (<think> or </think>, as DeepSeek-R1's drops old reasoning at it;
+    enable_thinking), embedding with --embeddings."""
     llm = state.llm
     source = llm.template.source or ""
     v = llm.tokenizer.vocab
     caps = ["completion"]
     caps += ["tools"] if tools.renders_tools(source) else []
     caps += ["insert"] if all(v.special_id(r) is not None for r in ("fim_pre", "fim_suf", "fim_mid")) else []
-    caps += ["thinking"] if reasoning.OPEN in source or "enable_thinking" in source else []
+    thinks = any(mark in source for mark in (reasoning.OPEN, reasoning.CLOSE, "enable_thinking"))
+    caps += ["thinking"] if thinks else []
     return caps + (["embedding"] if state.config.embeddings else [])
 
 

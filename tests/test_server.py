@@ -911,6 +911,29 @@ def test_the_official_ollama_client_works_unchanged(server):
     assert oai["choices"][0]["message"]["content"] == chat.message.content
 
 
+def test_ollama_capabilities_follow_the_template_and_the_vocabulary():
+    """/api/show's capabilities: a DeepSeek-R1 template (it only drops old reasoning at </think>) thinks,
+    Qwen3's enable_thinking thinks, a template reading `tools` takes tools, FIM tokens take insertions."""
+    from types import SimpleNamespace as NS
+
+    from edgellm.server import _ollama_capabilities
+
+    def caps(source: str, fim: bool = False, embeddings: bool = False) -> list[str]:
+        vocab = NS(special_id=lambda role: 7 if fim else None)
+        llm = NS(template=NS(source=source), tokenizer=NS(vocab=vocab))
+        return _ollama_capabilities(NS(llm=llm, config=NS(embeddings=embeddings)))
+
+    r1 = "{% set content = content.split('</think>')[-1] %}{{ content }}"
+    assert caps(r1) == ["completion", "thinking"]
+    assert caps("{% if enable_thinking %}{% endif %}{{ tools }}", fim=True) == [
+        "completion",
+        "tools",
+        "insert",
+        "thinking",
+    ]
+    assert caps("{{ messages }}", embeddings=True) == ["completion", "embedding"]
+
+
 def test_ollama_chat_reads_tools_tool_calls_and_tool_messages():
     from edgellm import ollama_api as ol
     from edgellm import openai_api as oa
