@@ -434,7 +434,7 @@ class LLM:
         prompt, req, _ = self._chat_setup(messages, tools, tool_choice, parallel_tool_calls, sampling)
         out = self._collect(self._requests([prompt], max_tokens, stop, True, sampling))[0]
         if apart:
-            thought, out.text = reasoning.split(out.text, not shaped and self._opens_thought(prompt))
+            thought, out.text = reasoning.split(out.text, not shaped and self.opens_thought(prompt))
             out.reasoning = thought or None
         if req is None or req.parsed is None:
             return out
@@ -466,7 +466,7 @@ class LLM:
         shaped = _shaped(sampling, tools, tool_choice)
         prompt, req, live = self._chat_setup(messages, tools, tool_choice, parallel_tool_calls, sampling)
         reqs = self._requests([prompt], max_tokens, stop, True, sampling)
-        opened = not shaped and self._opens_thought(prompt)
+        opened = not shaped and self.opens_thought(prompt)
         think = reasoning.ReasoningStream(opened) if apart else None
         calls = tl.CallStream(req.parsed, not req.parallel, live) if req is not None and req.parsed else None
         for c in self._run(reqs):
@@ -496,7 +496,9 @@ class LLM:
             raise ValueError(f"reasoning_format must be auto, deepseek or none, not {fmt!r}")
         return fmt != "none"
 
-    def _opens_thought(self, prompt: list[int]) -> bool:
+    def opens_thought(self, prompt: list[int]) -> bool:
+        """Whether a chat prompt's ids leave a `<think>` open (DeepSeek-R1's generation prompt): the answer
+        then starts inside its reasoning (reasoning.py)."""
         from edgellm import reasoning
 
         return reasoning.opens_in_thought(self.detokenize(prompt[-8:], special=True))

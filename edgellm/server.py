@@ -1058,7 +1058,7 @@ def _thinks(state: State, llm: Any, p: oa.GenerationParams, ids: list[int]) -> b
     if (p.reasoning_format or state.config.reasoning_format) == "none":
         return None
     shaped = p.grammar is not None or (p.tools is not None and bool(p.tools.forced))
-    return not shaped and reasoning.opens_in_thought(llm.detokenize(ids[-8:], special=True))
+    return not shaped and llm.opens_thought(ids)
 
 
 def _embedder(state: State) -> Any:
@@ -1301,7 +1301,7 @@ async def _ollama(state: State, request: Request, chat: bool):
 
     # think: the reasoning apart, as Ollama's `thinking` (None: left in the text)
     shaped = q["format"] is not None  # the answer is the format's from its first token
-    opened = not shaped and reasoning.opens_in_thought(llm.detokenize(prompt[-8:], special=True))
+    opened = not shaped and llm.opens_thought(prompt)
     inside = opened if q["think"] else None
 
     def piece(text: str, calls: list[dict] | None = None, thought: str | None = None) -> dict:
