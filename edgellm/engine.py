@@ -68,6 +68,8 @@ class GenRequest:
     logprobs: int | None = None  # None: no log-probabilities; k >= 0: the sampled token's and the top k
     grammar: str | None = None  # a compiled constraint (Engine.compile_grammar): the output must match it
     speculative: bool = True  # may guess ahead when the engine speculates (speculative.py)
+    live: bool = False  # its events say how far it has got (Event.progress): llama-server's return_progress
+    # and timings_per_token
 
 
 class TokenLogprob(NamedTuple):
@@ -90,6 +92,19 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """How far a sequence has got, on its events when its request asked (GenRequest.live): prompt
+    positions read so far (served by the prefix cache or computed) and tokens generated."""
+
+    prompt_tokens: int
+    cached_tokens: int  # of the prompt, served by the prefix cache
+    prompt_done: int  # prompt positions whose K/V are in the cache (cached_tokens included)
+    completion_tokens: int
+    elapsed_s: float  # since arrival
+    ttft_s: float | None  # arrival to the first token, once there is one
+
+
+@dataclass(frozen=True)
 class Event:
     """A piece of one stream: new text and the token that completed it. The last event of a stream has a
     finish_reason ("stop", "length", "cancelled", "error") and usage; an "error" event has the message
@@ -102,6 +117,9 @@ class Event:
     usage: Usage | None = None
     status: int = 200
     logprob: TokenLogprob | None = None  # the token's, when the request asked for log-probabilities
+    # where the sequence stands (GenRequest.live): on each token's event, and on events of their own
+    # (no text, no token) as its prompt is read: one when admitted, one per prompt chunk computed
+    progress: Progress | None = None
 
 
 class Stream:
@@ -174,6 +192,19 @@ class _Seq(SeqState):
         self.done = False  # its last event is out
         self.t_arrival = time.perf_counter()
         self.t_first: float | None = None
+        self.prompt_reported = -1  # live: the prompt positions its last progress event reported
+
+    def progress(self, prompt_done: int | None = None) -> Progress | None:
+        """Where it stands, if its request asked (GenRequest.live); prompt_done: its prompt read so far
+        (by default as far as its computed positions go)."""
+        if not self.req.live:
+            return None
+        now = time.perf_counter()
+        if prompt_done is None:
+            prompt_done = self.n_prompt if self.t_first is not None else min(self.n_computed, self.n_prompt)
+        ttft = (self.t_first - self.t_arrival) if self.t_first is not None else None
+        elapsed = now - self.t_arrival
+        return Progress(self.n_prompt, self.n_cached, prompt_done, self.n_generated, elapsed, ttft)
 
     def drop_draft(self) -> list[int]:
         """Take this step's guesses back out of the tokens; returns them."""
@@ -464,7 +495,8 @@ class Engine:
         sp = s.spec
         usage = Usage(s.n_prompt, s.n_generated, s.n_cached, ttft, now - s.t_arrival,
                       sp.drafted if sp else 0, sp.accepted if sp else 0)  # fmt: skip
-        s.stream._push(Event(text, None, reason, error, usage, status if reason == "error" else 200))
+        status = status if reason == "error" else 200
+        s.stream._push(Event(text, None, reason, error, usage, status, progress=s.progress()))
 
     def _step(self) -> None:
         """The scheduler plans, the runner executes the plan, the results are applied."""
@@ -477,6 +509,7 @@ class Engine:
                 self._update_from_output(plan, RunnerOutput())  # is free now, so plan again into it
                 plan = self.sched.schedule()
             self._keep_scheduled_drafts(plan, drafted)
+            self._report_admitted(plan)
             decode = (  # timed for speculation, which weighs guesses by what steps cost
                 self.spec is not None
                 and bool(plan.run)
@@ -604,6 +637,7 @@ class Engine:
             if new and sum(1 for s in self.sched.running if s.pending <= 1) <= self.spec.max_batch:
                 for s in new:
                     self._prefill_draft(s)
+        self._report_prompts(plan)
         for s, tok in out.sampled.items():
             self._accept(s, tok, out.logprobs.get(s))
         for s, taken in out.speculated.items():
@@ -616,6 +650,28 @@ class Engine:
             self._rates.append((time.perf_counter(), n_prompt, out.n_rows))
             while len(self._rates) > 4096:
                 self._rates.popleft()
+
+    def _report_admitted(self, plan: StepPlan) -> None:
+        """Progress events of the sequences that asked (GenRequest.live), as llama-server's return_progress
+        sends them: one as a prompt starts (its cached part read), before the step computes it; then one
+        per chunk computed (_report_prompts), the last (all of it read) before the first token. They never
+        go back: a preempted prompt recomputes quietly up to where it was."""
+        for a in plan.admitted:
+            if a.seq.req.live and not a.readmitted:
+                self._report_prompt(a.seq, a.seq.n_cached)
+
+    def _report_prompts(self, plan: StepPlan) -> None:
+        """Progress events for the prompt chunks a step computed (see _report_admitted)."""
+        for r in plan.run:
+            s = r.seq
+            if s.req.live and not s.done and s.t_first is None and s.n_computed < s.n_prompt:
+                self._report_prompt(s, min(s.n_computed + r.n_tokens, s.n_prompt))
+
+    @staticmethod
+    def _report_prompt(s: _Seq, done: int) -> None:
+        if done > s.prompt_reported:
+            s.prompt_reported = done
+            s.stream._push(Event("", progress=s.progress(done)))
 
     def _prefill_draft(self, s: _Seq) -> None:
         """The draft model reads a prompt as the target finishes it (before its first token, so the time
@@ -644,19 +700,19 @@ class Engine:
                 return
         text, hit = s.stop.push(s.detok.push(tok))
         if hit:
-            s.stream._push(Event(text, tok, logprob=lp))
+            s.stream._push(Event(text, tok, logprob=lp, progress=s.progress()))
             self._finish(s, "stop", flush=False)  # what follows the stop string is dropped
             return
         if s.constraint is not None and s.constraint.done:  # the grammar is complete: nothing can follow
-            s.stream._push(Event(text, tok, logprob=lp))
+            s.stream._push(Event(text, tok, logprob=lp, progress=s.progress()))
             self._finish(s, "stop")
             return
         limit = s.req.max_tokens is not None and s.n_generated >= s.req.max_tokens
         if limit or len(s.tokens) >= self.n_ctx:
-            s.stream._push(Event(text, tok, logprob=lp))
+            s.stream._push(Event(text, tok, logprob=lp, progress=s.progress()))
             self._finish(s, "length")
             return
-        s.stream._push(Event(text, tok, logprob=lp))
+        s.stream._push(Event(text, tok, logprob=lp, progress=s.progress()))
 
 
 @dataclass

@@ -70,8 +70,9 @@ def stop_type(reason: str, last_token: int | None, eog: frozenset[int], stops: l
     return "word" if stops else "eos"
 
 
-def timings(n_prompt: int, prompt_s: float, n_gen: int, gen_s: float) -> dict[str, float]:
-    """llama-server's `timings` object (milliseconds, per-token and per-second rates)."""
+def timings(n_prompt: int, prompt_s: float, n_gen: int, gen_s: float, n_cached: int = 0) -> dict[str, float]:
+    """llama-server's `timings` object (milliseconds, per-token and per-second rates; cache_n: prompt
+    tokens served by the prefix cache, prompt_n: those computed)."""
 
     def rates(n: int, s: float) -> tuple[float, float, float]:
         ms = s * 1e3
@@ -80,6 +81,7 @@ def timings(n_prompt: int, prompt_s: float, n_gen: int, gen_s: float) -> dict[st
     p_ms, p_tok, p_rate = rates(n_prompt, prompt_s)
     g_ms, g_tok, g_rate = rates(n_gen, gen_s)
     return {
+        "cache_n": n_cached,
         "prompt_n": n_prompt,
         "prompt_ms": p_ms,
         "prompt_per_token_ms": p_tok,
@@ -89,6 +91,22 @@ def timings(n_prompt: int, prompt_s: float, n_gen: int, gen_s: float) -> dict[st
         "predicted_per_token_ms": g_tok,
         "predicted_per_second": g_rate,
     }
+
+
+def live_timings(progress: Any) -> dict[str, float]:
+    """`timings` so far from an engine Progress (llama-server's timings_per_token): the prompt's computed
+    part until the first token, then the generated tokens."""
+    prompt_s = progress.ttft_s if progress.ttft_s is not None else progress.elapsed_s
+    n_prompt = progress.prompt_done - progress.cached_tokens
+    gen_s = max(0.0, progress.elapsed_s - prompt_s)
+    return timings(n_prompt, prompt_s, progress.completion_tokens, gen_s, progress.cached_tokens)
+
+
+def prompt_progress(progress: Any) -> dict[str, float]:
+    """llama-server's `prompt_progress` (return_progress): the prompt's tokens, those served by the cache,
+    those read so far (the cached ones included), milliseconds since the request arrived."""
+    return {"total": progress.prompt_tokens, "cache": progress.cached_tokens,
+            "processed": progress.prompt_done, "time_ms": progress.elapsed_s * 1e3}  # fmt: skip
 
 
 def active_samplers(params: Any) -> list[str]:

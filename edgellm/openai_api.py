@@ -120,8 +120,6 @@ LLAMA_SERVER_UNSUPPORTED: list[tuple[str, Callable[[Any], bool], str]] = [
     ("t_max_prompt_ms", lambda v: _is_num(v) and v <= 0, "a prompt time limit is not supported"),
     ("min_keep", lambda v: v == 0, "min_keep is not supported"),
     ("response_fields", lambda v: v == [], "response_fields is not supported"),
-    ("timings_per_token", lambda v: v is False, "per-token timings are not supported"),
-    ("return_progress", lambda v: v is False, "prompt progress events are not supported"),
     ("adaptive_target", lambda v: _is_num(v) and v < 0, "adaptive-p sampling is not supported"),
     ("reasoning_budget_tokens", lambda v: v == -1, "a reasoning budget is not supported"),
     ("parse_tool_calls", lambda v: v is False, "tool calls are not supported"),
@@ -183,6 +181,8 @@ class GenerationParams:
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat: chat_template_kwargs
     speculative: bool = True  # false (or llama-server's speculative.n_max 0): no guessing for this one
     reasoning_format: str | None = None  # chat: llama-server's reasoning_format (None: the server's)
+    timings_per_token: bool = False  # llama-server's: every streamed chunk carries the timings so far
+    return_progress: bool = False  # llama-server's: streamed chunks say how far the prompt is read
 
 
 def _sampling(body: dict, lim: Limits) -> dict[str, Any]:
@@ -306,7 +306,9 @@ def _common(
         raise bad("model", "must be a string")
     max_tokens = None
     for name in max_tokens_names:
-        v = _integer(body, name, -1 if name == "n_predict" else 1, lim.n_ctx)
+        # -1: until the end or the context is full (llama-server's n_predict and its aliases: its web UI
+        # sends max_tokens -1 by default); the Responses API's max_output_tokens is OpenAI's alone
+        v = _integer(body, name, 1 if name == "max_output_tokens" else -1, lim.n_ctx)
         if v is not None:
             max_tokens = None if v == -1 else v
     n = _integer(body, "n", 1, MAX_CHOICES) or 1
@@ -342,6 +344,8 @@ def _common(
         grammar=grammar,
         grammar_field=grammar_field,
         speculative=_boolean(body, "speculative", True) and body.get("speculative.n_max") != 0,
+        timings_per_token=_boolean(body, "timings_per_token"),
+        return_progress=_boolean(body, "return_progress"),
     )
 
 

@@ -787,7 +787,8 @@ async def _generate(state: State, request: Request, chat: bool):
             q = params
             if q.seed is not None and (len(prompts) > 1 or p.n > 1):
                 q = replace(q, seed=(q.seed + i * p.n + j) % (1 << 64))  # distinct, reproducible choices
-            reqs.append(GenRequest(ids, q, p.max_tokens, tuple(p.stop), p.logprobs, grammar, p.speculative))
+            reqs.append(GenRequest(ids, q, p.max_tokens, tuple(p.stop), p.logprobs, grammar, p.speculative,
+                                   live=_live(p)))  # fmt: skip
     streams = _submit(engine, reqs)
     tok = llm.tokenizer
     shaper = oa.Shaper(
@@ -804,10 +805,20 @@ async def _generate(state: State, request: Request, chat: bool):
     usage = request.state.edgellm_usage = [0, 0, 0]  # prompt, completion, cached: the access log reads it
     if p.stream:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        return StreamingResponse(
-            _sse(streams, shaper, p.include_usage, usage), media_type="text/event-stream", headers=headers
-        )
+        sse = _sse(streams, shaper, p.include_usage, usage, p.timings_per_token, p.return_progress)
+        return StreamingResponse(sse, media_type="text/event-stream", headers=headers)
     return await _whole(request, streams, shaper, usage)
+
+
+def _live(p: oa.GenerationParams) -> bool:
+    """Whether the engine should say how far the request has got (Event.progress): llama-server's
+    timings_per_token, and return_progress (streamed answers only, as llama-server's)."""
+    return p.stream and (p.timings_per_token or p.return_progress)
+
+
+def _progress_only(ev: Event) -> bool:
+    """An event that only says how far the prompt has been read (GenRequest.live)."""
+    return ev.progress is not None and ev.token is None and not ev.text and ev.finish_reason is None
 
 
 async def _compile(engine: Engine, grammar: Any, field: str) -> str | None:
@@ -840,19 +851,21 @@ class _Timings:
     """llama-server's `timings` for a request's sequences, from their final usage."""
 
     def __init__(self) -> None:
-        self.prompt_n = self.gen_n = self.draft_n = self.draft_accepted = 0
+        self.prompt_n = self.cache_n = self.gen_n = self.draft_n = self.draft_accepted = 0
         self.prompt_s = self.total_s = 0.0
 
     def add(self, u: Any) -> None:
         self.draft_n += u.draft_tokens
         self.draft_accepted += u.draft_accepted
         self.prompt_n += u.prompt_tokens - u.cached_tokens
+        self.cache_n += u.cached_tokens
         self.gen_n += u.completion_tokens
         self.prompt_s = max(self.prompt_s, u.ttft_s or 0.0)
         self.total_s = max(self.total_s, u.total_s or 0.0)
 
     def body(self) -> dict[str, float]:
-        t = la.timings(self.prompt_n, self.prompt_s, self.gen_n, max(0.0, self.total_s - self.prompt_s))
+        gen_s = max(0.0, self.total_s - self.prompt_s)
+        t = la.timings(self.prompt_n, self.prompt_s, self.gen_n, gen_s, self.cache_n)
         if self.draft_n:  # llama-server's names for speculative decoding's figures
             t.update(draft_n=self.draft_n, draft_n_accepted=self.draft_accepted)
         return t
@@ -883,7 +896,8 @@ async def _responses(state: State, request: Request):
     p, echo, convo, ids = await _responses_prompt(state, await _json(request, state.config.max_body))
     constraint = tools.grammar(p.tools, p.grammar) if p.tools is not None else p.grammar
     grammar = await _compile(engine, constraint, p.grammar_field if constraint is p.grammar else "tools")
-    streams = _submit(engine, [GenRequest(ids, _params(llm, p), p.max_tokens, tuple(p.stop), None, grammar)])
+    req = GenRequest(ids, _params(llm, p), p.max_tokens, tuple(p.stop), None, grammar, live=_live(p))
+    streams = _submit(engine, [req])
     rid, mid, created = oa.new_id("resp", "_"), oa.new_id("msg", "_"), ra.now()
     usage = request.state.edgellm_usage = [0, 0, 0]
     names = p.tools.parsed if p.tools is not None else None  # parse the model's calls
@@ -942,9 +956,17 @@ async def _responses(state: State, request: Request):
             yield event("response.in_progress", response=started)
             finish = "stop"
             async for ev in _one_stream(streams, usage):
-                for kind, data in [
-                    e for part in tools.stream_parts(think, calls, ev.text) for e in out.feed(part)
-                ]:
+                if _progress_only(ev):  # llama-server's return_progress: an in_progress event that says it
+                    if p.return_progress:
+                        extra = {"prompt_progress": la.prompt_progress(ev.progress)}
+                        if p.timings_per_token:
+                            extra["timings"] = la.live_timings(ev.progress)
+                        yield event("response.in_progress", response=started, **extra)
+                    continue
+                evs = [e for part in tools.stream_parts(think, calls, ev.text) for e in out.feed(part)]
+                if p.timings_per_token and evs and ev.progress is not None:  # on the last, as llama-server's
+                    evs[-1] = (evs[-1][0], {**evs[-1][1], "timings": la.live_timings(ev.progress)})
+                for kind, data in evs:
                     yield event(kind, **data)
                 finish = ev.finish_reason or finish
             parts = tools.stream_parts(think, calls, None)
@@ -1123,7 +1145,8 @@ async def _native_answer(state: State, request: Request, engine: Engine, p: Any,
     """A native completion's answer (`/completion` and `/infill`), whole or as SSE `data:` chunks."""
     llm = state.llm
     grammar = await _compile(engine, p.grammar, p.grammar_field)
-    req = GenRequest(prompt, params, p.max_tokens, tuple(p.stop), p.logprobs, grammar, p.speculative)
+    stop = tuple(p.stop)
+    req = GenRequest(prompt, params, p.max_tokens, stop, p.logprobs, grammar, p.speculative, _live(p))
     streams = _submit(engine, [req])
     usage = request.state.edgellm_usage = [0, 0, 0]
     eog = llm.tokenizer.eog_ids
@@ -1164,10 +1187,19 @@ async def _native_answer(state: State, request: Request, engine: Engine, p: Any,
                     lps = [(ev.token, ev.logprob)] if ev.logprob is not None else []
                     if ev.finish_reason is not None:
                         yield _sse_line(final(ev.text, ev.finish_reason, last, [], lps))
+                        continue
+                    chunk = {"content": ev.text, "tokens": [], "stop": False, "id_slot": 0}
+                    if _progress_only(ev):  # llama-server's return_progress
+                        if not p.return_progress:
+                            continue
+                        chunk["prompt_progress"] = la.prompt_progress(ev.progress)
                     elif ev.text or ev.token is not None:
-                        tk = [ev.token] if ev.token is not None else []
-                        chunk = {"content": ev.text, "tokens": tk, "stop": False, "id_slot": 0, **probs(lps)}
-                        yield _sse_line(chunk)
+                        chunk.update(tokens=[ev.token] if ev.token is not None else [], **probs(lps))
+                    else:
+                        continue
+                    if p.timings_per_token and ev.progress is not None:
+                        chunk["timings"] = la.live_timings(ev.progress)
+                    yield _sse_line(chunk)
             except APIError as e:
                 yield _sse_line(e.body())
             finally:
@@ -1457,10 +1489,19 @@ def _sse_line(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-async def _sse(streams: list, shaper: oa.Shaper, include_usage: bool, usage: list[int]) -> AsyncIterator[str]:
+async def _sse(
+    streams: list,
+    shaper: oa.Shaper,
+    include_usage: bool,
+    usage: list[int],
+    per_token: bool = False,
+    progress: bool = False,
+) -> AsyncIterator[str]:
     """Server-sent events for a streamed request; cancels the sequences if the client goes away. A token
     whose text the stop matcher holds back brings its log-probability with the next chunk that has text;
-    the last chunk carries llama-server's `timings`."""
+    the last chunk carries llama-server's `timings`. As llama-server's: with `per_token` each chunk carries
+    the timings so far; with `progress` a chunk reports each part of the prompt read (`prompt_progress`,
+    the first when the prompt starts, the last when it is all read)."""
     timings = _Timings()
     pending: dict[int, list] = {}  # log-probabilities not yet sent, per choice
     splitters = (
@@ -1484,6 +1525,14 @@ async def _sse(streams: list, shaper: oa.Shaper, include_usage: bool, usage: lis
             if ev.finish_reason == "error":
                 failed = failed or ev
                 continue
+            if _progress_only(ev):
+                if progress:  # a role chunk, as llama-server's, that says how far the prompt is read
+                    c = shaper.chunk(i, None, None, first=True) if shaper.chat else shaper.chunk(i, "", None)
+                    c["prompt_progress"] = la.prompt_progress(ev.progress)
+                    if per_token:
+                        c["timings"] = la.live_timings(ev.progress)
+                    yield _sse_line(c)
+                continue
             if ev.logprob is not None and ev.token is not None:
                 pending.setdefault(i, []).append((ev.token, ev.logprob))
             if ev.usage is not None:
@@ -1496,20 +1545,23 @@ async def _sse(streams: list, shaper: oa.Shaper, include_usage: bool, usage: lis
             if reason is not None:
                 parts += tools.stream_parts(think, calls, None)
                 reason = "tool_calls" if calls is not None and calls.ended and reason == "stop" else reason
+            out: list[dict] = []  # this event's chunks
             for part in parts:
                 if part.kind == "reasoning":
-                    yield _sse_line(
-                        shaper.chunk(i, None, None, logprobs=pending.pop(i, None), thought=part.text)
-                    )
+                    out.append(shaper.chunk(i, None, None, logprobs=pending.pop(i, None), thought=part.text))
                 elif part.kind == "text":
-                    yield _sse_line(shaper.chunk(i, part.text, None, logprobs=pending.pop(i, None)))
+                    out.append(shaper.chunk(i, part.text, None, logprobs=pending.pop(i, None)))
                 elif part.kind != "ends":
                     call = splitters[i].calls[part.index]
-                    yield _sse_line(
+                    out.append(
                         shaper.call_chunk(i, part.index, call, part.text if part.kind == "args" else None)
                     )
             if reason is not None and pending.get(i):
-                yield _sse_line(shaper.chunk(i, "", None, logprobs=pending.pop(i)))
+                out.append(shaper.chunk(i, "", None, logprobs=pending.pop(i)))
+            if per_token and out and ev.progress is not None:
+                out[-1]["timings"] = la.live_timings(ev.progress)
+            for c in out:
+                yield _sse_line(c)
             if reason is not None:
                 left -= 1
                 last = shaper.chunk(i, None if shaper.chat else "", reason)

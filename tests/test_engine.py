@@ -92,6 +92,38 @@ def test_shared_prefix_is_served_from_the_cache_with_the_same_tokens(llm):
     assert eng.kv.prefix.hit_rate > 0.3
 
 
+def test_a_live_request_reports_its_prompt_as_it_is_read_and_its_progress_on_each_token(llm):
+    """GenRequest.live (llama-server's return_progress and timings_per_token): an event as the prompt
+    starts (its cached part), one per chunk computed (16 tokens a step here), the last with all of it read
+    before the first token; each token's event counts the tokens so far. The tokens are those of a plain
+    request, which has no such events."""
+    system = "You are a helpful assistant who answers in one short sentence. " * 2
+    prompt = system + "The capital of France is"
+    ids = llm.tokenize(prompt)
+    n = len(ids)
+    eng = _engine(llm)
+    try:
+        plain = list(eng.submit(GenRequest(llm.tokenize(system + "Name a color."), GREEDY, 4)))
+        live = list(eng.submit(GenRequest(ids, GREEDY, 4, live=True)))
+    finally:
+        eng.shutdown()
+    assert all(e.progress is None for e in plain) and all(e.token is not None for e in plain[:-1])
+    cached = live[-1].usage.cached_tokens
+    assert cached >= 16 and cached % 4 == 0  # the shared system prompt's whole blocks
+    reading = [e.progress for e in live if e.token is None and e.finish_reason is None]
+    assert all(not e.text for e in live if e.token is None and e.finish_reason is None)
+    assert [p.prompt_done for p in reading] == [cached, *range(cached + 16, n, 16), n]
+    assert all(p.prompt_tokens == n and p.cached_tokens == cached for p in reading)
+    assert all(p.completion_tokens == 0 and p.ttft_s is None for p in reading)
+    assert [p.elapsed_s for p in reading] == sorted(p.elapsed_s for p in reading)
+    first = next(i for i, e in enumerate(live) if e.token is not None)
+    assert first == len(reading)  # every prompt event before the first token
+    answered = [e.progress for e in live[first:]]
+    assert [p.completion_tokens for p in answered] == [1, 2, 3, 4, 4]  # the last: the end (length)
+    assert all(p.prompt_done == n and p.ttft_s is not None and p.ttft_s <= p.elapsed_s for p in answered)
+    assert [e.token for e in live if e.token is not None] == _alone(llm, prompt, GREEDY, 4)
+
+
 def test_memory_pressure_preempts_and_recomputes_without_changing_tokens(llm):
     """A pool of 8 blocks of 4 for three ~15-token sequences: some are preempted and recompute later."""
     want = [_alone(llm, p, GREEDY, 10) for p in PROMPTS[:3]]

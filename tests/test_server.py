@@ -1031,6 +1031,93 @@ def test_native_completion_takes_text_ids_and_mixed_prompts(server):
     assert stopped["stop_type"] == "word" and stopped["stopping_word"] == r["content"][2:5]
 
 
+# llama.cpp's web UI (tools/server/webui): its settings' defaults as its chat service sends them
+WEBUI_BODY = {
+    "stream": True, "return_progress": True, "timings_per_token": True, "reasoning_format": "auto",
+    "temperature": 0.8, "max_tokens": -1, "dynatemp_range": 0, "dynatemp_exponent": 1, "top_k": 40,
+    "top_p": 0.95, "min_p": 0.05, "xtc_probability": 0, "xtc_threshold": 0.1, "typ_p": 1, "repeat_last_n": 64,
+    "repeat_penalty": 1, "presence_penalty": 0, "frequency_penalty": 0, "dry_multiplier": 0, "dry_base": 1.75,
+    "dry_allowed_length": 2, "dry_penalty_last_n": -1,
+    "samplers": ["top_k", "typ_p", "top_p", "min_p", "temperature"],
+}  # fmt: skip
+
+
+def _data_lines(url: str, path: str, body: dict) -> list[dict]:
+    with httpx.stream("POST", url + path, json=body, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        return [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
+
+
+def _check_progress(reports: list[dict], prompt_tokens: int) -> None:
+    """llama-server's prompt_progress: the first as the prompt starts (its cached part), then one per part
+    read (the server reads 256 prompt tokens a step), the last with all of it read."""
+    assert reports and reports[0]["processed"] == reports[0]["cache"]
+    assert [r["processed"] for r in reports[1:]] == [*range(reports[0]["cache"] + 256, prompt_tokens, 256),
+                                                    prompt_tokens]  # fmt: skip
+    assert all(r["total"] == prompt_tokens and r["cache"] == reports[0]["cache"] for r in reports)
+    assert [r["time_ms"] for r in reports] == sorted(r["time_ms"] for r in reports)
+
+
+def test_the_llama_cpp_web_ui_streams_with_prompt_progress_and_timings_on_every_chunk(server):
+    """What llama.cpp's own web UI sends (max_tokens -1: until the end; timings_per_token and
+    return_progress, as it always asks) streams as llama-server streams it: role chunks with
+    prompt_progress as the prompt is read, then every chunk with the timings so far."""
+    msgs = [{"role": "user", "content": "Tell me about the sea. " * 60}]
+    chunks = _data_lines(server.url, "/v1/chat/completions", dict(WEBUI_BODY, messages=msgs, seed=3))
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    assert "timings" not in chunks[0] and "prompt_progress" not in chunks[0]  # as llama-server's first
+    reading = [c for c in chunks if "prompt_progress" in c]
+    first_text = next(
+        i for i, c in enumerate(chunks) if c["choices"] and c["choices"][0]["delta"].get("content")
+    )
+    assert chunks[1 : 1 + len(reading)] == reading and first_text == 1 + len(reading)
+    assert all(c["choices"][0]["delta"] == {"role": "assistant", "content": None} for c in reading)
+    last = chunks[-1]
+    n_prompt = last["timings"]["prompt_n"] + last["timings"]["cache_n"]
+    _check_progress([c["prompt_progress"] for c in reading], n_prompt)
+    said = [c for c in chunks[first_text:-1] if c["choices"][0]["delta"].get("content") is not None]
+    assert all("timings" in c for c in said)
+    assert [c["timings"]["predicted_n"] for c in said] == sorted(c["timings"]["predicted_n"] for c in said)
+    assert said[-1]["timings"]["predicted_n"] <= last["timings"]["predicted_n"]
+    assert all(c["timings"]["prompt_n"] + c["timings"]["cache_n"] == n_prompt for c in said)
+    assert last["choices"][0]["finish_reason"] in ("stop", "length")  # max_tokens -1: the end or the context
+    if last["choices"][0]["finish_reason"] == "length":
+        assert n_prompt + last["timings"]["predicted_n"] == N_CTX
+    # asked for alone, or not streamed: as llama-server's (progress is only streamed)
+    plain = dict(
+        WEBUI_BODY, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, timings_per_token=False
+    )
+    chunks = _data_lines(server.url, "/v1/chat/completions", plain)
+    assert all("timings" not in c for c in chunks[:-1]) and "timings" in chunks[-1]
+    assert [c["prompt_progress"]["processed"] for c in chunks if "prompt_progress" in c][-1] > 0
+    whole = _post(server, "/v1/chat/completions", dict(plain, stream=False, timings_per_token=True)).json()
+    assert whole["timings"]["predicted_n"] == whole["usage"]["completion_tokens"]
+
+
+def test_prompt_progress_and_timings_on_the_native_and_responses_routes(server):
+    prompt = "A story about a lighthouse keeper. " * 40
+    native = _data_lines(server.url, "/completion", {"prompt": prompt, "n_predict": 3, "stream": True,
+                                                     "return_progress": True, "temperature": 0})  # fmt: skip
+    reading = [c for c in native if "prompt_progress" in c]
+    assert all(c["content"] == "" and c["tokens"] == [] and not c["stop"] for c in reading)
+    assert all("timings" not in c for c in native[:-1])  # not asked for
+    _check_progress([c["prompt_progress"] for c in reading], native[-1]["tokens_evaluated"])
+    timed = _data_lines(server.url, "/completion", {"prompt": prompt, "n_predict": 3, "stream": True,
+                                                    "timings_per_token": True, "temperature": 0})  # fmt: skip
+    assert not any("prompt_progress" in c for c in timed)
+    assert [c["timings"]["predicted_n"] for c in timed if c["tokens"]] == [1, 2, 3]
+    assert timed[-1]["timings"]["cache_n"] > 0  # the same prompt again: served by the prefix cache
+    body = {"input": prompt, "max_output_tokens": 3, "stream": True, "return_progress": True,
+            "timings_per_token": True, "temperature": 0}  # fmt: skip
+    events = _data_lines(server.url, "/v1/responses", body)
+    reading = [e for e in events if "prompt_progress" in e]
+    assert all(e["type"] == "response.in_progress" and "timings" in e for e in reading)
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas and all(e["timings"]["predicted_n"] >= 1 for e in deltas)
+    usage = events[-1]["response"]["usage"]
+    _check_progress([e["prompt_progress"] for e in reading], usage["input_tokens"])
+
+
 def test_props_slots_and_apply_template(server):
     url = server.url
     props = httpx.get(url + "/props").json()
