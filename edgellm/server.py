@@ -955,7 +955,10 @@ async def _responses(state: State, request: Request):
             yield event("response.created", response=started)
             yield event("response.in_progress", response=started)
             finish = "stop"
+            timings = _Timings()
             async for ev in _one_stream(streams, usage):
+                if ev.usage is not None:
+                    timings.add(ev.usage)
                 if _progress_only(ev):  # llama-server's return_progress: an in_progress event that says it
                     if p.return_progress:
                         extra = {"prompt_progress": la.prompt_progress(ev.progress)}
@@ -975,9 +978,8 @@ async def _responses(state: State, request: Request):
             ended = calls.calls[: calls.ended] if calls is not None else []
             thought = next((i["content"][0]["text"] for i in out.items if i["type"] == "reasoning"), None)
             r = finished("".join(out.shown), finish, ended, output=out.items, thought=thought)
-            yield event(
-                "response.completed" if r["status"] == "completed" else "response.incomplete", response=r
-            )
+            kind = "response.completed" if r["status"] == "completed" else "response.incomplete"
+            yield event(kind, response=r, timings=timings.body())  # llama-server's timings, on the last
         except APIError as e:
             yield event("error", code=e.code, message=e.message, param=e.param)
         finally:
@@ -1499,9 +1501,9 @@ async def _sse(
 ) -> AsyncIterator[str]:
     """Server-sent events for a streamed request; cancels the sequences if the client goes away. A token
     whose text the stop matcher holds back brings its log-probability with the next chunk that has text;
-    the last chunk carries llama-server's `timings`. As llama-server's: with `per_token` each chunk carries
-    the timings so far; with `progress` a chunk reports each part of the prompt read (`prompt_progress`,
-    the first when the prompt starts, the last when it is all read)."""
+    the last chunk (the usage chunk, if asked for) carries llama-server's `timings`. As llama-server's:
+    with `per_token` each chunk carries the timings so far; with `progress` a chunk reports each part of
+    the prompt read (`prompt_progress`, the first when the prompt starts, the last when it is all read)."""
     timings = _Timings()
     pending: dict[int, list] = {}  # log-probabilities not yet sent, per choice
     splitters = (
@@ -1565,7 +1567,7 @@ async def _sse(
             if reason is not None:
                 left -= 1
                 last = shaper.chunk(i, None if shaper.chat else "", reason)
-                if not left:
+                if not left and not include_usage:  # else on the usage chunk: the last, as llama-server's
                     last["timings"] = timings.body()
                 yield _sse_line(last)
             if ev.usage is not None:
@@ -1576,7 +1578,7 @@ async def _sse(
             kind = {400: "invalid_request_error", 503: "unavailable_error"}.get(failed.status, "server_error")
             yield _sse_line(APIError(failed.status, failed.error or "error", kind).body())
         elif include_usage:
-            yield _sse_line(shaper.usage_chunk(oa.usage_body(*usage)))
+            yield _sse_line({**shaper.usage_chunk(oa.usage_body(*usage)), "timings": timings.body()})
         yield "data: [DONE]\n\n"
     finally:  # normal end, or the client went away (the generator is closed / cancelled)
         _cancel_all(streams)

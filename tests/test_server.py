@@ -204,6 +204,9 @@ def test_openai_client_whole_and_streamed_answers_agree(server):
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0  # the same prompt again: cached
+    # llama-server's timings on the last chunk: the usage chunk when asked for
+    assert chunks[-1].model_extra["timings"]["predicted_n"] == whole.usage.completion_tokens
+    assert all("timings" not in c.model_extra for c in chunks[:-1])
 
     comp = client.completions.create(model=model.id, prompt="Once upon a time", max_tokens=8, temperature=0)
     assert comp.object == "text_completion" and comp.usage.completion_tokens == 8
@@ -1116,6 +1119,7 @@ def test_prompt_progress_and_timings_on_the_native_and_responses_routes(server):
     assert deltas and all(e["timings"]["predicted_n"] >= 1 for e in deltas)
     usage = events[-1]["response"]["usage"]
     _check_progress([e["prompt_progress"] for e in reading], usage["input_tokens"])
+    assert events[-1]["timings"]["predicted_n"] == usage["output_tokens"]  # on the last, as llama-server's
 
 
 def test_props_slots_and_apply_template(server):
