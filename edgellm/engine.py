@@ -63,7 +63,7 @@ class GenRequest:
 
     prompt_ids: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
-    max_tokens: int | None = None  # None: until the context is full
+    max_tokens: int | None = None  # None: until the context is full; 0: the prompt is only read (cached)
     stop: Sequence[str] = ()
     logprobs: int | None = None  # None: no log-probabilities; k >= 0: the sampled token's and the top k
     grammar: str | None = None  # a compiled constraint (Engine.compile_grammar): the output must match it
@@ -286,6 +286,9 @@ class Engine:
         self._stop_at: float | None = None  # shutdown: cancel what still runs at this time
         self._thread: threading.Thread | None = None
         self._stepping = threading.Lock()  # one step at a time, whoever calls it
+        # while a step is applied: the positions it computed per sequence, not yet in n_computed (a
+        # sequence it ends keeps them in the prefix cache)
+        self._fed: dict[_Seq, int] = {}
 
     # -- client side (any thread) ----------------------------------------------------------------------
     def check(self, req: GenRequest) -> None:
@@ -293,8 +296,8 @@ class Engine:
         n = len(req.prompt_ids)
         if n == 0:
             raise RequestRejected("empty prompt: nothing to condition on")
-        if req.max_tokens is not None and req.max_tokens < 1:
-            raise RequestRejected(f"max_tokens must be at least 1, got {req.max_tokens}")
+        if req.max_tokens is not None and req.max_tokens < 0:
+            raise RequestRejected(f"max_tokens must be at least 0, got {req.max_tokens}")
         if n + 1 > self.n_ctx:
             raise ContextOverflow(
                 f"the prompt is {n} tokens but the context holds {self.n_ctx} (including at least one "
@@ -488,7 +491,7 @@ class Engine:
         if self.draft is not None:
             self.draft.forget(s)
         text = s.stop.flush() + s.detok.flush() if flush and reason in ("stop", "length") else ""
-        self.sched.finish(s, keep_tail=reason in ("stop", "length", "cancelled"))
+        self.sched.finish(s, keep_tail=reason in ("stop", "length", "cancelled"), fed=self._fed.get(s, 0))
         self.stats.finished[reason] += 1
         now = time.perf_counter()
         ttft = (s.t_first - s.t_arrival) if s.t_first else None
@@ -638,8 +641,15 @@ class Engine:
                 for s in new:
                     self._prefill_draft(s)
         self._report_prompts(plan)
-        for s, tok in out.sampled.items():
-            self._accept(s, tok, out.logprobs.get(s))
+        # (a drafted row's sound positions are known only once its guesses are checked: not counted)
+        self._fed = {
+            r.seq: r.n_tokens for r in plan.run if r.seq in out.computed and r.seq not in out.speculated
+        }
+        try:
+            for s, tok in out.sampled.items():
+                self._accept(s, tok, out.logprobs.get(s))
+        finally:
+            self._fed = {}
         for s, taken in out.speculated.items():
             self._apply_speculation(plan, s, taken)
         for s, _, _ in out.failed:  # a drafted row that failed: its guesses go
@@ -686,6 +696,9 @@ class Engine:
         """Append a sampled token: stream its text, or end the sequence."""
         if s.t_first is None:
             s.t_first = time.perf_counter()
+        if s.req.max_tokens == 0:  # the prompt only, read into the cache: its end is not generated
+            self._finish(s, "length")
+            return
         s.n_generated += 1
         self.stats.generated_tokens += 1
         if tok in self.eog:

@@ -122,6 +122,7 @@ LLAMA_SERVER_UNSUPPORTED: list[tuple[str, Callable[[Any], bool], str]] = [
     ("response_fields", lambda v: v == [], "response_fields is not supported"),
     ("adaptive_target", lambda v: _is_num(v) and v < 0, "adaptive-p sampling is not supported"),
     ("reasoning_budget_tokens", lambda v: v == -1, "a reasoning budget is not supported"),
+    ("thinking_budget_tokens", lambda v: v == -1, "a reasoning budget is not supported"),
     ("parse_tool_calls", lambda v: v is False, "tool calls are not supported"),
     ("grammar_lazy", lambda v: v is False, "lazy grammars (triggered by a word) are not supported"),
     ("grammar_triggers", lambda v: v == [], "lazy grammars (triggered by a word) are not supported"),
@@ -307,8 +308,12 @@ def _common(
     max_tokens = None
     for name in max_tokens_names:
         # -1: until the end or the context is full (llama-server's n_predict and its aliases: its web UI
-        # sends max_tokens -1 by default); the Responses API's max_output_tokens is OpenAI's alone
+        # sends max_tokens -1 by default); the Responses API's max_output_tokens is OpenAI's alone. 0: the
+        # prompt is only read into the cache (llama-server's n_predict 0, which its web UI sends to warm
+        # the cache for the next turn); OpenAI's max_tokens is at least 1
         v = _integer(body, name, 1 if name == "max_output_tokens" else -1, lim.n_ctx)
+        if v == 0 and name != "n_predict" and logprobs != "native":
+            raise bad(name, "must be at least 1, or -1 (until the end); n_predict 0 reads the prompt only")
         if v is not None:
             max_tokens = None if v == -1 else v
     n = _integer(body, "n", 1, MAX_CHOICES) or 1

@@ -95,13 +95,15 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def finish(self, seq: SeqState, keep_tail: bool = False) -> None:
+    def finish(self, seq: SeqState, keep_tail: bool = False, fed: int = 0) -> None:
         """Take a sequence out (it ended, was cancelled or failed): free its slot and blocks. With
         `keep_tail` (its K/V are sound), its computed blocks go to the prefix cache, the partial last one
-        too, for a continuation such as the conversation's next turn (PagedKV.close)."""
+        too, for a continuation such as the conversation's next turn (PagedKV.close); `fed`: positions
+        the step being applied computed beyond n_computed (a prompt read to its end in the step whose
+        first token ends the sequence)."""
         if seq.slot >= 0:
             if keep_tail:
-                self.kv.close(seq.slot, seq.tokens, seq.n_computed)
+                self.kv.close(seq.slot, seq.tokens, min(seq.n_computed + fed, len(seq.tokens)))
             else:
                 self.kv.close(seq.slot)
             seq.slot = -1

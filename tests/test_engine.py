@@ -92,6 +92,29 @@ def test_shared_prefix_is_served_from_the_cache_with_the_same_tokens(llm):
     assert eng.kv.prefix.hit_rate > 0.3
 
 
+def test_a_request_for_no_tokens_reads_its_prompt_into_the_cache(llm):
+    """max_tokens 0 (llama-server's n_predict 0, which its web UI sends to warm the cache for the next
+    turn): no token, finish length, and the next request with that prefix finds it cached. So does one
+    that ends with its first token, its prompt read in that same step (it was lost to the cache)."""
+    system = "You are a helpful assistant who answers in one short sentence. " * 2
+    n_shared = len(llm.tokenize(system)) // 4 * 4 - 4  # whole blocks, the last token's aside
+    eng = _engine(llm, max_batch_tokens=64)  # each prompt in one step
+    try:
+        warm = list(eng.submit(GenRequest(llm.tokenize(system), GREEDY, 0)))
+        after = list(eng.submit(GenRequest(llm.tokenize(system + "Name a color."), GREEDY, 3)))
+        one = list(eng.submit(GenRequest(llm.tokenize("Hi! " + system), GREEDY, 1)))
+        again = list(eng.submit(GenRequest(llm.tokenize("Hi! " + system + "Name a color."), GREEDY, 1)))
+        with pytest.raises(RequestRejected, match="at least 0"):
+            eng.submit(GenRequest(llm.tokenize(system), GREEDY, -1))
+    finally:
+        eng.shutdown()
+    assert len(warm) == 1 and warm[0].finish_reason == "length" and warm[0].text == ""
+    assert warm[0].usage.completion_tokens == 0 and warm[0].usage.cached_tokens == 0
+    assert after[-1].usage.cached_tokens >= n_shared
+    assert one[-1].usage.cached_tokens == 0 and again[-1].usage.cached_tokens >= n_shared
+    assert [e.token for e in after if e.token is not None] == _alone(llm, system + "Name a color.", GREEDY, 3)
+
+
 def test_a_live_request_reports_its_prompt_as_it_is_read_and_its_progress_on_each_token(llm):
     """GenRequest.live (llama-server's return_progress and timings_per_token): an event as the prompt
     starts (its cached part), one per chunk computed (16 tokens a step here), the last with all of it read

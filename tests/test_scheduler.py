@@ -219,5 +219,6 @@ def test_an_engine_stepped_by_hand_runs_plans_through_the_fast_greedy_decode_pat
         ("decode_greedy", [9]),  # only plain greedy rows left: ids only
     ]
     assert eng.stats.finished["length"] == 2 and eng.stats.steps == 3 and eng.stats.prompt_tokens == 5
-    # [5, 6, 7, 8] stays cached, and the second sequence's partial tail [9, 10] is parked for a continuation
-    assert eng.kv.prefix.n_blocks == 1 and eng.kv.n_used() == eng.kv.prefix.n_evictable() == 2
+    # [5, 6, 7, 8] stays cached, and each sequence's partial tail is parked for a continuation, with the
+    # position its last step computed: [9] (fed as it ended) and [9, 10, 11]
+    assert eng.kv.prefix.n_blocks == 1 and eng.kv.n_used() == eng.kv.prefix.n_evictable() == 3

@@ -1097,6 +1097,38 @@ def test_the_llama_cpp_web_ui_streams_with_prompt_progress_and_timings_on_every_
     assert whole["timings"]["predicted_n"] == whole["usage"]["completion_tokens"]
 
 
+def test_the_web_uis_reasoning_budget_is_refused_by_name_unless_off():
+    from edgellm import openai_api as oa
+
+    lim = oa.Limits(n_ctx=512, n_vocab=49152)
+    body = {**WEBUI_BODY, "messages": [{"role": "user", "content": "hi"}], "reasoning_control": True}
+    p = oa.parse_chat(dict(body, thinking_budget_tokens=-1), lim)  # what it sends unless an effort is set
+    assert p.max_tokens is None and p.timings_per_token and p.return_progress
+    with pytest.raises(oa.APIError) as e:
+        oa.parse_chat(dict(body, thinking_budget_tokens=1024), lim)
+    assert e.value.param == "thinking_budget_tokens" and e.value.code == "unsupported_parameter"
+
+
+def test_n_predict_0_reads_the_prompt_into_the_cache_as_the_web_ui_asks_before_the_next_turn(server):
+    """llama.cpp's web UI sends the conversation with n_predict 0 once an answer is done (pre-encode), so
+    that the next turn's prompt is cached; OpenAI's max_tokens stays at least 1 (-1: until the end)."""
+    turn = [{"role": "system", "content": "You answer questions about lighthouses. " * 8},
+            {"role": "user", "content": "What is a lighthouse?"},
+            {"role": "assistant", "content": "A tower with a light that guides ships."}]  # fmt: skip
+    warm = _post(server, "/v1/chat/completions", {"messages": turn, "n_predict": 0, "stream": False}).json()
+    assert warm["choices"][0]["message"]["content"] == "" and warm["choices"][0]["finish_reason"] == "length"
+    assert warm["usage"]["completion_tokens"] == 0 and warm["usage"]["prompt_tokens"] > 64
+    nxt = turn + [{"role": "user", "content": "Who keeps one?"}]
+    r = _post(server, "/v1/chat/completions", {"messages": nxt, "max_tokens": 2}).json()
+    assert r["usage"]["prompt_tokens_details"]["cached_tokens"] >= warm["usage"]["prompt_tokens"] - 16
+    native = _post(server, "/completion", {"prompt": "Lighthouses are", "n_predict": 0}).json()
+    assert native["content"] == "" and native["tokens_predicted"] == 0 and native["stop_type"] == "limit"
+    for field in ("max_tokens", "max_completion_tokens"):
+        bad = _post(server, "/v1/chat/completions", {"messages": nxt, field: 0})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == field
+    assert _post(server, "/v1/chat/completions", {"messages": nxt, "max_tokens": -2}).status_code == 400
+
+
 def test_prompt_progress_and_timings_on_the_native_and_responses_routes(server):
     prompt = "A story about a lighthouse keeper. " * 40
     native = _data_lines(server.url, "/completion", {"prompt": prompt, "n_predict": 3, "stream": True,
