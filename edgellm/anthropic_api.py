@@ -39,6 +39,9 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
                503: "overloaded_error"}  # fmt: skip
 
 
+PING = 'event: ping\ndata: {"type": "ping"}\n\n'  # what Anthropic's stream sends to keep a connection
+
+
 def error_body(e: APIError) -> dict[str, Any]:
     where = f"{e.param}: " if e.param and not e.message.startswith(f"{e.param}:") else ""
     return {

@@ -123,6 +123,11 @@ def serve(
         help="A thinking model's <think> reasoning: auto or deepseek (apart, as reasoning_content), none "
         "(left in the content).",
     ),
+    sse_ping_interval: int = typer.Option(
+        30,
+        "--sse-ping-interval",
+        help="Seconds a stream may stay silent (a long prompt, a queue) before a keep-alive ping; -1: never.",
+    ),
     spec_type: str = SPEC_OPTIONS["spec_type"](),
     model_draft: str | None = SPEC_OPTIONS["model_draft"](),
     draft_max: int = SPEC_OPTIONS["draft_max"](),
@@ -207,6 +212,7 @@ def serve(
         shutdown_grace=shutdown_grace,
         model_name=alias,
         reasoning_format=reasoning_format,
+        sse_ping_interval=sse_ping_interval,
         log_format=log_format,
         header_timeout=header_timeout,
         special_in_messages=special_in_messages,

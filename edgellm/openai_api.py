@@ -184,6 +184,7 @@ class GenerationParams:
     reasoning_format: str | None = None  # chat: llama-server's reasoning_format (None: the server's)
     timings_per_token: bool = False  # llama-server's: every streamed chunk carries the timings so far
     return_progress: bool = False  # llama-server's: streamed chunks say how far the prompt is read
+    sse_ping_interval: int | None = None  # llama-server's: seconds silent before a ping (None: the server's)
 
 
 def _sampling(body: dict, lim: Limits) -> dict[str, Any]:
@@ -351,6 +352,7 @@ def _common(
         speculative=_boolean(body, "speculative", True) and body.get("speculative.n_max") != 0,
         timings_per_token=_boolean(body, "timings_per_token"),
         return_progress=_boolean(body, "return_progress"),
+        sse_ping_interval=_integer(body, "sse_ping_interval", -1, (1 << 31) - 1),
     )
 
 

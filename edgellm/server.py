@@ -83,6 +83,7 @@ class ServerConfig:
     use_mmap: bool = True  # --no-mmap: read the file into memory
     mlock: bool = False  # --mlock: lock the model's pages in RAM
     reasoning_format: str = "auto"  # chat: <think> reasoning apart (auto, deepseek) or in the text (none)
+    sse_ping_interval: int = 30  # seconds a stream may stay silent before a ping (<= 0: never)
 
 
 @dataclass
@@ -806,7 +807,7 @@ async def _generate(state: State, request: Request, chat: bool):
     if p.stream:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         sse = _sse(streams, shaper, p.include_usage, usage, p.timings_per_token, p.return_progress)
-        return StreamingResponse(sse, media_type="text/event-stream", headers=headers)
+        return StreamingResponse(_pinged(state, p, sse), media_type="text/event-stream", headers=headers)
     return await _whole(request, streams, shaper, usage)
 
 
@@ -814,6 +815,44 @@ def _live(p: oa.GenerationParams) -> bool:
     """Whether the engine should say how far the request has got (Event.progress): llama-server's
     timings_per_token, and return_progress (streamed answers only, as llama-server's)."""
     return p.stream and (p.timings_per_token or p.return_progress)
+
+
+SSE_PING = ": ping\n\n"  # an SSE comment: every client's parser skips it
+
+
+def _pinged(
+    state: State, p: oa.GenerationParams | None, source: AsyncIterator[str], ping: str = SSE_PING
+) -> AsyncIterator[str]:
+    """`source`'s items, and `ping` whenever it has been silent for the request's sse_ping_interval
+    seconds (llama-server's field; by default the server's --sse-ping-interval, 30; <= 0: never): a
+    client or proxy that gives up on a silent connection (Node's fetch after 300 s) keeps it while a long
+    prompt is read or the request waits its turn. Closing this closes `source`."""
+    asked = p.sse_ping_interval if p is not None else None
+    interval = asked if asked is not None else state.config.sse_ping_interval
+    return source if interval <= 0 else _with_pings(source, float(interval), ping)
+
+
+async def _with_pings(source: AsyncIterator[str], interval: float, ping: str) -> AsyncIterator[str]:
+    nxt: asyncio.Future | None = None
+    try:
+        while True:
+            if nxt is None:
+                nxt = asyncio.ensure_future(source.__anext__())
+            done, _ = await asyncio.wait({nxt}, timeout=interval)
+            if not done:
+                yield ping
+                continue
+            fut, nxt = nxt, None
+            try:
+                item = fut.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        if nxt is not None:  # the client went away while the source was waiting
+            nxt.cancel()
+            await asyncio.gather(nxt, return_exceptions=True)
+        await source.aclose()  # type: ignore[attr-defined]
 
 
 def _progress_only(ev: Event) -> bool:
@@ -986,7 +1025,7 @@ async def _responses(state: State, request: Request):
             _cancel_all(streams)
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+    return StreamingResponse(_pinged(state, p, events()), media_type="text/event-stream", headers=headers)
 
 
 async def _anthropic(state: State, request: Request):
@@ -1071,7 +1110,8 @@ async def _anthropic(state: State, request: Request):
             _cancel_all(streams)
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+    pinged = _pinged(state, p, events(), ping=an.PING)  # Anthropic's own ping event
+    return StreamingResponse(pinged, media_type="text/event-stream", headers=headers)
 
 
 def _thinks(state: State, llm: Any, p: oa.GenerationParams, ids: list[int]) -> bool | None:
@@ -1207,7 +1247,8 @@ async def _native_answer(state: State, request: Request, engine: Engine, p: Any,
             finally:
                 _cancel_all(streams)
 
-        return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        headers = {"Cache-Control": "no-cache"}
+        return StreamingResponse(_pinged(state, p, sse()), media_type="text/event-stream", headers=headers)
     texts, toks, lps, reason = [], [], [], "stop"
     try:
         async for ev in events():

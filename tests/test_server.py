@@ -627,6 +627,70 @@ def test_a_full_queue_answers_429_and_the_others_go_on(small_server):
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
 
 
+def test_a_stream_waiting_its_turn_gets_keep_alive_pings(small_server):
+    """llama-server's sse_ping_interval: a stream silent that long (here: queued behind the only slot's
+    long answer) gets an SSE comment, which clients skip, so that they and proxies keep the connection."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    long = {"prompt": "Once upon a time", "max_tokens": 480, "ignore_eos": True, "stream": True}
+    body = {"prompt": "Hi", "max_tokens": 2, "stream": True, "sse_ping_interval": 1}
+    with httpx.Client(base_url=small_server.url, headers=auth, timeout=60) as h:
+        with h.stream("POST", "/v1/completions", json=long) as running:
+            lines = running.iter_lines()  # kept: a dropped iterator closes the connection
+            assert next(lines).startswith("data: {")  # it runs in the only slot
+            t0 = time.monotonic()
+            with h.stream("POST", "/v1/completions", json=body) as waiting:
+                assert next(waiting.iter_lines()) == ": ping" and time.monotonic() - t0 >= 0.9
+        # the closed streams are cancelled; with pings every second a short answer is as before
+        end = time.monotonic() + 60
+        while (r := h.post("/v1/completions", json={**body, "stream": False})).status_code == 429:
+            assert time.monotonic() < end
+            time.sleep(0.1)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+        with h.stream(
+            "POST", "/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": "Hi"}]}
+        ) as s:
+            got = [x for x in s.iter_lines() if x]
+        assert got[-1] == "data: [DONE]" and all(x.startswith("data: ") or x == ": ping" for x in got)
+        assert h.post("/v1/completions", json={**body, "sse_ping_interval": "x"}).status_code == 400
+
+
+def test_pings_come_only_while_the_source_is_silent_and_closing_closes_it():
+    pytest.importorskip("fastapi")
+    import asyncio
+
+    from edgellm.server import _with_pings
+
+    closed = []
+
+    async def source():
+        try:
+            yield "a"
+            await asyncio.sleep(0.6)
+            yield "b"
+            await asyncio.sleep(10)
+            yield "never"
+        finally:
+            closed.append(True)
+
+    async def run() -> list[str]:
+        out = []
+        gen = _with_pings(source(), 0.1, "PING")
+        async for x in gen:
+            out.append(x)
+            if x == "b":
+                break
+        async for x in gen:  # silent: pings until closed
+            out.append(x)
+            if out.count("PING") >= 5:
+                break
+        await gen.aclose()  # the client went away while the source waited
+        return out
+
+    out = asyncio.run(run())
+    assert out[0] == "a" and out[1:].index("b") >= 2 and set(out[1:]) == {"PING", "b"}  # ~5 in 0.6 s
+    assert closed == [True]
+
+
 def test_sigterm_lets_streams_end_cleanly_and_exits_zero(small_server):
     auth = {"Authorization": f"Bearer {KEY}"}
     body = {"prompt": "Once upon a time", "max_tokens": 500, "temperature": 0, "stream": True}
