@@ -89,6 +89,17 @@ class Usage:
     total_s: float | None = None  # arrival to the end
     draft_tokens: int = 0  # speculative guesses checked
     draft_accepted: int = 0  # of those, kept
+    queue_s: float | None = None  # arrival to admission (its prompt's reading began); None: never admitted
+
+    @property
+    def prompt_s(self) -> float:
+        """Reading the prompt: admission to the first token (llama-server's prompt_ms)."""
+        return max(0.0, (self.ttft_s or 0.0) - (self.queue_s or 0.0)) if self.ttft_s is not None else 0.0
+
+    @property
+    def generation_s(self) -> float:
+        """First token to the end (llama-server's predicted_ms)."""
+        return max(0.0, (self.total_s or 0.0) - self.ttft_s) if self.ttft_s is not None else 0.0
 
 
 @dataclass(frozen=True)
@@ -102,6 +113,7 @@ class Progress:
     completion_tokens: int
     elapsed_s: float  # since arrival
     ttft_s: float | None  # arrival to the first token, once there is one
+    queue_s: float = 0.0  # arrival to admission
 
 
 @dataclass(frozen=True)
@@ -192,19 +204,21 @@ class _Seq(SeqState):
         self.done = False  # its last event is out
         self.t_arrival = time.perf_counter()
         self.t_first: float | None = None
+        self.t_admit: float | None = None  # first admitted: its prompt's reading began
         self.prompt_reported = -1  # live: the prompt positions its last progress event reported
 
-    def progress(self, prompt_done: int | None = None) -> Progress | None:
+    def progress(self, prompt_done: int | None = None, now: float | None = None) -> Progress | None:
         """Where it stands, if its request asked (GenRequest.live); prompt_done: its prompt read so far
         (by default as far as its computed positions go)."""
         if not self.req.live:
             return None
-        now = time.perf_counter()
+        now = time.perf_counter() if now is None else now
         if prompt_done is None:
             prompt_done = self.n_prompt if self.t_first is not None else min(self.n_computed, self.n_prompt)
         ttft = (self.t_first - self.t_arrival) if self.t_first is not None else None
         elapsed = now - self.t_arrival
-        return Progress(self.n_prompt, self.n_cached, prompt_done, self.n_generated, elapsed, ttft)
+        queue = (self.t_admit - self.t_arrival) if self.t_admit is not None else elapsed
+        return Progress(self.n_prompt, self.n_cached, prompt_done, self.n_generated, elapsed, ttft, queue)
 
     def drop_draft(self) -> list[int]:
         """Take this step's guesses back out of the tokens; returns them."""
@@ -226,6 +240,11 @@ class EngineStats:
     draft_accepted: int = 0  # of those, kept
     steps: int = 0
     busy_s: float = 0.0
+    rows: int = 0  # sequences the steps ran, summed (rows / steps: busy slots per step)
+    drafts: int = 0  # speculative guesses made (each of one or more tokens)
+    prompt_s: float = 0.0  # finished requests' prompt reading (admission to first token), summed
+    generation_s: float = 0.0  # finished requests' first token to end, summed
+    n_tokens_max: int = 0  # the longest sequence (prompt and generated) seen
 
 
 class Engine:
@@ -417,6 +436,11 @@ class Engine:
             "draft_tokens_total": s.draft_tokens,
             "draft_accepted_total": s.draft_accepted,
             "steps_total": s.steps,
+            "drafts_total": s.drafts,
+            "prompt_seconds_total": s.prompt_s,
+            "generation_seconds_total": s.generation_s,
+            "n_tokens_max": s.n_tokens_max,
+            "busy_rows_per_step": s.rows / s.steps if s.steps else 0.0,
             "queue_length": len(self.sched.waiting) + len(self._inbox),
             "running": len(self.sched.running),
             "kv_blocks_total": self.kv.n_blocks,
@@ -496,8 +520,12 @@ class Engine:
         now = time.perf_counter()
         ttft = (s.t_first - s.t_arrival) if s.t_first else None
         sp = s.spec
+        queue = (s.t_admit - s.t_arrival) if s.t_admit is not None else None
         usage = Usage(s.n_prompt, s.n_generated, s.n_cached, ttft, now - s.t_arrival,
-                      sp.drafted if sp else 0, sp.accepted if sp else 0)  # fmt: skip
+                      sp.drafted if sp else 0, sp.accepted if sp else 0, queue)  # fmt: skip
+        self.stats.prompt_s += usage.prompt_s
+        self.stats.generation_s += usage.generation_s
+        self.stats.n_tokens_max = max(self.stats.n_tokens_max, len(s.tokens))
         status = status if reason == "error" else 200
         s.stream._push(Event(text, None, reason, error, usage, status, progress=s.progress()))
 
@@ -512,7 +540,7 @@ class Engine:
                 self._update_from_output(plan, RunnerOutput())  # is free now, so plan again into it
                 plan = self.sched.schedule()
             self._keep_scheduled_drafts(plan, drafted)
-            self._report_admitted(plan)
+            self._admitted(plan)
             decode = (  # timed for speculation, which weighs guesses by what steps cost
                 self.spec is not None
                 and bool(plan.run)
@@ -530,6 +558,7 @@ class Engine:
             return
         if plan.run:
             self.stats.steps += 1
+            self.stats.rows += len(plan.run)
             self.stats.busy_s += time.perf_counter() - t0
 
     def _propose(self) -> list[_Seq]:
@@ -615,6 +644,7 @@ class Engine:
         s.spec.record(len(d), kept)  # type: ignore[union-attr]
         self.stats.draft_tokens += len(d)
         self.stats.draft_accepted += kept
+        self.stats.drafts += 1
         for tok in taken:
             if s.done:
                 break
@@ -661,27 +691,32 @@ class Engine:
             while len(self._rates) > 4096:
                 self._rates.popleft()
 
-    def _report_admitted(self, plan: StepPlan) -> None:
-        """Progress events of the sequences that asked (GenRequest.live), as llama-server's return_progress
-        sends them: one as a prompt starts (its cached part read), before the step computes it; then one
-        per chunk computed (_report_prompts), the last (all of it read) before the first token. They never
-        go back: a preempted prompt recomputes quietly up to where it was."""
+    def _admitted(self, plan: StepPlan) -> None:
+        """The sequences a step admits for the first time: their prompt's reading begins (its time counts
+        from here, as llama-server's prompt_ms). Those that asked (GenRequest.live) get a progress event,
+        as llama-server's return_progress sends them: one as a prompt starts (its cached part read),
+        before the step computes it; then one per chunk computed (_report_prompts), the last (all of it
+        read) before the first token. They never go back: a preempted prompt recomputes quietly up to
+        where it was."""
+        now = time.perf_counter()
         for a in plan.admitted:
-            if a.seq.req.live and not a.readmitted:
-                self._report_prompt(a.seq, a.seq.n_cached)
+            if not a.readmitted:
+                a.seq.t_admit = now
+                if a.seq.req.live:
+                    self._report_prompt(a.seq, a.seq.n_cached, now)
 
     def _report_prompts(self, plan: StepPlan) -> None:
-        """Progress events for the prompt chunks a step computed (see _report_admitted)."""
+        """Progress events for the prompt chunks a step computed (see _admitted)."""
         for r in plan.run:
             s = r.seq
             if s.req.live and not s.done and s.t_first is None and s.n_computed < s.n_prompt:
                 self._report_prompt(s, min(s.n_computed + r.n_tokens, s.n_prompt))
 
     @staticmethod
-    def _report_prompt(s: _Seq, done: int) -> None:
+    def _report_prompt(s: _Seq, done: int, now: float | None = None) -> None:
         if done > s.prompt_reported:
             s.prompt_reported = done
-            s.stream._push(Event("", progress=s.progress(done)))
+            s.stream._push(Event("", progress=s.progress(done, now)))
 
     def _prefill_draft(self, s: _Seq) -> None:
         """The draft model reads a prompt as the target finishes it (before its first token, so the time

@@ -72,14 +72,16 @@ def stop_type(reason: str, last_token: int | None, eog: frozenset[int], stops: l
 
 def timings(n_prompt: int, prompt_s: float, n_gen: int, gen_s: float, n_cached: int = 0) -> dict[str, float]:
     """llama-server's `timings` object (milliseconds, per-token and per-second rates; cache_n: prompt
-    tokens served by the prefix cache, prompt_n: those computed)."""
+    tokens served by the prefix cache, prompt_n: those computed). prompt_ms runs from the prompt's
+    admission to the first token, predicted_ms from the first token to the last, and the generation rate
+    is over the tokens after the first (which came with the prompt), as llama-server's."""
 
     def rates(n: int, s: float) -> tuple[float, float, float]:
         ms = s * 1e3
-        return ms, (ms / n if n else 0.0), (n / s if s > 0 else 0.0)
+        return ms, (ms / n if n and ms > 0 else 0.0), (n / s if n and s > 0 else 0.0)
 
     p_ms, p_tok, p_rate = rates(n_prompt, prompt_s)
-    g_ms, g_tok, g_rate = rates(n_gen, gen_s)
+    g_ms, g_tok, g_rate = rates(max(0, n_gen - 1), gen_s)
     return {
         "cache_n": n_cached,
         "prompt_n": n_prompt,
@@ -96,9 +98,10 @@ def timings(n_prompt: int, prompt_s: float, n_gen: int, gen_s: float, n_cached: 
 def live_timings(progress: Any) -> dict[str, float]:
     """`timings` so far from an engine Progress (llama-server's timings_per_token): the prompt's computed
     part until the first token, then the generated tokens."""
-    prompt_s = progress.ttft_s if progress.ttft_s is not None else progress.elapsed_s
+    first = progress.ttft_s if progress.ttft_s is not None else progress.elapsed_s
+    prompt_s = max(0.0, first - progress.queue_s)
     n_prompt = progress.prompt_done - progress.cached_tokens
-    gen_s = max(0.0, progress.elapsed_s - prompt_s)
+    gen_s = max(0.0, progress.elapsed_s - first)
     return timings(n_prompt, prompt_s, progress.completion_tokens, gen_s, progress.cached_tokens)
 
 

@@ -289,8 +289,9 @@ def create_app(state: State) -> FastAPI:
         return {"success": True}
 
     @app.get("/metrics")
-    async def metrics():
-        return PlainTextResponse(_prometheus(state), media_type="text/plain; version=0.0.4")
+    async def metrics():  # (llama-server's header: when this process started, for counters' resets)
+        headers = {"Process-Start-Time-Unix": str(state.created)}
+        return PlainTextResponse(_prometheus(state), media_type="text/plain; version=0.0.4", headers=headers)
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
@@ -891,7 +892,7 @@ class _Timings:
 
     def __init__(self) -> None:
         self.prompt_n = self.cache_n = self.gen_n = self.draft_n = self.draft_accepted = 0
-        self.prompt_s = self.total_s = 0.0
+        self.prompt_s = self.gen_s = 0.0
 
     def add(self, u: Any) -> None:
         self.draft_n += u.draft_tokens
@@ -899,12 +900,11 @@ class _Timings:
         self.prompt_n += u.prompt_tokens - u.cached_tokens
         self.cache_n += u.cached_tokens
         self.gen_n += u.completion_tokens
-        self.prompt_s = max(self.prompt_s, u.ttft_s or 0.0)
-        self.total_s = max(self.total_s, u.total_s or 0.0)
+        self.prompt_s = max(self.prompt_s, u.prompt_s)  # (choices read their prompts side by side)
+        self.gen_s = max(self.gen_s, u.generation_s)
 
     def body(self) -> dict[str, float]:
-        gen_s = max(0.0, self.total_s - self.prompt_s)
-        t = la.timings(self.prompt_n, self.prompt_s, self.gen_n, gen_s, self.cache_n)
+        t = la.timings(self.prompt_n, self.prompt_s, self.gen_n, self.gen_s, self.cache_n)
         if self.draft_n:  # llama-server's names for speculative decoding's figures
             t.update(draft_n=self.draft_n, draft_n_accepted=self.draft_accepted)
         return t
@@ -1684,6 +1684,9 @@ _METRICS = [  # (engine key, prometheus name, type, help)
     ("draft_tokens_total", "draft_tokens_total", "counter", "Speculative tokens guessed and checked."),
     ("draft_accepted_total", "draft_accepted_total", "counter", "Speculative tokens kept."),
     ("steps_total", "steps_total", "counter", "Engine steps (forward passes)."),
+    ("drafts_total", "drafts_total", "counter", "Speculative guesses made (of one or more tokens)."),
+    ("prompt_seconds_total", "prompt_seconds_total", "counter", "Finished requests' prompt reading."),
+    ("generation_seconds_total", "generation_seconds_total", "counter", "Finished requests' generation."),
     ("queue_length", "queue_length", "gauge", "Requests waiting for a slot or memory."),
     ("running", "running_sequences", "gauge", "Sequences in the running batch."),
     ("kv_blocks_total", "kv_blocks_total", "gauge", "KV cache blocks in the pool."),
@@ -1701,7 +1704,16 @@ _METRICS = [  # (engine key, prometheus name, type, help)
 # dashboards built on them: (name, type, help, value from the engine's metrics)
 _LLAMACPP_METRICS = [
     ("prompt_tokens_total", "counter", "Number of prompt tokens processed.", "prompt_tokens_computed_total"),
+    ("prompt_tokens_cached_total", "counter", "Number of prompt tokens served by the cache.",
+     "prefix_cache_hit_tokens_total"),
+    ("prompt_seconds_total", "counter", "Prompt process time.", "prompt_seconds_total"),
     ("tokens_predicted_total", "counter", "Number of generation tokens.", "generation_tokens_total"),
+    ("tokens_predicted_seconds_total", "counter", "Predict process time.", "generation_seconds_total"),
+    ("n_tokens_max", "counter", "Largest observed n_tokens.", "n_tokens_max"),
+    ("spec_decode_num_draft_tokens_total", "counter", "Speculative tokens guessed.", "draft_tokens_total"),
+    ("spec_decode_num_accepted_tokens_total", "counter", "Speculative tokens accepted.",
+     "draft_accepted_total"),
+    ("spec_decode_num_drafts_total", "counter", "Speculative guesses made.", "drafts_total"),
     ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", "prompt_tokens_per_second"),
     ("predicted_tokens_seconds", "gauge", "Generation throughput, tokens/s.", "generation_tokens_per_second"),
     ("kv_cache_usage_ratio", "gauge", "KV-cache usage. 1 means 100 percent usage.", "kv_usage"),
@@ -1709,6 +1721,8 @@ _LLAMACPP_METRICS = [
     ("requests_processing", "gauge", "Number of requests processing.", "running"),
     ("requests_deferred", "gauge", "Number of requests deferred.", "queue_length"),
     ("n_decode_total", "counter", "Total number of llama_decode() calls.", "steps_total"),
+    ("n_busy_slots_per_decode", "gauge", "Average number of busy slots per llama_decode() call.",
+     "busy_rows_per_step"),
 ]  # fmt: skip
 
 
@@ -1727,7 +1741,7 @@ def prometheus_text(ready: bool, m: dict | None, label: str = "", head: bool = T
     def one(name: str, kind: str, text: str, v: Any) -> None:
         if head:
             lines.extend([f"# HELP {name} {text}", f"# TYPE {name} {kind}"])
-        lines.append(f"{name}{lab} {v:.6g}" if isinstance(v, float) else f"{name}{lab} {v}")
+        lines.append(f"{name}{lab} {v:.10g}" if isinstance(v, float) else f"{name}{lab} {v}")
 
     one("edgellm_ready", "gauge", "Whether the model is loaded and the server accepts requests.", int(ready))
     if m is not None:

@@ -397,6 +397,58 @@ def test_unknown_routes_methods_and_huge_bodies(server):
         assert f"# TYPE llamacpp:{name} " in text and f"\nllamacpp:{name} " in text  # llama-server's names
 
 
+def _llamacpp_metrics(server) -> dict[str, float]:
+    r = httpx.get(server.url + "/metrics")
+    assert float(r.headers["process-start-time-unix"]) <= time.time()  # llama-server's header
+    out = {}
+    for line in r.text.splitlines():
+        if line.startswith("# TYPE llamacpp:"):
+            _, _, name, kind = line.split()
+            out[name + ":type"] = kind
+        elif line.startswith("llamacpp:"):
+            name, value = line.split()
+            out[name] = float(value)
+    return out
+
+
+def test_llama_server_metrics_and_timings_count_as_llama_servers_do(server):
+    """llama-server's /metrics names (its Grafana dashboards read them) agree with the answers' timings:
+    prompt tokens computed and those served by the cache apart, the seconds of each, and generation's
+    rate over the tokens after the first (which comes with the prompt)."""
+    before = _llamacpp_metrics(server)
+    prompt = "The lighthouse keeper wrote in his log every evening, and on the last page he wrote"
+    answers = [
+        _post(server, "/completion", {"prompt": prompt, "n_predict": n}).json()["timings"] for n in (1, 16)
+    ]
+    after = _llamacpp_metrics(server)
+    one, many = answers
+    assert one["predicted_n"] == 1 and one["predicted_per_second"] == 0 and one["predicted_per_token_ms"] == 0
+    assert many["predicted_n"] == 16 and many["cache_n"] > 0  # the same prompt again
+    assert many["predicted_per_second"] == pytest.approx(15 / many["predicted_ms"] * 1e3)
+    assert many["predicted_per_token_ms"] == pytest.approx(many["predicted_ms"] / 15)
+    delta = {k: after[k] - before.get(k, 0) for k in after if not k.endswith(":type")}
+    assert delta["llamacpp:prompt_tokens_total"] == one["prompt_n"] + many["prompt_n"]
+    assert delta["llamacpp:prompt_tokens_cached_total"] == one["cache_n"] + many["cache_n"]
+    assert delta["llamacpp:tokens_predicted_total"] == 17
+    assert delta["llamacpp:prompt_seconds_total"] == pytest.approx(
+        (one["prompt_ms"] + many["prompt_ms"]) / 1e3
+    )
+    assert delta["llamacpp:tokens_predicted_seconds_total"] == pytest.approx(
+        (one["predicted_ms"] + many["predicted_ms"]) / 1e3
+    )
+    assert after["llamacpp:n_tokens_max"] >= many["cache_n"] + many["prompt_n"] + 16
+    assert after["llamacpp:n_busy_slots_per_decode"] >= 1 and after["llamacpp:requests_processing"] == 0
+    for name in ("prompt_tokens_cached_total", "prompt_seconds_total", "tokens_predicted_seconds_total",
+                 "n_tokens_max", "spec_decode_num_draft_tokens_total",
+                 "spec_decode_num_accepted_tokens_total", "spec_decode_num_drafts_total"):  # fmt: skip
+        assert after[f"llamacpp:{name}:type"] == "counter"
+    # the first progress report: the prompt just admitted, nothing read or timed yet
+    body = {"prompt": prompt + " again", "n_predict": 2, "stream": True, "timings_per_token": True,
+            "return_progress": True}  # fmt: skip
+    first = next(c for c in _data_lines(server.url, "/completion", body) if "prompt_progress" in c)["timings"]
+    assert first["prompt_n"] == first["predicted_n"] == 0 and first["prompt_ms"] == first["predicted_ms"] == 0
+
+
 def test_a_client_leaving_mid_stream_cancels_only_its_sequence(server):
     end = time.monotonic() + 60  # an earlier test's sequences finish (or are cancelled) first
     while _metrics(server)["edgellm_running_sequences"] and time.monotonic() < end:
