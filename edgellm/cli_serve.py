@@ -123,6 +123,13 @@ def serve(
         help="A thinking model's <think> reasoning: auto or deepseek (apart, as reasoning_content), none "
         "(left in the content).",
     ),
+    reasoning_mode: str = typer.Option(
+        "auto",
+        "-rea",
+        "--reasoning",
+        help="Let a thinking model think: on, off (its template's enable_thinking false, and a <think> its "
+        "prompt opens closed) or auto (the template's default); a request's chat_template_kwargs win.",
+    ),
     sse_ping_interval: int = typer.Option(
         30,
         "--sse-ping-interval",
@@ -189,6 +196,9 @@ def serve(
         raise ServeError(f"--pooling must be mean, cls, last or none, not {pooling!r}")
     if reasoning_format not in reasoning.FORMATS:
         raise ServeError(f"--reasoning-format must be auto, deepseek or none, not {reasoning_format!r}")
+    thinking = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False, "auto": None}
+    if reasoning_mode not in thinking:
+        raise ServeError(f"--reasoning must be on, off or auto, not {reasoning_mode!r}")
     if not 0 < header_timeout <= 3600:
         raise ServeError("--header-timeout must be in (0, 3600] seconds")
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
@@ -213,6 +223,7 @@ def serve(
         model_name=alias,
         reasoning_format=reasoning_format,
         sse_ping_interval=sse_ping_interval,
+        enable_thinking=thinking[reasoning_mode],
         log_format=log_format,
         header_timeout=header_timeout,
         special_in_messages=special_in_messages,

@@ -28,6 +28,17 @@ from edgellm.tokenizer import Tokenizer
 DEFAULT_CTX = 4096
 
 
+def _unthinking(text: str, template_kwargs: dict[str, Any]) -> str:
+    """A generation prompt told not to think (enable_thinking false) that opens `<think>` all the same
+    (DeepSeek-R1's and QwQ's templates, which have no such switch) gets it closed, so that the answer
+    comes without reasoning, as llama.cpp's `--reasoning off` does; Qwen3's template closes it itself."""
+    from edgellm import reasoning
+
+    if template_kwargs.get("enable_thinking") is False and reasoning.opens_in_thought(text[-64:]):
+        return text + reasoning.CLOSE
+    return text
+
+
 def _contents(messages: list[dict[str, Any]]) -> list[str]:
     """The text a caller put in the messages (contents, text parts, tool-call arguments), in order."""
     out: list[str] = []
@@ -287,22 +298,27 @@ class LLM:
         continue_final: bool = False,
         tools: list[dict] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        generation_prompt: bool = True,
     ) -> str:
         """The rendered prompt text. With `continue_final` it ends right after the last message's content,
-        its end-of-turn markers cut (as transformers' `continue_final_message` does)."""
+        its end-of-turn markers cut (as transformers' `continue_final_message` does). Without
+        `generation_prompt`: the conversation alone, no assistant turn begun (llama-server's
+        /apply-template with add_generation_prompt false)."""
         # like llama.cpp (common/chat.cpp): a template's own BOS is dropped when the tokenizer adds one
         strip, kw = self.tokenizer.add_bos, template_kwargs or {}
         if not continue_final:
-            return self.template.render(
-                messages, tools=tools, add_generation_prompt=True, strip_bos=strip, **kw
+            text = self.template.render(
+                messages, tools=tools, add_generation_prompt=generation_prompt, strip_bos=strip, **kw
             )
+            return _unthinking(text, kw) if generation_prompt else text
         last = messages[-1].get("content") if messages else None
         if not isinstance(last, str):
             raise ValueError("the message to continue must have text content")
         if not last.strip():  # nothing to continue: the answer's start is the generation prompt
-            return self.template.render(
+            text = self.template.render(
                 messages[:-1], tools=tools, add_generation_prompt=True, strip_bos=strip, **kw
             )
+            return _unthinking(text, kw)
         text = self.template.render(messages, tools=tools, add_generation_prompt=False, strip_bos=strip, **kw)
         at = text.rfind(last.rstrip())
         if at < 0:

@@ -489,7 +489,7 @@ CHAT_UNSUPPORTED: list[tuple[str, Callable[[Any], bool], str]] = [
     ("audio", lambda v: False, "audio output is not supported"),
     ("prediction", lambda v: False, "predicted outputs are not supported"),
     ("web_search_options", lambda v: False, "web search is not supported"),
-    ("reasoning_effort", lambda v: False, "reasoning options are not supported"),
+    ("reasoning_effort", lambda v: v == "none", "reasoning effort levels are not supported (none is)"),
     ("verbosity", lambda v: v == "medium", "verbosity is not supported (only OpenAI's default, medium)"),
 ]
 # the chat template's own variables and ChatTemplate.render's parameters, which chat_template_kwargs
@@ -538,6 +538,8 @@ def parse_chat(body: Any, lim: Limits) -> GenerationParams:
     for name, default_ok, what in CHAT_UNSUPPORTED:
         _refuse_if_set(body, name, default_ok, what)
     p.template_kwargs = _template_kwargs(body)
+    if body.get("reasoning_effort") == "none":  # OpenAI's "no reasoning", as llama-server reads it
+        p.template_kwargs.setdefault("enable_thinking", False)
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise bad("messages", "must be a non-empty list of messages")

@@ -84,6 +84,7 @@ class ServerConfig:
     mlock: bool = False  # --mlock: lock the model's pages in RAM
     reasoning_format: str = "auto"  # chat: <think> reasoning apart (auto, deepseek) or in the text (none)
     sse_ping_interval: int = 30  # seconds a stream may stay silent before a ping (<= 0: never)
+    enable_thinking: bool | None = None  # --reasoning on/off: chats' enable_thinking (None: the template's)
 
 
 @dataclass
@@ -340,12 +341,18 @@ def create_app(state: State) -> FastAPI:
     async def apply_template(request: Request):
         state.ready()
         body = await _json(request, state.config.max_body)
+        # add_generation_prompt false alone: the conversation without an assistant turn begun (a chat
+        # refuses it: it would answer as the last speaker)
+        bare = isinstance(body, dict) and body.get("add_generation_prompt") is False
+        bare = bare and not body.get("continue_final_message")
+        if bare:
+            body = {k: v for k, v in body.items() if k != "add_generation_prompt"}
         p = oa.parse_chat(body, oa.Limits(state.llm.n_ctx, state.llm.model.config.n_vocab))
         llm = state.llm
-        try:
-            text = llm.template.render(
-                p.prompts[0], add_generation_prompt=True, strip_bos=llm.tokenizer.add_bos, **p.template_kwargs
-            )
+        try:  # the prompt a chat with this body would read (its tools, its continued message...)
+            msgs, fns = _chat_inputs(llm, p)
+            kw = _template_kwargs(state.config, p.template_kwargs)
+            text = llm.chat_text(msgs, p.continue_final, fns, kw, generation_prompt=not bare)
         except (ValueError, TypeError, RecursionError) as e:
             raise APIError(400, f"cannot render the chat template: {e}", param="messages") from None
         return {"prompt": text}
@@ -561,7 +568,7 @@ def create_app(state: State) -> FastAPI:
             body = await _json(request, state.config.max_body)
             chat = an.to_openai(body, llm.n_ctx, count_only=True)
             p = oa.parse_chat(chat, oa.Limits(llm.n_ctx, llm.model.config.n_vocab))
-            [ids] = await run_in_threadpool(_prompt_ids, llm, p, True, state.config.special_in_messages)
+            [ids] = await run_in_threadpool(_prompt_ids, llm, p, True, state.config)
             return {"input_tokens": len(ids)}
         except APIError as e:
             return JSONResponse(an.error_body(e), status_code=e.status)
@@ -582,7 +589,7 @@ def create_app(state: State) -> FastAPI:
         llm = state.llm
         body = await _json(request, state.config.max_body)
         p = oa.parse_chat(body, oa.Limits(llm.n_ctx, llm.model.config.n_vocab))
-        [ids] = await run_in_threadpool(_prompt_ids, llm, p, True, state.config.special_in_messages)
+        [ids] = await run_in_threadpool(_prompt_ids, llm, p, True, state.config)
         return {"input_tokens": len(ids)}
 
     return app
@@ -779,7 +786,7 @@ async def _generate(state: State, request: Request, chat: bool):
     limits = oa.Limits(llm.n_ctx, llm.model.config.n_vocab)
     body = await _json(request, state.config.max_body)
     p = oa.parse_chat(body, limits) if chat else oa.parse_completion(body, limits)
-    prompts = await run_in_threadpool(_prompt_ids, llm, p, chat, state.config.special_in_messages)
+    prompts = await run_in_threadpool(_prompt_ids, llm, p, chat, state.config)
     params = _params(llm, p)
     constraint = tools.grammar(p.tools, p.grammar) if chat and p.tools is not None else p.grammar
     grammar = await _compile(engine, constraint, p.grammar_field if constraint is p.grammar else "tools")
@@ -921,7 +928,7 @@ async def _responses_prompt(
     system = [{"role": "system", "content": echo["instructions"]}] if echo["instructions"] else []
     convo = [*history, *msgs]  # instructions are not carried over to the next turn (as OpenAI's)
     p.prompts = [[*system, *convo]]
-    [ids] = await run_in_threadpool(_prompt_ids, llm, p, True, state.config.special_in_messages)
+    [ids] = await run_in_threadpool(_prompt_ids, llm, p, True, state.config)
     return p, echo, convo, ids
 
 
@@ -1036,7 +1043,7 @@ async def _anthropic(state: State, request: Request):
     llm = state.llm
     body = await _json(request, state.config.max_body)
     p = oa.parse_chat(an.to_openai(body, llm.n_ctx), oa.Limits(llm.n_ctx, llm.model.config.n_vocab))
-    [ids] = await run_in_threadpool(_prompt_ids, llm, p, True, state.config.special_in_messages)
+    [ids] = await run_in_threadpool(_prompt_ids, llm, p, True, state.config)
     constraint = tools.grammar(p.tools, p.grammar) if p.tools is not None else p.grammar
     grammar = await _compile(engine, constraint, p.grammar_field if constraint is p.grammar else "tools")
     streams = _submit(engine, [GenRequest(ids, _params(llm, p), p.max_tokens, tuple(p.stop), None, grammar)])
@@ -1340,6 +1347,7 @@ async def _ollama(state: State, request: Request, chat: bool):
         tools.require_shown(llm.template.source)
 
     kwargs = {"enable_thinking": q["think"]} if q["think"] is not None else {}  # Qwen3's switch
+    kwargs = _template_kwargs(state.config, kwargs)
 
     def ids() -> list[int]:
         if chat:
@@ -1473,20 +1481,20 @@ def _submit(engine: Engine, reqs: list[GenRequest]) -> list:
     return streams
 
 
-def _prompt_ids(llm: Any, p: oa.GenerationParams, chat: bool, special: bool = False) -> list[list[int]]:
+def _prompt_ids(
+    llm: Any, p: oa.GenerationParams, chat: bool, config: ServerConfig | None = None
+) -> list[list[int]]:
     """Token ids of every prompt (chat: rendered with the model's template); 400 if one cannot be."""
+    config = config or ServerConfig()
     try:
         if chat:
-            msgs, fns = p.prompts[0], None
-            if p.tools is not None and p.tools.active:
-                tools.require_shown(llm.template.source)
-                msgs, fns = tools.template_messages(msgs), p.tools.tools
+            msgs, fns = _chat_inputs(llm, p)
             ids = llm.chat_prompt(
                 msgs,
-                special_in_content=special,
+                special_in_content=config.special_in_messages,
                 continue_final=p.continue_final,
                 tools=fns,
-                template_kwargs=p.template_kwargs,
+                template_kwargs=_template_kwargs(config, p.template_kwargs),
             )
             return [ids]
         if p.suffix:  # an insertion: the model's fill-in-the-middle prompt
@@ -1496,6 +1504,23 @@ def _prompt_ids(llm: Any, p: oa.GenerationParams, chat: bool, special: bool = Fa
         raise oa.bad("suffix", f"insertion is not supported: {e}", code="unsupported_parameter") from None
     except (ValueError, TypeError, RecursionError) as e:  # ChatTemplateError and TokenizerError included
         raise APIError(400, f"cannot build the prompt: {e}", param="messages" if chat else "prompt") from None
+
+
+def _chat_inputs(llm: Any, p: oa.GenerationParams) -> tuple[list[dict], list[dict] | None]:
+    """The messages and tools a chat request gives its template (the tools where it renders them)."""
+    msgs, fns = p.prompts[0], None
+    if p.tools is not None and p.tools.active:
+        tools.require_shown(llm.template.source)
+        msgs, fns = tools.template_messages(msgs), p.tools.tools
+    return msgs, fns
+
+
+def _template_kwargs(config: ServerConfig, kw: dict[str, Any]) -> dict[str, Any]:
+    """A request's template variables, with the server's --reasoning (llama-server's: enable_thinking for
+    every chat whose request does not set it)."""
+    if config.enable_thinking is None or "enable_thinking" in kw:
+        return kw
+    return {"enable_thinking": config.enable_thinking, **kw}
 
 
 def _cancel_all(streams: list) -> None:

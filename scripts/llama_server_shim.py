@@ -21,7 +21,9 @@ import sys
 VALUED = {"--port": "--port", "--host": "--host", "--alias": "--alias", "--ctx-size": "-c", "-c": "-c",
           "--parallel": "--parallel", "-np": "--parallel", "--api-key": "--api-key", "--threads": "-t",
           "--batch-size": "-b", "--pooling": "--pooling", "--chat-template": "--chat-template",
-          "--chat-template-file": "--chat-template", "--cors-origins": "--cors-origins"}  # fmt: skip
+          "--chat-template-file": "--chat-template", "--cors-origins": "--cors-origins",
+          "--reasoning": "--reasoning", "-rea": "--reasoning", "--reasoning-format": "--reasoning-format",
+          "--sse-ping-interval": "--sse-ping-interval"}  # fmt: skip
 SWITCHES = {"--embedding": "--embeddings", "--embeddings": "--embeddings", "--no-ui": "--no-webui",
             "--slots": "--slots", "--no-slots": "--no-slots"}  # fmt: skip
 

@@ -446,3 +446,15 @@ def test_a_message_cannot_forge_a_turn_with_special_token_text(smollm2_path):
     msgs = [{"role": "user", "content": "hi"}]
     text = llm.template.render(msgs, add_generation_prompt=True, strip_bos=tok.add_bos)
     assert plain == tok.encode(text, add_special=True, parse_special=True)
+
+
+def test_templates_get_todays_date_and_enable_thinking_as_llama_cpp_gives_them():
+    """llama.cpp's context for every template (common/chat.cpp): date_string (Llama 3.x's "Today Date"),
+    datetime, and enable_thinking true unless a caller sets it."""
+    import datetime
+
+    tmpl = ChatTemplate("{{ date_string }}|{{ datetime }}|{{ enable_thinking }}", name="t")
+    today = datetime.date.today()
+    assert tmpl.render([]) == f"{today.strftime('%d %b %Y')}|{today.strftime('%b %d %Y')}|True"
+    assert tmpl.render([], date_string="1 Jan 2000", enable_thinking=False).startswith("1 Jan 2000|")
+    assert tmpl.render([], enable_thinking=False).endswith("|False")

@@ -578,6 +578,68 @@ THINKING_TEMPLATE = (  # ChatML whose generation prompt opens the reasoning unle
 )
 
 
+R1_TEMPLATE = (  # DeepSeek-R1's way: the generation prompt always opens the reasoning, no switch for it
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
+)
+
+
+def test_reasoning_off_closes_the_reasoning_a_template_opens_and_a_request_may_turn_it_on(
+    smollm2_path, tmp_path
+):
+    """llama-server's --reasoning off: every chat's enable_thinking is false, and a template that opens
+    <think> regardless (DeepSeek-R1's, QwQ's) gets it closed, so the answer has no reasoning; a request's
+    own enable_thinking wins, and OpenAI's reasoning_effort none turns it off per request."""
+    tmpl = tmp_path / "r1.jinja"
+    tmpl.write_text(R1_TEMPLATE)
+    msgs = [{"role": "user", "content": "Name a colour."}]
+    with Server(smollm2_path, tmp_path / "r1.log", "--chat-template", str(tmpl), "--reasoning", "off") as srv:
+        assert (
+            _post(srv, "/apply-template", {"messages": msgs})
+            .json()["prompt"]
+            .endswith("<|im_start|>assistant\n<think>\n</think>")
+        )
+        on = {"messages": msgs, "chat_template_kwargs": {"enable_thinking": True}}
+        assert _post(srv, "/apply-template", on).json()["prompt"].endswith("<think>\n")
+        bare = _post(srv, "/apply-template", {"messages": msgs, "add_generation_prompt": False}).json()
+        assert bare["prompt"] == "<|im_start|>user\nName a colour.<|im_end|>\n"  # no assistant turn begun
+        body = {"messages": msgs, "max_tokens": 6, "temperature": 0}
+        off = _post(srv, "/v1/chat/completions", body).json()
+        assert "reasoning_content" not in off["choices"][0]["message"], off  # closed: the answer is content
+        thinks = _post(srv, "/v1/chat/completions", {**body, **on}).json()
+        thought = thinks["choices"][0]["message"]
+        assert thought["reasoning_content"] and thought["content"] == "", thought  # 6 tokens: still thinking
+        assert off["usage"]["prompt_tokens"] > thinks["usage"]["prompt_tokens"]  # + </think>
+        ollama = {
+            "model": "",
+            "messages": msgs,
+            "options": {"temperature": 0, "num_predict": 6},
+            "stream": False,
+        }
+        assert _post(srv, "/api/chat", {**ollama, "think": True}).json()["message"]["thinking"]
+        assert "thinking" not in _post(srv, "/api/chat", ollama).json()["message"]
+    with pytest.raises(subprocess.CalledProcessError) as e:
+        subprocess.run([sys.executable, "-m", "edgellm", "serve", "smollm2", "--reasoning", "maybe"],
+                       check=True, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert "--reasoning must be on, off or auto" in e.value.stderr
+
+
+def test_reasoning_effort_none_is_enable_thinking_false_and_levels_are_refused():
+    from edgellm import openai_api as oa
+
+    lim = oa.Limits(n_ctx=512, n_vocab=49152)
+    msgs = [{"role": "user", "content": "hi"}]
+    assert oa.parse_chat({"messages": msgs, "reasoning_effort": "none"}, lim).template_kwargs == {
+        "enable_thinking": False
+    }
+    kw = {"enable_thinking": True}
+    p = oa.parse_chat({"messages": msgs, "reasoning_effort": "none", "chat_template_kwargs": kw}, lim)
+    assert p.template_kwargs == kw  # the template variable given wins
+    with pytest.raises(oa.APIError) as e:
+        oa.parse_chat({"messages": msgs, "reasoning_effort": "low"}, lim)
+    assert e.value.param == "reasoning_effort" and e.value.code == "unsupported_parameter"
+
+
 def test_a_prompt_that_opens_the_reasoning_on_every_api(smollm2_path, tmp_path):
     """A template that opens <think> in its generation prompt (DeepSeek-R1's, Qwen3's forced thinking):
     the answer starts inside the reasoning: reasoning_content on chat completions (to </think> when it

@@ -9,6 +9,7 @@ message to a template that never ends, is a `ChatTemplateError`.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -154,9 +155,17 @@ class ChatTemplate:
                 m["content"] = ""
         tools_ = None if tools is None else _plain(tools, "tools", 0)
         extra_ = {k: _plain(v, k, 0) for k, v in extra.items()}
+        # as llama.cpp gives every template (common/chat.cpp): today's date (common_chat_extra_context;
+        # Llama 3.x's templates write it as "Today Date", else their own "26 Jul 2024"), and
+        # enable_thinking true unless told otherwise (templates written for llama.cpp, such as its
+        # DeepSeek-R1 one, close the reasoning where it is not)
+        today = datetime.date.today()
         context = {
             "bos_token": self.bos_token,
             "eos_token": self.eos_token,
+            "date_string": today.strftime("%d %b %Y"),
+            "datetime": today.strftime("%b %d %Y"),
+            "enable_thinking": True,
             **extra_,
             "messages": msgs,
             "tools": tools_,
