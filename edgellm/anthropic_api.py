@@ -17,10 +17,11 @@ guarantees them (structured.py, tools.py).
 
 A thinking model's reasoning (reasoning.py) comes back as a `thinking` block before the text, as
 llama-server's; an earlier turn's thinking blocks go to the template as reasoning_content; `thinking:
-{type: disabled}` tells a template that can think not to (`enable_thinking` false).
+{type: disabled}` tells a template that can think not to (`enable_thinking` false); `{type: enabled,
+budget_tokens: N}` tells it to (`enable_thinking` true) and ends the reasoning after N tokens (the server's
+reasoning budget, as llama.cpp's).
 
-What a local text model cannot give is refused by name: images and documents, extended `thinking`
-(enabled, with its budget),
+What a local text model cannot give is refused by name: images and documents, other `thinking` types,
 `output_config.effort`, server tools (web search, code execution, ...), `mcp_servers`, `container`.
 `metadata` and `service_tier` change nothing here and are accepted.
 """
@@ -115,14 +116,29 @@ def _message(i: int, msg: Any) -> list[dict[str, Any]]:
     return said + results
 
 
+def _thinking(v: Any) -> int | None:
+    """Anthropic's `thinking`: None (not sent), -1 (disabled), or the enabled reasoning's budget."""
+    if v is None:
+        return None
+    kind = v.get("type") if isinstance(v, dict) else None
+    if kind == "disabled":
+        return -1
+    if kind != "enabled":
+        raise oa.bad("thinking", f"type {kind!r} is not supported (enabled and disabled are)",
+                     code="unsupported_parameter")  # fmt: skip
+    n = v.get("budget_tokens")
+    if not oa._is_int(n) or n < 1:
+        raise oa.bad("thinking", "budget_tokens must be a positive integer")
+    return n
+
+
 def to_openai(body: Any, n_ctx: int, count_only: bool = False) -> dict[str, Any]:
     """An Anthropic Messages request as the OpenAI chat body parse_chat reads (`count_only`: for
     count_tokens, where max_tokens is not needed). max_tokens, which Anthropic's clients must send and
     often send large, is held to the context: no answer can outgrow it anyway."""
     if not isinstance(body, dict):
         raise oa.bad("", "the request body must be a JSON object")
-    oa._refuse_if_set(body, "thinking", lambda v: isinstance(v, dict) and v.get("type") == "disabled",
-            "extended thinking is not supported")  # fmt: skip
+    thinking = _thinking(body.get("thinking"))
     oa._refuse_if_set(body, "mcp_servers", lambda v: v == [], "MCP servers are not supported")
     oa._refuse_if_set(body, "container", lambda v: False, "containers (code execution) are not supported")
     msgs = body.get("messages")
@@ -135,8 +151,10 @@ def to_openai(body: Any, n_ctx: int, count_only: bool = False) -> dict[str, Any]
     for i, m in enumerate(msgs):
         out += _message(i, m)
     chat: dict[str, Any] = {"messages": out}
-    if isinstance(body.get("thinking"), dict):  # disabled: a template that can think is told not to (Qwen3)
-        chat["chat_template_kwargs"] = {"enable_thinking": False}
+    if thinking is not None:  # a template that can think (Qwen3's) is told whether to
+        chat["chat_template_kwargs"] = {"enable_thinking": thinking >= 0}
+        if thinking > 0:
+            chat["reasoning_budget_tokens"] = thinking
     tools = body.get("tools")
     if tools is not None:
         if not isinstance(tools, list):

@@ -130,6 +130,14 @@ def serve(
         help="Let a thinking model think: on, off (its template's enable_thinking false, and a <think> its "
         "prompt opens closed) or auto (the template's default); a request's chat_template_kwargs win.",
     ),
+    reasoning_budget: int = typer.Option(
+        -1,
+        "--reasoning-budget",
+        help="Tokens a thinking model may reason before its </think> is written for it (-1: no limit).",
+    ),
+    reasoning_budget_message: str = typer.Option(
+        "", "--reasoning-budget-message", help="Text written before that </think> (e.g. 'Time to answer.')."
+    ),
     sse_ping_interval: int = typer.Option(
         30,
         "--sse-ping-interval",
@@ -199,6 +207,8 @@ def serve(
     thinking = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False, "auto": None}
     if reasoning_mode not in thinking:
         raise ServeError(f"--reasoning must be on, off or auto, not {reasoning_mode!r}")
+    if reasoning_budget < -1:
+        raise ServeError("--reasoning-budget must be -1 (no limit) or a number of tokens")
     if not 0 < header_timeout <= 3600:
         raise ServeError("--header-timeout must be in (0, 3600] seconds")
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
@@ -224,6 +234,8 @@ def serve(
         reasoning_format=reasoning_format,
         sse_ping_interval=sse_ping_interval,
         enable_thinking=thinking[reasoning_mode],
+        reasoning_budget=reasoning_budget,
+        reasoning_budget_message=reasoning_budget_message,
         log_format=log_format,
         header_timeout=header_timeout,
         special_in_messages=special_in_messages,

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from edgellm import speculative, structured
+from edgellm import reasoning, speculative, structured
 from edgellm.generate import StopMatcher
 from edgellm.kvcache import PagedKV
 from edgellm.sampler import RowSampler, Sampler, SamplingParams
@@ -70,6 +70,7 @@ class GenRequest:
     speculative: bool = True  # may guess ahead when the engine speculates (speculative.py)
     live: bool = False  # its events say how far it has got (Event.progress): llama-server's return_progress
     # and timings_per_token
+    reasoning_budget: reasoning.BudgetSpec | None = None  # ends the reasoning after so many tokens
 
 
 class TokenLogprob(NamedTuple):
@@ -195,6 +196,8 @@ class _Seq(SeqState):
         super().__init__(req.prompt_ids)
         self.req = req
         self.constraint = structured.Constraint(req.grammar, guided) if req.grammar else None
+        spec = req.reasoning_budget
+        self.budget = reasoning.Budget(spec, lambda t: tokenizer.token_to_piece(t, True)) if spec else None
         self.spec: speculative.SeqSpec | None = None  # set by the engine when it may guess for this one
         self.draft: list[int] = []  # this step's guesses, appended to tokens until the step is applied
         self.stream = stream
@@ -350,7 +353,8 @@ class Engine:
             guided = structured.guided_tokenizer(self.tokenizer, self.model.config.n_vocab)
         try:
             seq = _Seq(req, stream, self.tokenizer, guided)
-            if self.spec is not None and req.speculative and req.logprobs is None:
+            # (a reasoning budget may write other tokens than those sampled: no guesses to check then)
+            if self.spec is not None and req.speculative and req.logprobs is None and seq.budget is None:
                 seq.spec = speculative.SeqSpec(self.spec)
             if seq.constraint is not None and req.max_tokens is not None:
                 need = seq.constraint.min_tokens()
@@ -381,6 +385,18 @@ class Engine:
             self._jobs.append((fn, fut))
             self._wake.notify()
         return fut
+
+    def end_reasoning(self, stream: Stream) -> concurrent.futures.Future:
+        """End a running sequence's reasoning now (llama-server's reasoning control; its request armed a
+        reasoning budget): a future of whether it was reasoning."""
+
+        def end() -> bool:
+            for s in itertools.chain(self.sched.running, self.sched.waiting):
+                if s.stream is stream:
+                    return s.budget is not None and s.budget.force()
+            return False
+
+        return self.call(end)
 
     def n_free_seq_slots(self) -> int:
         return max(0, self.max_seqs - len(self.sched.running))
@@ -734,6 +750,13 @@ class Engine:
         if s.req.max_tokens == 0:  # the prompt only, read into the cache: its end is not generated
             self._finish(s, "length")
             return
+        if s.budget is not None:  # its reasoning spent: the end tag in place of what was sampled
+            want = s.budget.take(tok)
+            if want != tok:
+                if s.constraint is None or s.constraint.valid_prefix([want]):
+                    tok, lp = want, None
+                else:  # the grammar does not allow it here: the budget gives way
+                    s.budget.state = reasoning.Budget.DONE
         s.n_generated += 1
         self.stats.generated_tokens += 1
         if tok in self.eog:

@@ -121,8 +121,6 @@ LLAMA_SERVER_UNSUPPORTED: list[tuple[str, Callable[[Any], bool], str]] = [
     ("min_keep", lambda v: v == 0, "min_keep is not supported"),
     ("response_fields", lambda v: v == [], "response_fields is not supported"),
     ("adaptive_target", lambda v: _is_num(v) and v < 0, "adaptive-p sampling is not supported"),
-    ("reasoning_budget_tokens", lambda v: v == -1, "a reasoning budget is not supported"),
-    ("thinking_budget_tokens", lambda v: v == -1, "a reasoning budget is not supported"),
     ("parse_tool_calls", lambda v: v is False, "tool calls are not supported"),
     ("grammar_lazy", lambda v: v is False, "lazy grammars (triggered by a word) are not supported"),
     ("grammar_triggers", lambda v: v == [], "lazy grammars (triggered by a word) are not supported"),
@@ -185,6 +183,11 @@ class GenerationParams:
     timings_per_token: bool = False  # llama-server's: every streamed chunk carries the timings so far
     return_progress: bool = False  # llama-server's: streamed chunks say how far the prompt is read
     sse_ping_interval: int | None = None  # llama-server's: seconds silent before a ping (None: the server's)
+    # chat: llama-server's reasoning budget (tokens of reasoning before its end is written; -1 none; None:
+    # the server's), the message written before that end, and whether it may be ended on request
+    reasoning_budget: int | None = None
+    reasoning_budget_message: str | None = None
+    reasoning_control: bool = False
 
 
 def _sampling(body: dict, lim: Limits) -> dict[str, Any]:
@@ -353,7 +356,31 @@ def _common(
         timings_per_token=_boolean(body, "timings_per_token"),
         return_progress=_boolean(body, "return_progress"),
         sse_ping_interval=_integer(body, "sse_ping_interval", -1, (1 << 31) - 1),
+        reasoning_budget=_reasoning_budget(body, logprobs == "chat"),
+        reasoning_budget_message=_string(body, "reasoning_budget_message", 4096),
+        reasoning_control=_boolean(body, "reasoning_control"),
     )
+
+
+def _reasoning_budget(body: dict, chat: bool) -> int | None:
+    """llama-server's reasoning_budget_tokens (or thinking_budget_tokens, its web UI's name): -1 none."""
+    names = [n for n in ("reasoning_budget_tokens", "thinking_budget_tokens") if body.get(n) is not None]
+    if not names:
+        return None
+    v = _integer(body, names[0], -1, 1 << 31)
+    if v != -1 and not chat:
+        raise bad(names[0], "a reasoning budget is only supported on chat routes (the template says where "
+                  "the reasoning is)", code="unsupported_parameter")  # fmt: skip
+    return v
+
+
+def _string(body: dict, name: str, limit: int) -> str | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if not isinstance(v, str) or len(v) > limit:
+        raise bad(name, f"must be a string of at most {limit} characters")
+    return v
 
 
 def response_format(rf: Any, field: str = "response_format") -> Any:

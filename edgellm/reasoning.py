@@ -10,9 +10,16 @@ inside a reasoning the prompt opened: it is what the grammar says (`auto` tools 
 their answers may). An answer cut short inside its reasoning is all reasoning. Blanks around the
 reasoning and before the content are dropped, as llama.cpp trims them. Format "none" leaves the answer
 whole (llama-server's `none`).
+
+A reasoning budget (`Budget`, llama.cpp's `--reasoning-budget` and a request's reasoning_budget_tokens)
+ends the reasoning after so many tokens by writing its end tag in place of what the model samples.
 """
 
 from __future__ import annotations
+
+import codecs
+from collections.abc import Callable
+from dataclasses import dataclass
 
 OPEN, CLOSE = "<think>", "</think>"
 FORMATS = ("auto", "deepseek", "none")  # llama-server's names; auto is deepseek here
@@ -106,3 +113,82 @@ def _held(buf: str, tag: str) -> int:
             break
     rest = buf[: len(buf) - keep]
     return keep + len(rest) - len(rest.rstrip(_BLANKS))
+
+
+# ---------------------------------------------------------------------------------------------- budget
+
+
+@dataclass(frozen=True)
+class BudgetSpec:
+    """llama.cpp's reasoning budget (common/reasoning-budget.cpp), in token ids: once `budget` tokens of
+    reasoning are written (opened by `start`, or by the prompt: `inside`), `forced` (a message, then the
+    end tag) is written in place of what the model samples; a reasoning the model ends itself (with any of
+    `ends`) is left alone. budget -1: no limit, but the reasoning may still be ended on request (force)."""
+
+    start: tuple[int, ...]
+    ends: tuple[tuple[int, ...], ...]
+    forced: tuple[int, ...]
+    budget: int
+    inside: bool = False
+
+
+class Budget:
+    """One sequence's reasoning budget: take(sampled token) -> the token to write (states as llama.cpp's:
+    idle until the start tag, counting the reasoning's tokens, waiting for a character's last UTF-8 byte
+    once spent, forcing the end, done for good)."""
+
+    IDLE, COUNTING, UTF8, FORCING, DONE = range(5)
+
+    def __init__(self, spec: BudgetSpec, piece: Callable[[int], bytes]):
+        self.spec = spec
+        self._piece = piece
+        self._keep = max([len(spec.start), *(len(e) for e in spec.ends), 1])
+        self._recent: list[int] = []
+        self._i = 0  # forced tokens written
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        self.state = self.IDLE
+        self.left = spec.budget
+        if spec.inside:
+            self._begin()
+
+    def _begin(self) -> None:
+        self.state, self.left, self._recent = self.COUNTING, self.spec.budget, []
+        if self.left == 0:
+            self.state = self.FORCING
+
+    def force(self) -> bool:
+        """End the reasoning now (llama-server's reasoning control): True if it was being written."""
+        if self.state not in (self.COUNTING, self.UTF8):
+            return False
+        self.state = self.UTF8 if self._utf8.getstate()[0] else self.FORCING
+        return True
+
+    def take(self, tok: int) -> int:
+        if self.state == self.FORCING:
+            tok = self.spec.forced[self._i]
+            self._i += 1
+            if self._i == len(self.spec.forced):
+                self.state = self.DONE
+            return tok
+        if self.state == self.DONE:
+            return tok
+        self._recent = (self._recent + [tok])[-self._keep :]
+        self._utf8.decode(self._piece(tok))
+        if self.state == self.IDLE:
+            if _ends_with(self._recent, self.spec.start):
+                self._begin()
+            return tok
+        if any(_ends_with(self._recent, e) for e in self.spec.ends):  # the model ended it itself
+            self.state = self.DONE
+            return tok
+        if self.state == self.COUNTING and self.left > 0:
+            self.left -= 1
+            if self.left == 0:
+                self.state = self.UTF8
+        if self.state == self.UTF8 and not self._utf8.getstate()[0]:  # a whole character: end here
+            self.state = self.FORCING
+        return tok
+
+
+def _ends_with(seq: list[int], tail: tuple[int, ...]) -> bool:
+    return bool(tail) and len(seq) >= len(tail) and tuple(seq[-len(tail) :]) == tail

@@ -85,6 +85,8 @@ class ServerConfig:
     reasoning_format: str = "auto"  # chat: <think> reasoning apart (auto, deepseek) or in the text (none)
     sse_ping_interval: int = 30  # seconds a stream may stay silent before a ping (<= 0: never)
     enable_thinking: bool | None = None  # --reasoning on/off: chats' enable_thinking (None: the template's)
+    reasoning_budget: int = -1  # --reasoning-budget: tokens of reasoning before its end is written (-1: none)
+    reasoning_budget_message: str = ""  # --reasoning-budget-message: written before that end
 
 
 @dataclass
@@ -100,6 +102,7 @@ class State:
     load_error: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     responses: ra.Store = field(default_factory=ra.Store)  # /v1/responses kept for previous_response_id
+    controls: dict[str, list] = field(default_factory=dict)  # running chats' streams by id: reasoning_control
 
     def ready(self) -> Engine:
         if self.engine is None:
@@ -577,6 +580,11 @@ def create_app(state: State) -> FastAPI:
     async def completions(request: Request):
         return await _generate(state, request, chat=False)
 
+    @app.post("/v1/chat/completions/control")  # llama-server's: end a running chat's reasoning
+    @app.post("/chat/completions/control")
+    async def chat_control(request: Request):
+        return await _control(state, request)
+
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")  # llama-server's alias; its /completions is its own native API
     async def chat_completions(request: Request):
@@ -790,6 +798,7 @@ async def _generate(state: State, request: Request, chat: bool):
     params = _params(llm, p)
     constraint = tools.grammar(p.tools, p.grammar) if chat and p.tools is not None else p.grammar
     grammar = await _compile(engine, constraint, p.grammar_field if constraint is p.grammar else "tools")
+    budget = _budget(state, p, prompts[0]) if chat else None
     reqs = []
     for i, ids in enumerate(prompts):
         for j in range(p.n):
@@ -797,7 +806,7 @@ async def _generate(state: State, request: Request, chat: bool):
             if q.seed is not None and (len(prompts) > 1 or p.n > 1):
                 q = replace(q, seed=(q.seed + i * p.n + j) % (1 << 64))  # distinct, reproducible choices
             reqs.append(GenRequest(ids, q, p.max_tokens, tuple(p.stop), p.logprobs, grammar, p.speculative,
-                                   live=_live(p)))  # fmt: skip
+                                   live=_live(p), reasoning_budget=budget))  # fmt: skip
     streams = _submit(engine, reqs)
     tok = llm.tokenizer
     shaper = oa.Shaper(
@@ -812,11 +821,64 @@ async def _generate(state: State, request: Request, chat: bool):
     think = _thinks(state, llm, p, prompts[0]) if chat else None
     shaper.reasoning, shaper.inside = think is not None, bool(think)
     usage = request.state.edgellm_usage = [0, 0, 0]  # prompt, completion, cached: the access log reads it
+    controlled = chat and p.reasoning_control  # its reasoning may be ended by id (_control)
+    if controlled:
+        state.controls[shaper.id] = streams
     if p.stream:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         sse = _sse(streams, shaper, p.include_usage, usage, p.timings_per_token, p.return_progress)
+        if controlled:
+            sse = _released(state, shaper.id, sse)
         return StreamingResponse(_pinged(state, p, sse), media_type="text/event-stream", headers=headers)
-    return await _whole(request, streams, shaper, usage)
+    try:
+        return await _whole(request, streams, shaper, usage)
+    finally:
+        state.controls.pop(shaper.id, None)
+
+
+def _budget(state: State, p: oa.GenerationParams, ids: list[int]) -> reasoning.BudgetSpec | None:
+    """A chat's reasoning budget (llama-server's reasoning_budget_tokens, else the server's
+    --reasoning-budget), or None where it has none and may not be ended on request either."""
+    n = p.reasoning_budget if p.reasoning_budget is not None else state.config.reasoning_budget
+    if n < 0 and not p.reasoning_control:
+        return None
+    tok, llm = state.llm.tokenizer, state.llm
+
+    def enc(text: str) -> tuple[int, ...]:
+        return tuple(tok.encode(text, add_special=False, parse_special=True)) if text else ()
+
+    msg = p.reasoning_budget_message
+    msg = state.config.reasoning_budget_message if msg is None else msg
+    end = enc(reasoning.CLOSE)
+    return reasoning.BudgetSpec(enc(reasoning.OPEN), (end,), enc(msg) + end, n, llm.opens_thought(ids))
+
+
+async def _released(state: State, cid: str, source: AsyncIterator[str]) -> AsyncIterator[str]:
+    """`source`, its completion id forgotten by the reasoning control once it ends."""
+    try:
+        async for x in source:
+            yield x
+    finally:
+        state.controls.pop(cid, None)
+        await source.aclose()  # type: ignore[attr-defined]
+
+
+async def _control(state: State, request: Request) -> dict[str, Any]:
+    """llama-server's POST /v1/chat/completions/control: {action: reasoning_end, id: a running chat
+    completion's id (its request armed reasoning_control)}: its reasoning ends now."""
+    engine = state.ready()
+    body = await _json(request, state.config.max_body)
+    cid = body.get("id") if isinstance(body, dict) else None
+    if not isinstance(cid, str) or not cid:
+        raise oa.bad("id", "missing completion id")
+    if body.get("action") != "reasoning_end":
+        raise oa.bad("action", "unknown control action (reasoning_end is)")
+    streams = state.controls.get(cid)
+    if streams is None:
+        return {"success": False, "message": "no active completion for this id"}
+    for st in streams:
+        await asyncio.wrap_future(engine.end_reasoning(st))
+    return {"success": True}
 
 
 def _live(p: oa.GenerationParams) -> bool:
@@ -942,7 +1004,8 @@ async def _responses(state: State, request: Request):
     p, echo, convo, ids = await _responses_prompt(state, await _json(request, state.config.max_body))
     constraint = tools.grammar(p.tools, p.grammar) if p.tools is not None else p.grammar
     grammar = await _compile(engine, constraint, p.grammar_field if constraint is p.grammar else "tools")
-    req = GenRequest(ids, _params(llm, p), p.max_tokens, tuple(p.stop), None, grammar, live=_live(p))
+    req = GenRequest(ids, _params(llm, p), p.max_tokens, tuple(p.stop), None, grammar, live=_live(p),
+                     reasoning_budget=_budget(state, p, ids))  # fmt: skip
     streams = _submit(engine, [req])
     rid, mid, created = oa.new_id("resp", "_"), oa.new_id("msg", "_"), ra.now()
     usage = request.state.edgellm_usage = [0, 0, 0]
@@ -1046,7 +1109,10 @@ async def _anthropic(state: State, request: Request):
     [ids] = await run_in_threadpool(_prompt_ids, llm, p, True, state.config)
     constraint = tools.grammar(p.tools, p.grammar) if p.tools is not None else p.grammar
     grammar = await _compile(engine, constraint, p.grammar_field if constraint is p.grammar else "tools")
-    streams = _submit(engine, [GenRequest(ids, _params(llm, p), p.max_tokens, tuple(p.stop), None, grammar)])
+    budget = _budget(state, p, ids)  # Anthropic's thinking budget_tokens, or the server's
+    params = _params(llm, p)
+    req = GenRequest(ids, params, p.max_tokens, tuple(p.stop), None, grammar, reasoning_budget=budget)
+    streams = _submit(engine, [req])
     mid = oa.new_id("msg", "_")
     usage = request.state.edgellm_usage = [0, 0, 0]
     names = p.tools.parsed if p.tools is not None else None  # parse the model's calls

@@ -23,7 +23,8 @@ VALUED = {"--port": "--port", "--host": "--host", "--alias": "--alias", "--ctx-s
           "--batch-size": "-b", "--pooling": "--pooling", "--chat-template": "--chat-template",
           "--chat-template-file": "--chat-template", "--cors-origins": "--cors-origins",
           "--reasoning": "--reasoning", "-rea": "--reasoning", "--reasoning-format": "--reasoning-format",
-          "--sse-ping-interval": "--sse-ping-interval"}  # fmt: skip
+          "--sse-ping-interval": "--sse-ping-interval", "--reasoning-budget": "--reasoning-budget",
+          "--reasoning-budget-message": "--reasoning-budget-message"}  # fmt: skip
 SWITCHES = {"--embedding": "--embeddings", "--embeddings": "--embeddings", "--no-ui": "--no-webui",
             "--slots": "--slots", "--no-slots": "--no-slots"}  # fmt: skip
 

@@ -115,6 +115,26 @@ def test_a_request_for_no_tokens_reads_its_prompt_into_the_cache(llm):
     assert [e.token for e in after if e.token is not None] == _alone(llm, system + "Name a color.", GREEDY, 3)
 
 
+def test_a_reasoning_budget_writes_its_end_in_place_of_the_sampled_tokens(llm):
+    """A prompt that opened the reasoning, a budget of 3: the 3 tokens greedy decoding gives, then the
+    end tag's tokens whatever the model samples, then the model again from there."""
+    from edgellm import reasoning
+
+    enc = lambda t: tuple(llm.tokenizer.encode(t, add_special=False, parse_special=True))  # noqa: E731
+    end = enc("</think>")
+    spec = reasoning.BudgetSpec(enc("<think>"), (end,), end, 3, inside=True)
+    prompt = "Once upon a time"
+    eng = _engine(llm)
+    try:
+        got = _tokens(
+            eng.submit(GenRequest(llm.tokenize(prompt), GREEDY, 3 + len(end) + 2, reasoning_budget=spec))
+        )[0]
+    finally:
+        eng.shutdown()
+    assert got[:3] == _alone(llm, prompt, GREEDY, 3) and tuple(got[3 : 3 + len(end)]) == end
+    assert len(got) == 3 + len(end) + 2  # and the model goes on
+
+
 def test_a_live_request_reports_its_prompt_as_it_is_read_and_its_progress_on_each_token(llm):
     """GenRequest.live (llama-server's return_progress and timings_per_token): an event as the prompt
     starts (its cached part), one per chunk computed (16 tokens a step here), the last with all of it read

@@ -139,3 +139,35 @@ def test_reasoning_then_a_tool_call_streams_as_both():
     shaper = oa.Shaper(chat=True, model="m", reasoning=True, inside=True, tool_names=["f"])
     msg = shaper.whole([text], ["stop"], {})["choices"][0]["message"]
     assert msg["reasoning_content"] == "Use f." and msg["tool_calls"][0]["function"]["name"] == "f"
+
+
+# -- the reasoning budget (llama.cpp's common/reasoning-budget.cpp) ------------------------------------------
+START, END, MSG = (7,), (8, 9), (5,)  # token ids of <think>, </think> (two tokens) and a message
+PIECES = {3: b"\xc3", 4: b"\xa9"}  # 3 then 4: one character (é) in two tokens
+
+
+def _budget(n: int, inside: bool = False, forced=MSG + END) -> reasoning.Budget:
+    spec = reasoning.BudgetSpec(START, (END,), tuple(forced), n, inside)
+    return reasoning.Budget(spec, lambda t: PIECES.get(t, b"x"))
+
+
+def _run(b: reasoning.Budget, sampled: list[int]) -> list[int]:
+    return [b.take(t) for t in sampled]
+
+
+def test_a_reasoning_budget_writes_the_end_after_so_many_tokens_of_reasoning():
+    # idle until <think>; then 3 tokens of reasoning; then the message and </think> whatever is sampled
+    assert _run(_budget(3), [1, 7, 1, 1, 1, 1, 1, 1, 1, 1]) == [1, 7, 1, 1, 1, 5, 8, 9, 1, 1]
+    # the prompt opened it: counting from the first token; budget 0: the end at once
+    assert _run(_budget(2, inside=True), [1, 1, 1, 1, 1, 1]) == [1, 1, 5, 8, 9, 1]
+    assert _run(_budget(0, inside=True), [1, 1, 1, 1]) == [5, 8, 9, 1]
+    # the model ends it itself: left alone, for good (a later <think> is not counted)
+    assert _run(_budget(3, inside=True), [1, 8, 9, 1, 7, 1, 1, 1, 1]) == [1, 8, 9, 1, 7, 1, 1, 1, 1]
+    # spent in the middle of a character: its last byte first
+    assert _run(_budget(1, inside=True), [3, 4, 1, 1, 1, 1]) == [3, 4, 5, 8, 9, 1]
+    # no limit: nothing forced, until forced on request (llama-server's reasoning control)
+    b = _budget(-1, inside=True)
+    assert _run(b, [1] * 50) == [1] * 50 and b.force() and _run(b, [1, 1, 1, 1]) == [5, 8, 9, 1]
+    assert not b.force()  # done: nothing to end
+    idle = _budget(-1)
+    assert not idle.force() and _run(idle, [1, 1]) == [1, 1]  # not reasoning

@@ -618,6 +618,41 @@ def test_reasoning_off_closes_the_reasoning_a_template_opens_and_a_request_may_t
         }
         assert _post(srv, "/api/chat", {**ollama, "think": True}).json()["message"]["thinking"]
         assert "thinking" not in _post(srv, "/api/chat", ollama).json()["message"]
+        # a reasoning budget: after 3 tokens of reasoning, the message and </think> are written for the model
+        long = {**body, **on, "max_tokens": 24, "ignore_eos": True}
+        free = _post(srv, "/v1/chat/completions", long).json()["choices"][0]["message"]
+        budget = {**long, "reasoning_budget_tokens": 3, "reasoning_budget_message": " Enough."}
+        capped = _post(srv, "/v1/chat/completions", budget).json()["choices"][0]["message"]
+        three = capped["reasoning_content"].removesuffix(" Enough.")  # its first 3 tokens' text
+        assert capped["reasoning_content"].endswith(" Enough.") and three, capped
+        assert free["reasoning_content"].startswith(three) and len(three) < len(free["reasoning_content"])
+        assert "reasoning_content" in free and capped["content"], capped  # the answer goes on after it
+        ant = {
+            "model": "m",
+            "max_tokens": 24,
+            "messages": msgs,
+            "thinking": {"type": "enabled", "budget_tokens": 3},
+        }
+        blocks = _post(srv, "/v1/messages", ant).json()["content"]
+        said = _post(srv, "/tokenize", {"content": blocks[0]["thinking"]}).json()["tokens"]
+        assert blocks[0]["type"] == "thinking" and 0 < len(said) <= 3, blocks  # its 3 tokens, blanks aside
+        # reasoning control: a running chat's reasoning ended by its id (llama.cpp's web UI's stop button)
+        ctl = {**long, "max_tokens": 400, "stream": True, "reasoning_control": True}
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=ctl, timeout=120) as r:
+            lines = (json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {"))
+            first = next(
+                c for c in lines if c["choices"] and c["choices"][0]["delta"].get("reasoning_content")
+            )
+            ended = _post(srv, "/v1/chat/completions/control", {"action": "reasoning_end", "id": first["id"]})
+            assert ended.json() == {"success": True}
+            rest = [c["choices"][0]["delta"] for c in lines if c["choices"]]
+        assert any(d.get("content") for d in rest), rest  # the answer came before max_tokens
+        gone = _post(
+            srv, "/v1/chat/completions/control", {"action": "reasoning_end", "id": first["id"]}
+        ).json()
+        assert gone == {"success": False, "message": "no active completion for this id"}
+        bad = _post(srv, "/v1/chat/completions/control", {"action": "stop", "id": first["id"]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "action"
     with pytest.raises(subprocess.CalledProcessError) as e:
         subprocess.run([sys.executable, "-m", "edgellm", "serve", "smollm2", "--reasoning", "maybe"],
                        check=True, capture_output=True, text=True, timeout=60)  # fmt: skip
@@ -1275,16 +1310,28 @@ def test_the_llama_cpp_web_ui_streams_with_prompt_progress_and_timings_on_every_
     assert whole["timings"]["predicted_n"] == whole["usage"]["completion_tokens"]
 
 
-def test_the_web_uis_reasoning_budget_is_refused_by_name_unless_off():
+def test_the_web_uis_reasoning_budget_and_control_are_read():
     from edgellm import openai_api as oa
 
     lim = oa.Limits(n_ctx=512, n_vocab=49152)
     body = {**WEBUI_BODY, "messages": [{"role": "user", "content": "hi"}], "reasoning_control": True}
-    p = oa.parse_chat(dict(body, thinking_budget_tokens=-1), lim)  # what it sends unless an effort is set
-    assert p.max_tokens is None and p.timings_per_token and p.return_progress
-    with pytest.raises(oa.APIError) as e:
-        oa.parse_chat(dict(body, thinking_budget_tokens=1024), lim)
-    assert e.value.param == "thinking_budget_tokens" and e.value.code == "unsupported_parameter"
+    p = oa.parse_chat(body, lim)
+    assert p.max_tokens is None and p.timings_per_token and p.return_progress and p.reasoning_control
+    assert p.reasoning_budget is None  # the server's
+    assert oa.parse_chat(dict(body, thinking_budget_tokens=1024), lim).reasoning_budget == 1024
+    p = oa.parse_chat(dict(body, reasoning_budget_tokens=0, reasoning_budget_message="Done."), lim)
+    assert p.reasoning_budget == 0 and p.reasoning_budget_message == "Done."
+    for bad in (
+        {"reasoning_budget_tokens": -2},
+        {"thinking_budget_tokens": "x"},
+        {"reasoning_budget_message": 1},
+    ):
+        with pytest.raises(oa.APIError) as e:
+            oa.parse_chat({**body, **bad}, lim)
+        assert e.value.param == next(iter(bad))
+    with pytest.raises(oa.APIError) as e:  # the completion routes have no template to say where it is
+        oa.parse_completion({"prompt": "hi", "reasoning_budget_tokens": 8}, lim)
+    assert e.value.param == "reasoning_budget_tokens" and e.value.code == "unsupported_parameter"
 
 
 def test_n_predict_0_reads_the_prompt_into_the_cache_as_the_web_ui_asks_before_the_next_turn(server):
@@ -1688,7 +1735,8 @@ def test_the_anthropic_messages_api_with_the_anthropic_client(server):
     refusals = [
         ({"output_config": {"effort": "high"}}, "output_config.effort"),
         ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format"),
-        ({"thinking": {"type": "enabled", "budget_tokens": 64}}, "thinking"),
+        ({"thinking": {"type": "adaptive"}}, "thinking"),
+        ({"thinking": {"type": "enabled"}}, "thinking"),  # without its budget_tokens
         ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages"),
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools"),
         ({"tools": [{"name": "f", "input_schema": {"type": "object"}}]}, "tools"),  # SmolLM2's has none
