@@ -430,6 +430,8 @@ class LLM:
         tool_choice: str | dict = "auto",
         parallel_tool_calls: bool = True,
         reasoning_format: str = "auto",
+        enable_thinking: bool | None = None,
+        reasoning_budget: int = -1,
         **sampling: Any,
     ) -> Completion:
         """One assistant turn for a conversation, through the model's chat template. The conversation's
@@ -441,14 +443,20 @@ class LLM:
         `Completion.tool_calls` (OpenAI's shape; finish_reason "tool_calls"), the text around them in
         `text`. A call's result goes back as a `tool` message after the assistant's `tool_calls`.
         A thinking model's `<think>` reasoning comes back apart in `Completion.reasoning` (reasoning.py;
-        `reasoning_format="none"` leaves it in `text`), as the server's reasoning_content."""
+        `reasoning_format="none"` leaves it in `text`), as the server's reasoning_content.
+        `enable_thinking` (None: the template's default) tells a template that can think whether to (a
+        `<think>` it opens regardless is closed when False, as llama.cpp's --reasoning off);
+        `reasoning_budget` (-1: no limit) ends the reasoning after so many tokens, as llama.cpp's."""
         from edgellm import reasoning
         from edgellm import tools as tl
 
         apart = self._takes_reasoning(reasoning_format)
         shaped = _shaped(sampling, tools, tool_choice)
-        prompt, req, _ = self._chat_setup(messages, tools, tool_choice, parallel_tool_calls, sampling)
-        out = self._collect(self._requests([prompt], max_tokens, stop, True, sampling))[0]
+        kw = {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
+        prompt, req, _ = self._chat_setup(messages, tools, tool_choice, parallel_tool_calls, sampling, kw)
+        reqs = self._requests([prompt], max_tokens, stop, True, sampling)
+        self._budget(reqs[0], reasoning_budget)
+        out = self._collect(reqs)[0]
         if apart:
             thought, out.text = reasoning.split(out.text, not shaped and self.opens_thought(prompt))
             out.reasoning = thought or None
@@ -469,19 +477,23 @@ class LLM:
         tool_choice: str | dict = "auto",
         parallel_tool_calls: bool = True,
         reasoning_format: str = "auto",
+        enable_thinking: bool | None = None,
+        reasoning_budget: int = -1,
         **sampling: Any,
     ) -> Iterator[Chunk]:
         """chat's turn as it is generated. A thinking model's reasoning comes in chunks whose `reasoning`
         is set (their text empty); with `tools`, the text that may begin a call is held back and each call
         comes as a Chunk whose `tool_call` is set, once it is written (the last chunk's finish_reason
-        "tool_calls")."""
+        "tool_calls"). `enable_thinking` and `reasoning_budget` as chat's."""
         from edgellm import reasoning
         from edgellm import tools as tl
 
         apart = self._takes_reasoning(reasoning_format)
         shaped = _shaped(sampling, tools, tool_choice)
-        prompt, req, live = self._chat_setup(messages, tools, tool_choice, parallel_tool_calls, sampling)
+        kw = {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
+        prompt, req, live = self._chat_setup(messages, tools, tool_choice, parallel_tool_calls, sampling, kw)
         reqs = self._requests([prompt], max_tokens, stop, True, sampling)
+        self._budget(reqs[0], reasoning_budget)
         opened = not shaped and self.opens_thought(prompt)
         think = reasoning.ReasoningStream(opened) if apart else None
         calls = tl.CallStream(req.parsed, not req.parallel, live) if req is not None and req.parsed else None
@@ -512,6 +524,17 @@ class LLM:
             raise ValueError(f"reasoning_format must be auto, deepseek or none, not {fmt!r}")
         return fmt != "none"
 
+    def _budget(self, req: GenRequest, budget: int) -> None:
+        """A chat request's reasoning budget (-1: none)."""
+        from edgellm import reasoning
+
+        if not isinstance(budget, int) or budget < -1:
+            raise ValueError(f"reasoning_budget must be -1 (no limit) or a number of tokens, not {budget!r}")
+        if budget >= 0:
+            req.reasoning_budget = reasoning.budget_spec(
+                self.tokenizer, budget, self.opens_thought(req.prompt_ids)
+            )
+
     def opens_thought(self, prompt: list[int]) -> bool:
         """Whether a chat prompt's ids leave a `<think>` open (DeepSeek-R1's generation prompt): the answer
         then starts inside its reasoning (reasoning.py)."""
@@ -520,16 +543,28 @@ class LLM:
         return reasoning.opens_in_thought(self.detokenize(prompt[-8:], special=True))
 
     def _chat_setup(
-        self, messages: list[dict], tools: list[dict] | None, choice: Any, parallel: bool, sampling: dict
+        self,
+        messages: list[dict],
+        tools: list[dict] | None,
+        choice: Any,
+        parallel: bool,
+        sampling: dict,
+        template_kwargs: dict | None = None,
     ) -> tuple[list[int], Any, bool]:
         """A chat turn's prompt, its tools.ToolRequest (None without tools) and whether the calls are held
         to their schemas (see _tools_prompt)."""
         if not tools:
-            return self.chat_prompt(messages), None, False
-        return self._tools_prompt(messages, tools, choice, parallel, sampling)
+            return self.chat_prompt(messages, template_kwargs=template_kwargs), None, False
+        return self._tools_prompt(messages, tools, choice, parallel, sampling, template_kwargs)
 
     def _tools_prompt(
-        self, messages: list[dict], tools: list[dict], choice: Any, parallel: bool, sampling: dict
+        self,
+        messages: list[dict],
+        tools: list[dict],
+        choice: Any,
+        parallel: bool,
+        sampling: dict,
+        template_kwargs: dict | None = None,
     ) -> tuple[list[int], Any, bool]:
         """A chat turn with tools: its prompt, the tools.ToolRequest (None: no tools after all) and whether
         the calls are held to their schemas (then they stream as written); sets sampling's grammar."""
@@ -545,7 +580,11 @@ class LLM:
             if req is not None and req.forced and other is not None:
                 raise ValueError("a forced tool call cannot be combined with response_format or grammar")
             sampling["grammar"] = tl.grammar(req, other) if req is not None else other
-            prompt = self.chat_prompt(tl.template_messages(messages), tools=req.tools if shown else None)
+            prompt = self.chat_prompt(
+                tl.template_messages(messages),
+                tools=req.tools if shown else None,
+                template_kwargs=template_kwargs,
+            )
         except APIError as e:
             raise ValueError(f"{e.param}: {e.message}" if e.param else e.message) from None
         return prompt, req, sampling["grammar"] is not other

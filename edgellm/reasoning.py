@@ -20,6 +20,7 @@ from __future__ import annotations
 import codecs
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 OPEN, CLOSE = "<think>", "</think>"
 FORMATS = ("auto", "deepseek", "none")  # llama-server's names; auto is deepseek here
@@ -192,3 +193,14 @@ class Budget:
 
 def _ends_with(seq: list[int], tail: tuple[int, ...]) -> bool:
     return bool(tail) and len(seq) >= len(tail) and tuple(seq[-len(tail) :]) == tail
+
+
+def budget_spec(tokenizer: Any, budget: int, inside: bool, message: str = "") -> BudgetSpec:
+    """The budget for `<think> ... </think>` in this tokenizer's ids: after `budget` tokens of reasoning,
+    `message` then `</think>` (llama.cpp's --reasoning-budget-message before the end tag)."""
+
+    def enc(text: str) -> tuple[int, ...]:
+        return tuple(tokenizer.encode(text, add_special=False, parse_special=True)) if text else ()
+
+    end = enc(CLOSE)
+    return BudgetSpec(enc(OPEN), (end,), enc(message) + end, budget, inside)

@@ -842,15 +842,9 @@ def _budget(state: State, p: oa.GenerationParams, ids: list[int]) -> reasoning.B
     n = p.reasoning_budget if p.reasoning_budget is not None else state.config.reasoning_budget
     if n < 0 and not p.reasoning_control:
         return None
-    tok, llm = state.llm.tokenizer, state.llm
-
-    def enc(text: str) -> tuple[int, ...]:
-        return tuple(tok.encode(text, add_special=False, parse_special=True)) if text else ()
-
     msg = p.reasoning_budget_message
     msg = state.config.reasoning_budget_message if msg is None else msg
-    end = enc(reasoning.CLOSE)
-    return reasoning.BudgetSpec(enc(reasoning.OPEN), (end,), enc(msg) + end, n, llm.opens_thought(ids))
+    return reasoning.budget_spec(state.llm.tokenizer, n, state.llm.opens_thought(ids), msg)
 
 
 async def _released(state: State, cid: str, source: AsyncIterator[str]) -> AsyncIterator[str]:

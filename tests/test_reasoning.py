@@ -120,6 +120,32 @@ def test_the_python_api_takes_the_reasoning_apart(smollm2_path, tmp_path):
         llm.chat(msgs, reasoning_format="deepseek-legacy")
 
 
+def test_the_python_api_turns_thinking_off_and_holds_it_to_a_budget(smollm2_path, tmp_path):
+    """LLM.chat's enable_thinking (False: the template's switch, and a <think> it opens regardless closed,
+    as DeepSeek-R1's) and reasoning_budget (the end tag written after so many tokens), chat_stream's too."""
+    import edgellm
+
+    tmpl = tmp_path / "r1.jinja"  # the generation prompt always opens the reasoning
+    tmpl.write_text(THINKING_TEMPLATE)
+    llm = edgellm.LLM(smollm2_path, backend="native", threads=1, n_ctx=512, chat_template=str(tmpl))
+    msgs = [{"role": "user", "content": "Name a colour."}]
+    assert llm.chat_text(msgs).endswith("<think>\n")
+    free = llm.chat(msgs, max_tokens=16, temperature=0)
+    assert free.reasoning and free.text == ""  # 16 tokens of reasoning, never closed
+    off = llm.chat(msgs, max_tokens=16, temperature=0, enable_thinking=False)
+    assert off.reasoning is None and llm.chat_text(msgs, template_kwargs={"enable_thinking": False}).endswith(
+        "<think>\n</think>"
+    )
+    capped = llm.chat(msgs, max_tokens=16, temperature=0, reasoning_budget=2)
+    assert capped.reasoning and free.reasoning.startswith(capped.reasoning) and capped.text, capped
+    assert len(llm.tokenize(capped.reasoning, add_special=False)) <= 2
+    chunks = list(llm.chat_stream(msgs, max_tokens=16, temperature=0, reasoning_budget=2))
+    assert "".join(c.reasoning for c in chunks) == capped.reasoning
+    assert "".join(c.text for c in chunks) == capped.text
+    with pytest.raises(ValueError, match="reasoning_budget"):
+        llm.chat(msgs, reasoning_budget=-5)
+
+
 def test_reasoning_then_a_tool_call_streams_as_both():
     """DeepSeek-R1's way with `auto` tools (whose grammar leaves the text free until a call): the
     reasoning the prompt opened, then a call written as it comes."""
