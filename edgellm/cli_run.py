@@ -194,6 +194,13 @@ def run(
         None, "--json-schema-file", help="Read the schema from a file."
     ),
     as_json: bool = typer.Option(False, "--json", help="Constrain the answer to a JSON object."),
+    reasoning_mode: str = typer.Option(
+        "auto",
+        "-rea",
+        "--reasoning",
+        help="Let a thinking model think: on, off (its template's enable_thinking false, and a <think> its "
+        "prompt opens closed) or auto (the template's default), as llama.cpp's.",
+    ),
     spec_type: str = SPEC_OPTIONS["spec_type"](),
     model_draft: str | None = SPEC_OPTIONS["model_draft"](),
     draft_max: int = SPEC_OPTIONS["draft_max"](),
@@ -208,6 +215,10 @@ def run(
     text = _gather_prompt(text, file, sys.stdin)
     max_tokens = _max_tokens(n_predict)
     constraint = _constraint(grammar, grammar_file, json_schema, json_schema_file, as_json)
+    thinking = {"on": True, "off": False, "auto": None}
+    if reasoning_mode not in thinking:
+        raise ValueError(f"--reasoning must be on, off or auto, not {reasoning_mode!r}")
+    kw = {} if thinking[reasoning_mode] is None else {"enable_thinking": thinking[reasoning_mode]}
 
     def log(m: str) -> None:
         print(m, file=sys.stderr, flush=True)
@@ -246,7 +257,9 @@ def run(
         llm.engine.compile_grammar(constraint)  # a bad grammar or schema: one line, before any token
     opts = dict(max_tokens=max_tokens, stop=stop or None, grammar=constraint, **sampling)
     if text is None:
-        _interactive(llm, system, opts, verbose, history_file=store.home() / "chat_history")
+        _interactive(
+            llm, system, opts, verbose, history_file=store.home() / "chat_history", template_kwargs=kw
+        )
         return
     if raw:
         ids = llm.tokenize(text)
@@ -254,7 +267,7 @@ def run(
         msgs = ([{"role": "system", "content": system}] if system else []) + [
             {"role": "user", "content": text}
         ]
-        ids = llm.chat_prompt(msgs)
+        ids = llm.chat_prompt(msgs, template_kwargs=kw)
     seen = Seen(len(ids))
     try:
         _print_stream(llm.stream(ids, **opts), seen)
@@ -401,16 +414,23 @@ def _line_editing(history_file: Path | None):
 
 
 def _interactive(
-    llm: Any, system: str | None, opts: dict, verbose: bool, history_file: Path | None = None
+    llm: Any,
+    system: str | None,
+    opts: dict,
+    verbose: bool,
+    history_file: Path | None = None,
+    template_kwargs: dict | None = None,
 ) -> None:
     save_history = _line_editing(history_file)
     try:
-        _chat(llm, system, opts, verbose)
+        _chat(llm, system, opts, verbose, template_kwargs)
     finally:
         save_history()
 
 
-def _chat(llm: Any, system: str | None, opts: dict, verbose: bool) -> None:
+def _chat(
+    llm: Any, system: str | None, opts: dict, verbose: bool, template_kwargs: dict | None = None
+) -> None:
     history: list[dict[str, str]] = []
     print(f">>> chatting with {llm.path.name}; /? for help", file=sys.stderr)
     while True:
@@ -456,7 +476,7 @@ def _chat(llm: Any, system: str | None, opts: dict, verbose: bool) -> None:
         msgs = ([{"role": "system", "content": system}] if system else []) + history
         seen = None
         try:
-            ids = llm.chat_prompt(msgs)
+            ids = llm.chat_prompt(msgs, template_kwargs=template_kwargs)
             seen = Seen(len(ids))
             _print_stream(llm.stream(ids, **opts), seen)
         except KeyboardInterrupt:

@@ -480,3 +480,22 @@ def test_bench_takes_a_prompt_longer_than_a_sliding_window_forward(tmp_path):
     path = write_gguf(tmp_path / "gemma3.gguf", spec, random_weights(spec))
     r = run_bench(str(path), backend="native", n_prompt=600, n_gen=2, reps=1)
     assert r.pp_tok_s > 0 and r.tg_tok_s > 0
+
+
+def test_reasoning_flag_tells_the_template_whether_to_think(capsys, monkeypatch):
+    """llama.cpp's -rea/--reasoning on|off|auto: the chat template's enable_thinking (auto: its default)."""
+    from edgellm.llm import LLM
+
+    seen = []
+    chat_prompt = LLM.chat_prompt
+
+    def spy(self, msgs, **kw):
+        seen.append(kw.get("template_kwargs"))
+        return chat_prompt(self, msgs, **kw)
+
+    monkeypatch.setattr(LLM, "chat_prompt", spy)
+    for flag, want in (("off", {"enable_thinking": False}), ("on", {"enable_thinking": True}), ("auto", {})):
+        rc, _, err = run(capsys, "run", "-p", "Hi", "-n", "1", "-rea", flag)
+        assert rc == 0 and seen[-1] == want, err
+    rc, _, err = run(capsys, "run", "-p", "Hi", "-n", "1", "--reasoning", "maybe")
+    assert rc != 0 and "--reasoning must be on, off or auto" in err
