@@ -1439,7 +1439,15 @@ async def _ollama(state: State, request: Request, chat: bool):
     constraint = tools.grammar(treq, q["format"]) if names else q["format"]
     grammar = await _compile(engine, constraint, "format" if constraint is q["format"] else "tools")
     t0 = time.perf_counter()
-    streams = _submit(engine, [GenRequest(prompt, params, q["max_tokens"], tuple(q["stop"]), None, grammar)])
+    c = state.config  # the server's --reasoning-budget: every chat's
+    budget = None
+    if chat and c.reasoning_budget >= 0:
+        inside = llm.opens_thought(prompt)
+        budget = reasoning.budget_spec(llm.tokenizer, c.reasoning_budget, inside, c.reasoning_budget_message)
+    req = GenRequest(
+        prompt, params, q["max_tokens"], tuple(q["stop"]), None, grammar, reasoning_budget=budget
+    )
+    streams = _submit(engine, [req])
     usage = request.state.edgellm_usage = [0, 0, 0]
 
     # think: the reasoning apart, as Ollama's `thinking` (None: left in the text)

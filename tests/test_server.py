@@ -659,6 +659,25 @@ def test_reasoning_off_closes_the_reasoning_a_template_opens_and_a_request_may_t
     assert "--reasoning must be on, off or auto" in e.value.stderr
 
 
+def test_the_servers_reasoning_budget_holds_every_chat_unless_a_request_lifts_it(smollm2_path, tmp_path):
+    """--reasoning-budget 2 --reasoning-budget-message: OpenAI's and Ollama's chats alike; a request's
+    reasoning_budget_tokens -1 has none."""
+    tmpl = tmp_path / "r1.jinja"
+    tmpl.write_text(R1_TEMPLATE)
+    args = ("--chat-template", str(tmpl), "--reasoning-budget", "2", "--reasoning-budget-message", " Ok.")
+    msgs = [{"role": "user", "content": "Name a colour."}]
+    with Server(smollm2_path, tmp_path / "budget.log", *args) as srv:
+        body = {"messages": msgs, "max_tokens": 12, "temperature": 0}
+        held = _post(srv, "/v1/chat/completions", body).json()["choices"][0]["message"]
+        free = _post(srv, "/v1/chat/completions", {**body, "reasoning_budget_tokens": -1}).json()
+        free = free["choices"][0]["message"]
+        assert held["reasoning_content"].endswith(" Ok.") and not free["reasoning_content"].endswith(" Ok.")
+        assert free["reasoning_content"].startswith(held["reasoning_content"].removesuffix(" Ok."))
+        ollama = {"model": "", "messages": msgs, "think": True, "stream": False,
+                  "options": {"temperature": 0, "num_predict": 12}}  # fmt: skip
+        assert _post(srv, "/api/chat", ollama).json()["message"]["thinking"] == held["reasoning_content"]
+
+
 def test_reasoning_effort_none_is_enable_thinking_false_and_levels_are_refused():
     from edgellm import openai_api as oa
 
