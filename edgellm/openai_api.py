@@ -358,7 +358,7 @@ def _common(
         sse_ping_interval=_integer(body, "sse_ping_interval", -1, (1 << 31) - 1),
         reasoning_budget=_reasoning_budget(body, logprobs == "chat"),
         reasoning_budget_message=_string(body, "reasoning_budget_message", 4096),
-        reasoning_control=_boolean(body, "reasoning_control"),
+        reasoning_control=_reasoning_control(body, logprobs == "chat"),
     )
 
 
@@ -371,6 +371,14 @@ def _reasoning_budget(body: dict, chat: bool) -> int | None:
     if v != -1 and not chat:
         raise bad(names[0], "a reasoning budget is only supported on chat routes (the template says where "
                   "the reasoning is)", code="unsupported_parameter")  # fmt: skip
+    return v
+
+
+def _reasoning_control(body: dict, chat: bool) -> bool:
+    """llama-server's reasoning_control: the chat's reasoning may be ended by its id (chat only)."""
+    v = _boolean(body, "reasoning_control")
+    if v and not chat:
+        raise bad("reasoning_control", "is only supported on chat completions", code="unsupported_parameter")
     return v
 
 

@@ -150,6 +150,7 @@ def parse(body: Any, lim: oa.Limits) -> tuple[oa.GenerationParams, list[dict], d
     ref(body, "prompt", lambda v: False, "prompt templates are not supported")
     ref(body, "truncation", lambda v: v == "disabled", "only truncation 'disabled' is supported")
     ref(body, "top_logprobs", lambda v: v == 0, "logprobs are not supported on /v1/responses")
+    ref(body, "reasoning_control", lambda v: v is False, "reasoning control is only on chat completions")
     text = body.get("text")
     if text is not None and not isinstance(text, dict):
         raise oa.bad("text", "must be an object")

@@ -1351,6 +1351,14 @@ def test_the_web_uis_reasoning_budget_and_control_are_read():
     with pytest.raises(oa.APIError) as e:  # the completion routes have no template to say where it is
         oa.parse_completion({"prompt": "hi", "reasoning_budget_tokens": 8}, lim)
     assert e.value.param == "reasoning_budget_tokens" and e.value.code == "unsupported_parameter"
+    with pytest.raises(oa.APIError) as e:  # nor an id to end it by
+        oa.parse_completion({"prompt": "hi", "reasoning_control": True}, lim)
+    assert e.value.param == "reasoning_control" and e.value.code == "unsupported_parameter"
+    from edgellm import responses_api as ra
+
+    with pytest.raises(oa.APIError) as e:
+        ra.parse({"input": "hi", "reasoning_control": True}, lim)
+    assert e.value.param == "reasoning_control"
 
 
 def test_n_predict_0_reads_the_prompt_into_the_cache_as_the_web_ui_asks_before_the_next_turn(server):
