@@ -897,25 +897,45 @@ def _pinged(
 
 
 async def _with_pings(source: AsyncIterator[str], interval: float, ping: str) -> AsyncIterator[str]:
-    nxt: asyncio.Future | None = None
+    """One task reads `source` into a queue; a watchdog puts `ping` there whenever nothing has come for
+    `interval` seconds. Items pass at a queue's cost: no timer or task per item (the token loop's)."""
+    loop = asyncio.get_running_loop()
+    q: asyncio.Queue = asyncio.Queue()
+    end = object()
+    last = loop.time()
+
+    async def pump() -> None:
+        nonlocal last
+        try:
+            async for x in source:
+                last = loop.time()
+                q.put_nowait((x, None))
+        except Exception as e:  # noqa: BLE001 - the reader raises it
+            q.put_nowait((end, e))
+            return
+        q.put_nowait((end, None))
+
+    async def watch() -> None:
+        nonlocal last
+        while True:
+            await asyncio.sleep(max(0.0, last + interval - loop.time()))
+            if loop.time() - last >= interval:
+                last = loop.time()
+                q.put_nowait((ping, None))
+
+    tasks = [asyncio.ensure_future(pump()), asyncio.ensure_future(watch())]
     try:
         while True:
-            if nxt is None:
-                nxt = asyncio.ensure_future(source.__anext__())
-            done, _ = await asyncio.wait({nxt}, timeout=interval)
-            if not done:
-                yield ping
-                continue
-            fut, nxt = nxt, None
-            try:
-                item = fut.result()
-            except StopAsyncIteration:
+            x, err = await q.get()
+            if x is end:
+                if err is not None:
+                    raise err
                 return
-            yield item
-    finally:
-        if nxt is not None:  # the client went away while the source was waiting
-            nxt.cancel()
-            await asyncio.gather(nxt, return_exceptions=True)
+            yield x
+    finally:  # the end, or the client went away: the source is closed (its own clean-up runs)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await source.aclose()  # type: ignore[attr-defined]
 
 
