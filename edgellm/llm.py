@@ -451,14 +451,13 @@ class LLM:
         from edgellm import tools as tl
 
         apart = self._takes_reasoning(reasoning_format)
-        shaped = _shaped(sampling, tools, tool_choice)
-        kw = {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
-        prompt, req, _ = self._chat_setup(messages, tools, tool_choice, parallel_tool_calls, sampling, kw)
-        reqs = self._requests([prompt], max_tokens, stop, True, sampling)
-        self._budget(reqs[0], reasoning_budget)
+        reqs, req, _, inside = self._chat_turn(
+            messages, tools, tool_choice, parallel_tool_calls, sampling, max_tokens, stop, enable_thinking,
+            reasoning_budget,
+        )  # fmt: skip
         out = self._collect(reqs)[0]
         if apart:
-            thought, out.text = reasoning.split(out.text, not shaped and self.opens_thought(prompt))
+            thought, out.text = reasoning.split(out.text, inside)
             out.reasoning = thought or None
         if req is None or req.parsed is None:
             return out
@@ -489,13 +488,11 @@ class LLM:
         from edgellm import tools as tl
 
         apart = self._takes_reasoning(reasoning_format)
-        shaped = _shaped(sampling, tools, tool_choice)
-        kw = {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
-        prompt, req, live = self._chat_setup(messages, tools, tool_choice, parallel_tool_calls, sampling, kw)
-        reqs = self._requests([prompt], max_tokens, stop, True, sampling)
-        self._budget(reqs[0], reasoning_budget)
-        opened = not shaped and self.opens_thought(prompt)
-        think = reasoning.ReasoningStream(opened) if apart else None
+        reqs, req, live, inside = self._chat_turn(
+            messages, tools, tool_choice, parallel_tool_calls, sampling, max_tokens, stop, enable_thinking,
+            reasoning_budget,
+        )  # fmt: skip
+        think = reasoning.ReasoningStream(inside) if apart else None
         calls = tl.CallStream(req.parsed, not req.parallel, live) if req is not None and req.parsed else None
         for c in self._run(reqs):
             parts = tl.stream_parts(think, calls, c.text) if c.text else []
@@ -524,16 +521,33 @@ class LLM:
             raise ValueError(f"reasoning_format must be auto, deepseek or none, not {fmt!r}")
         return fmt != "none"
 
-    def _budget(self, req: GenRequest, budget: int) -> None:
-        """A chat request's reasoning budget (-1: none)."""
+    def _chat_turn(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None,
+        choice: Any,
+        parallel: bool,
+        sampling: dict,
+        max_tokens: int | None,
+        stop: Sequence[str] | None,
+        enable_thinking: bool | None,
+        budget: int,
+    ) -> tuple[list[GenRequest], Any, bool, bool]:
+        """chat's and chat_stream's request: (its GenRequest, the tools.ToolRequest, whether the calls
+        are held to their schemas, whether the answer starts inside a reasoning its prompt opened: not
+        where a grammar shapes it from its first token)."""
         from edgellm import reasoning
 
         if not isinstance(budget, int) or budget < -1:
             raise ValueError(f"reasoning_budget must be -1 (no limit) or a number of tokens, not {budget!r}")
+        shaped = _shaped(sampling, tools, choice)
+        kw = {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
+        prompt, req, live = self._chat_setup(messages, tools, choice, parallel, sampling, kw)
+        reqs = self._requests([prompt], max_tokens, stop, True, sampling)
+        opened = self.opens_thought(prompt)
         if budget >= 0:
-            req.reasoning_budget = reasoning.budget_spec(
-                self.tokenizer, budget, self.opens_thought(req.prompt_ids)
-            )
+            reqs[0].reasoning_budget = reasoning.budget_spec(self.tokenizer, budget, opened)
+        return reqs, req, live, opened and not shaped
 
     def opens_thought(self, prompt: list[int]) -> bool:
         """Whether a chat prompt's ids leave a `<think>` open (DeepSeek-R1's generation prompt): the answer
