@@ -308,9 +308,9 @@ class Engine:
         self._stop_at: float | None = None  # shutdown: cancel what still runs at this time
         self._thread: threading.Thread | None = None
         self._stepping = threading.Lock()  # one step at a time, whoever calls it
-        # while a step is applied: the positions it computed per sequence, not yet in n_computed (a
-        # sequence it ends keeps them in the prefix cache)
-        self._fed: dict[_Seq, int] = {}
+        # the step whose sampled tokens are being applied: a sequence it ends keeps the positions the
+        # step computed for it (not yet in n_computed) in the prefix cache (_fed)
+        self._applying: tuple[StepPlan, RunnerOutput] | None = None
 
     # -- client side (any thread) ----------------------------------------------------------------------
     def check(self, req: GenRequest) -> None:
@@ -531,7 +531,7 @@ class Engine:
         if self.draft is not None:
             self.draft.forget(s)
         text = s.stop.flush() + s.detok.flush() if flush and reason in ("stop", "length") else ""
-        self.sched.finish(s, keep_tail=reason in ("stop", "length", "cancelled"), fed=self._fed.get(s, 0))
+        self.sched.finish(s, keep_tail=reason in ("stop", "length", "cancelled"), fed=self._fed(s))
         self.stats.finished[reason] += 1
         now = time.perf_counter()
         ttft = (s.t_first - s.t_arrival) if s.t_first else None
@@ -687,15 +687,12 @@ class Engine:
                 for s in new:
                     self._prefill_draft(s)
         self._report_prompts(plan)
-        # (a drafted row's sound positions are known only once its guesses are checked: not counted)
-        self._fed = {
-            r.seq: r.n_tokens for r in plan.run if r.seq in out.computed and r.seq not in out.speculated
-        }
+        self._applying = (plan, out)
         try:
             for s, tok in out.sampled.items():
                 self._accept(s, tok, out.logprobs.get(s))
         finally:
-            self._fed = {}
+            self._applying = None
         for s, taken in out.speculated.items():
             self._apply_speculation(plan, s, taken)
         for s, _, _ in out.failed:  # a drafted row that failed: its guesses go
@@ -706,6 +703,16 @@ class Engine:
             self._rates.append((time.perf_counter(), n_prompt, out.n_rows))
             while len(self._rates) > 4096:
                 self._rates.popleft()
+
+    def _fed(self, s: _Seq) -> int:
+        """The positions the step being applied computed for `s`, not yet in its n_computed (0 outside
+        that; a drafted row's sound positions are known only once its guesses are checked: not counted)."""
+        if self._applying is None:
+            return 0
+        plan, out = self._applying
+        if s not in out.computed or s in out.speculated:
+            return 0
+        return next((r.n_tokens for r in plan.run if r.seq is s), 0)
 
     def _admitted(self, plan: StepPlan) -> None:
         """The sequences a step admits for the first time: their prompt's reading begins (its time counts
