@@ -542,7 +542,10 @@ class LLM:
             raise ValueError(f"reasoning_budget must be -1 (no limit) or a number of tokens, not {budget!r}")
         shaped = _shaped(sampling, tools, choice)
         kw = {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
-        prompt, req, live = self._chat_setup(messages, tools, choice, parallel, sampling, kw)
+        if tools:
+            prompt, req, live = self._tools_prompt(messages, tools, choice, parallel, sampling, kw)
+        else:
+            prompt, req, live = self.chat_prompt(messages, template_kwargs=kw), None, False
         reqs = self._requests([prompt], max_tokens, stop, True, sampling)
         opened = self.opens_thought(prompt)
         if budget >= 0:
@@ -555,21 +558,6 @@ class LLM:
         from edgellm import reasoning
 
         return reasoning.opens_in_thought(self.detokenize(prompt[-8:], special=True))
-
-    def _chat_setup(
-        self,
-        messages: list[dict],
-        tools: list[dict] | None,
-        choice: Any,
-        parallel: bool,
-        sampling: dict,
-        template_kwargs: dict | None = None,
-    ) -> tuple[list[int], Any, bool]:
-        """A chat turn's prompt, its tools.ToolRequest (None without tools) and whether the calls are held
-        to their schemas (see _tools_prompt)."""
-        if not tools:
-            return self.chat_prompt(messages, template_kwargs=template_kwargs), None, False
-        return self._tools_prompt(messages, tools, choice, parallel, sampling, template_kwargs)
 
     def _tools_prompt(
         self,
