@@ -17,12 +17,10 @@ import typer
 from edgellm import store
 from edgellm.backends import names as backend_names
 from edgellm.cli_eval import CACHE_OPTIONS
-from edgellm.cli_serve import MEMORY_OPTIONS, SPEC_OPTIONS, spec_config
-from edgellm.sampler import SamplingParams
+from edgellm.cli_serve import MEMORY_OPTIONS, SAMPLING_OPTIONS, SPEC_OPTIONS, sampling_flags, spec_config
 
 DEFAULT_N_PREDICT = 512
 HISTORY_LINES = 1000  # lines of chat input readline keeps (and saves in store.home() / "chat_history")
-_D = SamplingParams()  # llama.cpp's defaults, for --help (a model file's general.sampling.* may override)
 
 
 class RunError(ValueError):
@@ -150,27 +148,16 @@ def run(
         None, "-c", "--ctx-size", help="Context size in tokens (default: min(4096, the model's trained))."
     ),
     threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads (default: the cores)."),
-    temp: float | None = typer.Option(
-        None, "--temp", help=f"Temperature; 0 = greedy (default {_D.temperature})."
-    ),
-    top_k: int | None = typer.Option(
-        None, "--top-k", help=f"Sample from the k likeliest tokens; 0 = off (default {_D.top_k})."
-    ),
-    top_p: float | None = typer.Option(
-        None, "--top-p", help=f"Nucleus: the likeliest tokens up to mass p; 1 = off (default {_D.top_p})."
-    ),
-    min_p: float | None = typer.Option(
-        None, "--min-p", help=f"Drop tokens under p x the top one's probability (default {_D.min_p})."
-    ),
-    repeat_penalty: float | None = typer.Option(
-        None, "--repeat-penalty", help=f"Penalty on repeated tokens; 1 = off (default {_D.repeat_penalty})."
-    ),
-    repeat_last_n: int | None = typer.Option(
-        None,
-        "--repeat-last-n",
-        help=f"Tokens the penalty looks back over; -1 = all (default {_D.repeat_last_n}).",
-    ),
-    seed: int | None = typer.Option(None, "--seed", help="RNG seed: same seed, same text (default: random)."),
+    temperature: float | None = SAMPLING_OPTIONS["temperature"](),
+    top_k: int | None = SAMPLING_OPTIONS["top_k"](),
+    top_p: float | None = SAMPLING_OPTIONS["top_p"](),
+    min_p: float | None = SAMPLING_OPTIONS["min_p"](),
+    typical_p: float | None = SAMPLING_OPTIONS["typical_p"](),
+    repeat_penalty: float | None = SAMPLING_OPTIONS["repeat_penalty"](),
+    repeat_last_n: int | None = SAMPLING_OPTIONS["repeat_last_n"](),
+    presence_penalty: float | None = SAMPLING_OPTIONS["presence_penalty"](),
+    frequency_penalty: float | None = SAMPLING_OPTIONS["frequency_penalty"](),
+    seed: int | None = SAMPLING_OPTIONS["seed"](),
     stop: list[str] | None = typer.Option(None, "--stop", help="Stop string (repeatable; default: none)."),
     backend: str = typer.Option("auto", "--backend", help=BACKEND_HELP),
     chat_template: str | None = typer.Option(
@@ -223,6 +210,18 @@ def run(
     def log(m: str) -> None:
         print(m, file=sys.stderr, flush=True)
 
+    sampling = sampling_flags(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        typical_p=typical_p,
+        repeat_penalty=repeat_penalty,
+        repeat_last_n=repeat_last_n,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        seed=seed,
+    )
     llm = LLM(
         model,
         backend=backend,
@@ -243,16 +242,6 @@ def run(
         kv = f"KV {llm.model.cache_type_k}/{llm.model.cache_type_v}"
         log(f"loaded {llm.path.name} in {llm.load_s:.2f} s (backend {backend}, ctx {llm.n_ctx}, {kv})")
         log(f"chat template: {_template_label(llm, raw and text is not None)}")
-    sampling = dict(
-        temperature=temp,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        repeat_penalty=repeat_penalty,
-        repeat_last_n=repeat_last_n,
-        seed=seed,
-    )
-    llm.params(**sampling)  # validate flags before any work
     if constraint is not None:
         llm.engine.compile_grammar(constraint)  # a bad grammar or schema: one line, before any token
     opts = dict(max_tokens=max_tokens, stop=stop or None, grammar=constraint, **sampling)
@@ -382,8 +371,9 @@ def _print_timings(llm: Any, seen: Seen) -> None:
 
 
 HELP = """commands: /bye (or Ctrl-D) exit, /clear forget the conversation, /set temp 0.2 (also top_k, top_p,
-min_p, repeat_penalty, repeat_last_n, seed, n_predict), /show current settings, \"\"\" starts and ends
-multi-line input, Ctrl-C stops the current answer; arrow keys edit the line and recall earlier ones."""
+min_p, typical_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, n_predict),
+/show current settings, \"\"\" starts and ends multi-line input, Ctrl-C stops the current answer; arrow
+keys edit the line and recall earlier ones."""
 
 
 def _line_editing(history_file: Path | None):
@@ -537,8 +527,11 @@ _SETTABLE = {
     "top_k": ("top_k", int),
     "top_p": ("top_p", float),
     "min_p": ("min_p", float),
+    "typical_p": ("typical_p", float),
     "repeat_penalty": ("repeat_penalty", float),
     "repeat_last_n": ("repeat_last_n", int),
+    "presence_penalty": ("presence_penalty", float),
+    "frequency_penalty": ("frequency_penalty", float),
     "seed": ("seed", int),
     "n_predict": ("max_tokens", _n_predict),
 }

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import replace
 from typing import Any
 
 import typer
 
 from edgellm import reasoning, store
 from edgellm.cli_eval import CACHE_OPTIONS, model_option
+from edgellm.sampler import SamplingParams
 
 
 class ServeError(ValueError):
@@ -48,6 +50,60 @@ MEMORY_OPTIONS = {
         False, "--mlock", help="Lock the model in RAM: never swapped or dropped (RLIMIT_MEMLOCK permitting)."
     ),
 }
+
+_D = SamplingParams()  # llama.cpp's defaults, for --help (a model file's general.sampling.* may override)
+
+# the sampling flags `run` and `serve` share (llama.cpp's names): unset, the model's defaults hold
+SAMPLING_OPTIONS = {
+    "temperature": lambda: typer.Option(
+        None, "--temp", help=f"Temperature; 0 = greedy (default {_D.temperature})."
+    ),
+    "top_k": lambda: typer.Option(
+        None, "--top-k", help=f"Sample from the k likeliest tokens; 0 = off (default {_D.top_k})."
+    ),
+    "top_p": lambda: typer.Option(
+        None, "--top-p", help=f"Nucleus: the likeliest tokens up to mass p; 1 = off (default {_D.top_p})."
+    ),
+    "min_p": lambda: typer.Option(
+        None, "--min-p", help=f"Drop tokens under p x the top one's probability (default {_D.min_p})."
+    ),
+    "typical_p": lambda: typer.Option(
+        None, "--typical", help=f"Locally typical sampling; 1 = off (default {_D.typical_p})."
+    ),
+    "repeat_penalty": lambda: typer.Option(
+        None, "--repeat-penalty", help=f"Penalty on repeated tokens; 1 = off (default {_D.repeat_penalty})."
+    ),
+    "repeat_last_n": lambda: typer.Option(
+        None,
+        "--repeat-last-n",
+        help=f"Tokens the penalties look back over; -1 = all (default {_D.repeat_last_n}).",
+    ),
+    "presence_penalty": lambda: typer.Option(
+        None,
+        "--presence-penalty",
+        help=f"Penalty on tokens already there; 0 = off (default {_D.presence_penalty}).",
+    ),
+    "frequency_penalty": lambda: typer.Option(
+        None,
+        "--frequency-penalty",
+        help=f"Penalty by how often a token is there; 0 = off (default {_D.frequency_penalty}).",
+    ),
+    "seed": lambda: typer.Option(None, "--seed", help="RNG seed: same seed, same text (default: random)."),
+}
+
+
+def sampling_flags(**given: Any) -> dict[str, Any]:
+    """The sampling flags set on the command line (SAMPLING_OPTIONS' names), checked: one error line names
+    a bad value. A seed of -1 is llama.cpp's random."""
+    out = {k: v for k, v in given.items() if v is not None and not (k == "seed" and v == -1)}
+    for name, v in out.items():
+        try:
+            replace(_D, **{name: v}).validate()
+        except ValueError as e:  # "SamplingParams.<name> must be ...": said with the flag's name
+            flag = SAMPLING_OPTIONS[name]().param_decls[0]
+            raise ServeError(f"{flag} {str(e).removeprefix(f'SamplingParams.{name} ')}") from None
+    return out
+
 
 # llama.cpp's --spec-type names (a comma-separated list there too) as edgellm's kinds
 SPEC_TYPES = {"none": "none", "ngram-simple": "ngram-simple", "draft": "draft", "draft-simple": "draft"}
@@ -143,6 +199,22 @@ def serve(
         "--sse-ping-interval",
         help="Seconds a stream may stay silent (a long prompt, a queue) before a keep-alive ping; -1: never.",
     ),
+    n_predict: int = typer.Option(
+        -1,
+        "-n",
+        "--n-predict",
+        help="Tokens a request generates at most, and what one that names no limit gets (-1: no limit).",
+    ),
+    temperature: float | None = SAMPLING_OPTIONS["temperature"](),
+    top_k: int | None = SAMPLING_OPTIONS["top_k"](),
+    top_p: float | None = SAMPLING_OPTIONS["top_p"](),
+    min_p: float | None = SAMPLING_OPTIONS["min_p"](),
+    typical_p: float | None = SAMPLING_OPTIONS["typical_p"](),
+    repeat_penalty: float | None = SAMPLING_OPTIONS["repeat_penalty"](),
+    repeat_last_n: int | None = SAMPLING_OPTIONS["repeat_last_n"](),
+    presence_penalty: float | None = SAMPLING_OPTIONS["presence_penalty"](),
+    frequency_penalty: float | None = SAMPLING_OPTIONS["frequency_penalty"](),
+    seed: int | None = SAMPLING_OPTIONS["seed"](),
     spec_type: str = SPEC_OPTIONS["spec_type"](),
     model_draft: str | None = SPEC_OPTIONS["model_draft"](),
     draft_max: int = SPEC_OPTIONS["draft_max"](),
@@ -211,6 +283,20 @@ def serve(
         raise ServeError("--reasoning-budget must be -1 (no limit) or a number of tokens")
     if not 0 < header_timeout <= 3600:
         raise ServeError("--header-timeout must be in (0, 3600] seconds")
+    if n_predict == 0 or n_predict < -1:
+        raise ServeError("-n/--n-predict must be a number of tokens, or -1 (no limit)")
+    sampling = sampling_flags(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        typical_p=typical_p,
+        repeat_penalty=repeat_penalty,
+        repeat_last_n=repeat_last_n,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        seed=seed,
+    )
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     path = store.resolve(model, log=lambda m: print(m, file=sys.stderr, flush=True))
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
@@ -236,6 +322,8 @@ def serve(
         enable_thinking=thinking[reasoning_mode],
         reasoning_budget=reasoning_budget,
         reasoning_budget_message=reasoning_budget_message,
+        sampling=sampling,
+        n_predict=n_predict,
         log_format=log_format,
         header_timeout=header_timeout,
         special_in_messages=special_in_messages,

@@ -155,6 +155,15 @@ class Limits:
 
     n_ctx: int
     n_vocab: int
+    n_predict: int = -1  # the server's -n: tokens a request generates at most, and its default (-1: none)
+
+
+def capped(max_tokens: int | None, n_predict: int) -> int | None:
+    """A request's token limit under the server's -n (llama-server's: the default for a request that
+    names none, and the ceiling of one that names more); None is until the end or the context is full."""
+    if n_predict < 0:
+        return max_tokens
+    return n_predict if max_tokens is None else min(max_tokens, n_predict)
 
 
 @dataclass
@@ -342,7 +351,7 @@ def _common(
     return GenerationParams(
         prompts=[],
         n=n,
-        max_tokens=max_tokens,
+        max_tokens=capped(max_tokens, lim.n_predict),
         stop=_stop(body),
         stream=stream,
         include_usage=include_usage,

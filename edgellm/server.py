@@ -87,6 +87,8 @@ class ServerConfig:
     enable_thinking: bool | None = None  # --reasoning on/off: chats' enable_thinking (None: the template's)
     reasoning_budget: int = -1  # --reasoning-budget: tokens of reasoning before its end is written (-1: none)
     reasoning_budget_message: str = ""  # --reasoning-budget-message: written before that end
+    sampling: dict[str, Any] = field(default_factory=dict)  # --temp, --top-k, ...: requests' defaults
+    n_predict: int = -1  # -n: tokens a request generates at most, and its default (-1: no limit)
 
 
 @dataclass
@@ -162,6 +164,8 @@ def load(state: State) -> None:
         state.load_error = f"{type(e).__name__}: {e}"
         log.error("failed to load the model: %s", state.load_error)
         raise
+    if c.sampling:  # the server's sampling flags over the file's defaults: what a request leaves out
+        llm.default_params = llm.params(**c.sampling)
     state.llm = llm
     state.model_id = c.model_name or llm.path.stem
     state.engine = engine
@@ -330,7 +334,7 @@ def create_app(state: State) -> FastAPI:
         engine = state.ready()
         llm = state.llm
         body = await _json(request, state.config.max_body)
-        p, q = la.parse_infill(body, oa.Limits(llm.n_ctx, llm.model.config.n_vocab))
+        p, q = la.parse_infill(body, _limits(state))
         try:
             prompt = la.infill_ids(
                 llm.tokenizer, q["prefix"], q["suffix"], q["extra"], q["prompt"],
@@ -350,7 +354,7 @@ def create_app(state: State) -> FastAPI:
         bare = bare and not body.get("continue_final_message")
         if bare:
             body = {k: v for k, v in body.items() if k != "add_generation_prompt"}
-        p = oa.parse_chat(body, oa.Limits(state.llm.n_ctx, state.llm.model.config.n_vocab))
+        p = oa.parse_chat(body, _limits(state))
         llm = state.llm
         try:  # the prompt a chat with this body would read (its tools, its continued message...)
             msgs, fns = _chat_inputs(llm, p)
@@ -365,7 +369,7 @@ def create_app(state: State) -> FastAPI:
         state.ready()
         llm, c = state.llm, state.config
         tok = llm.tokenizer
-        settings = la.generation_settings(llm.default_params, llm.n_ctx, None, [])
+        settings = la.generation_settings(llm.default_params, llm.n_ctx, oa.capped(None, c.n_predict), [])
         return {
             "default_generation_settings": {"n_ctx": llm.n_ctx, "params": settings},
             "total_slots": c.parallel,
@@ -472,7 +476,7 @@ def create_app(state: State) -> FastAPI:
     async def embeddings(request: Request):
         llm = _embedder(state)
         body = await _json(request, state.config.max_body)
-        items = oa.parse_embeddings(body, oa.Limits(llm.n_ctx, llm.model.config.n_vocab))
+        items = oa.parse_embeddings(body, _limits(state))
         if (body.get("dimensions") or llm.model.config.n_embd) != llm.model.config.n_embd:
             raise oa.bad("dimensions", f"this model's embeddings have {llm.model.config.n_embd} dimensions")
         pooling = state.config.pooling or llm.pooling
@@ -487,7 +491,7 @@ def create_app(state: State) -> FastAPI:
     async def native_embedding(request: Request):
         llm = _embedder(state)
         body = await _json(request, state.config.max_body)
-        items = oa.parse_embeddings(body, oa.Limits(llm.n_ctx, llm.model.config.n_vocab), key="content")
+        items = oa.parse_embeddings(body, _limits(state), key="content")
         norm = oa._integer(body, "embd_normalize", -1, 1 << 16)
         pooling = state.config.pooling or llm.pooling
         vectors, _ = await _embed(state, request, items, pooling, 2 if norm is None else norm)
@@ -570,7 +574,7 @@ def create_app(state: State) -> FastAPI:
             llm = state.llm
             body = await _json(request, state.config.max_body)
             chat = an.to_openai(body, llm.n_ctx, count_only=True)
-            p = oa.parse_chat(chat, oa.Limits(llm.n_ctx, llm.model.config.n_vocab))
+            p = oa.parse_chat(chat, _limits(state))
             [ids] = await run_in_threadpool(_prompt_ids, llm, p, True, state.config)
             return {"input_tokens": len(ids)}
         except APIError as e:
@@ -596,7 +600,7 @@ def create_app(state: State) -> FastAPI:
         state.ready()
         llm = state.llm
         body = await _json(request, state.config.max_body)
-        p = oa.parse_chat(body, oa.Limits(llm.n_ctx, llm.model.config.n_vocab))
+        p = oa.parse_chat(body, _limits(state))
         [ids] = await run_in_threadpool(_prompt_ids, llm, p, True, state.config)
         return {"input_tokens": len(ids)}
 
@@ -791,7 +795,7 @@ async def _json(request: Request, limit: int) -> Any:
 async def _generate(state: State, request: Request, chat: bool):
     engine = state.ready()
     llm = state.llm
-    limits = oa.Limits(llm.n_ctx, llm.model.config.n_vocab)
+    limits = _limits(state)
     body = await _json(request, state.config.max_body)
     p = oa.parse_chat(body, limits) if chat else oa.parse_completion(body, limits)
     prompts = await run_in_threadpool(_prompt_ids, llm, p, chat, state.config)
@@ -955,6 +959,12 @@ async def _compile(engine: Engine, grammar: Any, field: str) -> str | None:
         raise oa.bad(field, str(e), code="invalid_grammar") from None
 
 
+def _limits(state: State) -> oa.Limits:
+    """What a request may ask of the loaded model and this server (its -n included)."""
+    llm = state.llm
+    return oa.Limits(llm.n_ctx, llm.model.config.n_vocab, state.config.n_predict)
+
+
 def _params(llm: Any, p: oa.GenerationParams) -> Any:
     """The request's SamplingParams: the model's defaults, the request's fields, and for ignore_eos a
     ban on every end-of-generation token (llama-server's way)."""
@@ -999,7 +1009,7 @@ async def _responses_prompt(
     """A Responses request read: its parameters, the fields it echoes, the conversation it continues
     (previous_response_id's turns, then its input) and the prompt's token ids."""
     llm = state.llm
-    p, msgs, echo = ra.parse(body, oa.Limits(llm.n_ctx, llm.model.config.n_vocab))
+    p, msgs, echo = ra.parse(body, _limits(state))
     history = state.responses.get(echo["previous_response_id"])[1] if echo["previous_response_id"] else []
     system = [{"role": "system", "content": echo["instructions"]}] if echo["instructions"] else []
     convo = [*history, *msgs]  # instructions are not carried over to the next turn (as OpenAI's)
@@ -1119,7 +1129,7 @@ async def _anthropic(state: State, request: Request):
     engine = state.ready()
     llm = state.llm
     body = await _json(request, state.config.max_body)
-    p = oa.parse_chat(an.to_openai(body, llm.n_ctx), oa.Limits(llm.n_ctx, llm.model.config.n_vocab))
+    p = oa.parse_chat(an.to_openai(body, llm.n_ctx), _limits(state))
     [ids] = await run_in_threadpool(_prompt_ids, llm, p, True, state.config)
     constraint = tools.grammar(p.tools, p.grammar) if p.tools is not None else p.grammar
     grammar = await _compile(engine, constraint, p.grammar_field if constraint is p.grammar else "tools")
@@ -1261,7 +1271,7 @@ async def _native(state: State, request: Request):
     engine = state.ready()
     llm = state.llm
     body = await _json(request, state.config.max_body)
-    p, pieces = la.parse_completion(body, oa.Limits(llm.n_ctx, llm.model.config.n_vocab))
+    p, pieces = la.parse_completion(body, _limits(state))
     try:
         prompt = await run_in_threadpool(la.prompt_ids, llm.tokenizer, pieces)
     except (ValueError, TypeError) as e:
@@ -1416,6 +1426,7 @@ async def _ollama(state: State, request: Request, chat: bool):
     llm = state.llm
     body = await _json(request, state.config.max_body)
     q = ol.parse_chat(body, llm.n_ctx) if chat else ol.parse_generate(body, llm.n_ctx)
+    q["max_tokens"] = oa.capped(q["max_tokens"], state.config.n_predict)
     _ollama_check_model(state, q["model"])
     name = f"{state.model_id}:latest"
     if not chat and not q["prompt"]:  # Ollama: an empty prompt loads the model and answers done

@@ -24,7 +24,11 @@ VALUED = {"--port": "--port", "--host": "--host", "--alias": "--alias", "--ctx-s
           "--chat-template-file": "--chat-template", "--cors-origins": "--cors-origins",
           "--reasoning": "--reasoning", "-rea": "--reasoning", "--reasoning-format": "--reasoning-format",
           "--sse-ping-interval": "--sse-ping-interval", "--reasoning-budget": "--reasoning-budget",
-          "--reasoning-budget-message": "--reasoning-budget-message"}  # fmt: skip
+          "--reasoning-budget-message": "--reasoning-budget-message", "--n-predict": "-n", "-n": "-n",
+          "--temp": "--temp", "--seed": "--seed", "-s": "--seed", "--top-k": "--top-k", "--top-p": "--top-p",
+          "--min-p": "--min-p", "--typical": "--typical", "--repeat-penalty": "--repeat-penalty",
+          "--repeat-last-n": "--repeat-last-n", "--presence-penalty": "--presence-penalty",
+          "--frequency-penalty": "--frequency-penalty"}  # fmt: skip
 SWITCHES = {"--embedding": "--embeddings", "--embeddings": "--embeddings", "--no-ui": "--no-webui",
             "--slots": "--slots", "--no-slots": "--no-slots"}  # fmt: skip
 

@@ -493,6 +493,37 @@ def test_a_client_leaving_mid_stream_cancels_only_its_sequence(server):
 # ---------------------------------------------------------------------------------------------- limits
 
 
+def test_the_servers_sampling_flags_and_n_predict_are_every_requests_defaults(smollm2_path, tmp_path, capsys):
+    """llama-server's --temp, --top-k, --seed, ... are what a request leaves out (every route; /props says
+    them), and -n is both the default and the ceiling of a request's tokens."""
+    args = ("--temp", "0.9", "--top-k", "5", "--seed", "7", "--presence-penalty", "0.5", "-n", "6")
+    with Server(smollm2_path, tmp_path / "defaults.log", *args) as srv:
+        params = httpx.get(srv.url + "/props").json()["default_generation_settings"]["params"]
+        assert (params["temperature"], params["top_k"], params["seed"]) == (0.9, 5, 7)
+        assert params["presence_penalty"] == 0.5 and params["n_predict"] == 6
+        body = {"prompt": "Once upon a time", "ignore_eos": True}
+        runs = [_post(srv, "/completion", body).json() for _ in range(2)]
+        assert runs[0]["content"] == runs[1]["content"]  # the server's seed: the same text at temperature 0.9
+        settings = runs[0]["generation_settings"]
+        assert (settings["temperature"], settings["top_k"], settings["seed"]) == (0.9, 5, 7)
+        assert [r["tokens_predicted"] for r in runs] == [6, 6] and settings["n_predict"] == 6
+        asked = [_post(srv, "/completion", {**body, "n_predict": n}).json() for n in (3, 50)]
+        assert [r["tokens_predicted"] for r in asked] == [3, 6]  # fewer than -n as asked; more is held to it
+        own = _post(srv, "/completion", {**body, "temperature": 0, "seed": 1}).json()["generation_settings"]
+        assert (own["temperature"], own["seed"], own["top_k"]) == (0, 1, 5)  # a request's own fields win
+        chat = {"messages": [{"role": "user", "content": "Tell me a story"}], "ignore_eos": True}
+        assert _post(srv, "/v1/chat/completions", chat).json()["usage"]["completion_tokens"] == 6
+        model = httpx.get(srv.url + "/v1/models").json()["data"][0]["id"]
+        gen = {"model": model, "prompt": "Tell me a story", "stream": False, "options": {"num_predict": 40}}
+        assert _post(srv, "/api/generate", gen).json()["eval_count"] <= 6
+    from edgellm import cli
+
+    capsys.readouterr()
+    for flags, said in ((["--temp", "-1"], "--temp must be"), (["-n", "0"], "-n/--n-predict must be")):
+        assert cli.main(["serve", str(smollm2_path), *flags]) == 1
+        assert said in capsys.readouterr().err  # one line, before any loading
+
+
 def test_the_kv_cache_types_are_the_flags(small_server):
     assert "(K q8_0, V q8_0: " in small_server.wait_log_line(lambda line: "ready: " in line)
 
