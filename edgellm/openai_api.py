@@ -223,23 +223,48 @@ def _sampling(body: dict, lim: Limits) -> dict[str, Any]:
         out["seed"] = None if seed == -1 else seed % (1 << 64)  # -1: random, as llama.cpp's server
     bias = body.get("logit_bias")
     if bias is not None:
-        if not isinstance(bias, dict):
-            raise bad(
-                "logit_bias", f"must be an object mapping token ids to numbers, got {type(bias).__name__}"
-            )
-        if len(bias) > 1024:
-            raise bad("logit_bias", "at most 1024 entries")
-        parsed: dict[int, float] = {}
-        for k, v in bias.items():
-            # ASCII digits only: str.isdigit() also takes "²" (int() then fails) and "١٢" (int() reads 12)
-            ok = isinstance(k, str) and k.isascii() and k.isdigit() and len(k) < 12
-            if not (ok and int(k) < lim.n_vocab):
-                raise bad("logit_bias", f"keys must be token ids in [0, {lim.n_vocab}), got {k!r}")
-            if not _is_num(v) or not math.isfinite(v) or not -100 <= v <= 100:
-                raise bad("logit_bias", f"values must be numbers in [-100, 100], got {v!r} for {k}")
-            parsed[int(k)] = float(v)
-        out["logit_bias"] = parsed
+        out["logit_bias"] = _logit_bias(bias, lim.n_vocab)
     return out
+
+
+MAX_BIAS_TEXT = 256  # characters of a logit_bias text key
+
+
+def _logit_bias(bias: Any, n_vocab: int) -> dict[int | str, float]:
+    """OpenAI's logit_bias ({"token id": bias}) and llama-server's other forms: a text key stands for
+    every token of the text (tokenized later, _params), a list of [id or text, bias] pairs, and `false`
+    as the bias bans the token (server-schema.cpp's logit_bias handler). Entries llama-server skips
+    without a word (a bad pair, an id out of range) are a 400 here, naming them."""
+    if isinstance(bias, dict):
+        pairs = list(bias.items())
+    elif isinstance(bias, list):
+        if not all(isinstance(x, list) and len(x) == 2 for x in bias):
+            raise bad("logit_bias", "a list must hold [token id or text, bias] pairs")
+        pairs = [(k, v) for k, v in bias]
+    else:
+        raise bad("logit_bias", f"must be an object mapping token ids to numbers, got {type(bias).__name__}")
+    if len(pairs) > 1024:
+        raise bad("logit_bias", "at most 1024 entries")
+    parsed: dict[int | str, float] = {}
+    for k, v in pairs:
+        # an id is ASCII digits (a minus allowed, as strtol reads it): str.isdigit() also takes "²" (int()
+        # then fails) and "١٢" (int() reads 12), which are texts here
+        if isinstance(k, str) and k.isascii() and k.removeprefix("-").isdigit() and len(k) < 12:
+            k = int(k)
+        if _is_int(k):
+            if not 0 <= k < n_vocab:
+                raise bad("logit_bias", f"token ids must be in [0, {n_vocab}), got {k!r}")
+        elif not isinstance(k, str) or not k or len(k) > MAX_BIAS_TEXT:
+            raise bad("logit_bias", f"keys must be token ids or texts of 1 to {MAX_BIAS_TEXT} characters, "
+                      f"got {k!r}")  # fmt: skip
+        if v is False:
+            parsed[k] = -math.inf  # llama-server's ban
+        elif _is_num(v) and math.isfinite(v) and -100 <= v <= 100:
+            parsed[k] = float(v)
+        else:
+            raise bad("logit_bias", f"values must be numbers in [-100, 100] or false (a ban), got {v!r} "
+                      f"for {k!r}")  # fmt: skip
+    return parsed
 
 
 # llama-server's `samplers`: names and one-letter codes (common/sampling.cpp), in the order of edgellm's chain

@@ -969,6 +969,14 @@ def _params(llm: Any, p: oa.GenerationParams) -> Any:
     """The request's SamplingParams: the model's defaults, the request's fields, and for ignore_eos a
     ban on every end-of-generation token (llama-server's way)."""
     sampling = dict(p.sampling)
+    bias = sampling.get("logit_bias") or {}
+    if any(isinstance(k, str) for k in bias):  # llama-server's text keys: every token of the text
+        ids: dict[int, float] = {}
+        tok = llm.tokenizer
+        for k, v in bias.items():
+            keys = [k] if isinstance(k, int) else tok.encode(k, add_special=False, parse_special=False)
+            ids.update(dict.fromkeys(keys, v))
+        sampling["logit_bias"] = ids
     if p.ignore_eos:
         sampling["logit_bias"] = {
             **(sampling.get("logit_bias") or {}),

@@ -289,7 +289,10 @@ BAD = [  # (path, body, status, param or message fragment)
     ("/v1/completions", {"prompt": "x", "top_k": -5}, 400, "top_k"),
     ("/v1/completions", {"prompt": "x", "seed": 1.5}, 400, "seed"),
     ("/v1/completions", {"prompt": "x", "stop": 5}, 400, "stop"),
-    ("/v1/completions", {"prompt": "x", "logit_bias": {"abc": 1}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"-1": 1}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"": 1}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": [[5, True]]}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": [[5, 1, 2]]}, 400, "logit_bias"),
     ("/v1/completions", {"prompt": "x", "logit_bias": {"5": 1e9}}, 400, "logit_bias"),
     ("/v1/completions", {"prompt": "x", "logprobs": 50}, 400, "logprobs"),
     ("/v1/completions", {"prompt": "x", "logprobs": True}, 400, "logprobs"),
@@ -907,16 +910,35 @@ def test_sigterm_lets_streams_end_cleanly_and_exits_zero(small_server):
 
 
 # -- hardening: hostile inputs and slow clients --------------------------------------------------------
-@pytest.mark.parametrize("key", ["²", "①", "١٢", "１", "12 ", "-1", "0x1"])
-def test_logit_bias_keys_must_be_ascii_digits(key):
+@pytest.mark.parametrize("key", ["²", "①", "١٢", "１", "12 ", "0x1"])
+def test_logit_bias_keys_are_ascii_digit_ids_or_else_texts(key):
+    """A key of ASCII digits is a token id; any other is a text (llama-server's: every token of it is
+    biased), never misread as an id ("١٢" is not token 12); a negative id is refused."""
     from edgellm import openai_api as oa
 
     lim = oa.Limits(n_ctx=512, n_vocab=49152)
     body = {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {key: 1}}
-    with pytest.raises(oa.APIError) as e:
-        oa.parse_chat(body, lim)
-    assert e.value.status == 400 and e.value.param == "logit_bias"
+    assert oa.parse_chat(body, lim).sampling["logit_bias"] == {key: 1.0}
     assert oa.parse_chat(dict(body, logit_bias={"12": 1}), lim).sampling["logit_bias"] == {12: 1.0}
+    with pytest.raises(oa.APIError) as e:
+        oa.parse_chat(dict(body, logit_bias={"-1": 1}), lim)
+    assert e.value.status == 400 and e.value.param == "logit_bias"
+
+
+def test_logit_bias_takes_llama_servers_texts_pairs_and_bans(server):
+    """llama-server's logit_bias forms (its test_logit_bias): a text key biases every token of the text,
+    a list of [id or text, bias] pairs, false as a ban; each keeps the words out of the answer."""
+    words = [" the", " a", " and", " to", " of", " is", " it", " I"]
+    base = {"prompt": "What is the best book", "n_predict": 48, "temperature": 0}
+    plain = _post(server, "/completion", base).json()["content"]
+    assert any(f"{w} " in plain for w in words), plain  # the words are the model's choice unbiased
+    ids = _post(server, "/tokenize", {"content": "".join(words)}).json()["tokens"]
+    for bias in ({w: -100 for w in words}, [[w, False] for w in words], [[t, -100] for t in ids]):
+        r = _post(server, "/completion", {**base, "logit_bias": bias}).json()
+        assert not any(f"{w} " in r["content"] for w in words), (bias, r["content"])
+        assert {b["token"] for b in r["generation_settings"]["logit_bias"]} == set(ids)
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "logit_bias": {" the": False}}
+    assert _post(server, "/v1/chat/completions", chat).status_code == 200  # every route takes them
 
 
 def test_llama_servers_samplers_list_skips_the_steps_it_leaves_out():
