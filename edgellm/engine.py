@@ -71,6 +71,9 @@ class GenRequest:
     live: bool = False  # its events say how far it has got (Event.progress): llama-server's return_progress
     # and timings_per_token
     reasoning_budget: reasoning.BudgetSpec | None = None  # ends the reasoning after so many tokens
+    # with logprobs: those of the distribution the sampler drew from (after its filters and temperature),
+    # not of the raw logits (llama-server's post_sampling_probs)
+    post_sampling: bool = False
 
 
 class TokenLogprob(NamedTuple):
@@ -832,6 +835,21 @@ def token_logprob(logits: np.ndarray, token: int, k: int) -> TokenLogprob:
     return TokenLogprob(float(x[token] - lse), top)
 
 
+def sampled_logprob(
+    sampler: Any, logits: np.ndarray, history: Sequence[int], token: int, k: int
+) -> TokenLogprob:
+    """`token`'s log-probability and the top k candidates' in the distribution `sampler` drew it from
+    (RowSampler.distribution: after the logit steps, filters and temperature; greedy: the argmax alone),
+    as llama-server's post_sampling_probs reports them; tokens the filters removed are not among them."""
+    ids, p = sampler.distribution(logits, history)
+    hit = p[ids == token]
+    top = np.lexsort((ids, -p))[: min(k, ids.size)]  # most likely first; ties by id
+    return TokenLogprob(
+        math.log(hit[0]) if hit.size and hit[0] > 0 else -math.inf,
+        [(int(ids[i]), math.log(p[i])) for i in top if p[i] > 0],
+    )
+
+
 class ModelRunner:
     """Executes a plan's batch: one forward over every scheduled sequence's tokens (through the backend's
     fast decode paths when every row decodes), then one batched sampling pass. It reads the sequences and
@@ -883,7 +901,7 @@ class ModelRunner:
                 out.failed.append((s, f"sampling failed: {e}", 400))
         self._sample([s for s, _ in batch if s in logits_of and not s.draft], logits_of, out, masks)
         for s, tok in out.sampled.items():
-            if s.req.logprobs is not None:
+            if s.req.logprobs is not None and s not in out.logprobs:
                 out.logprobs[s] = token_logprob(np.asarray(logits_of[s]), tok, s.req.logprobs)
         return out
 
@@ -998,12 +1016,13 @@ class ModelRunner:
         sampler = Sampler()
         sampler.rows = [s.sampler for s in seqs]
         try:
-            toks = [int(t) for t in sampler.sample(x, [s.tokens for s in seqs])]
+            out.sampled.update(zip(seqs, (int(t) for t in sampler.sample(x, [s.tokens for s in seqs]))))
         except ValueError:  # some row cannot be sampled: sample row by row so only it fails
             for i, s in enumerate(seqs):
                 try:
                     out.sampled[s] = int(s.sampler(x[i], s.tokens))
                 except ValueError as e:
                     out.failed.append((s, f"sampling failed: {e}", 400))
-            return
-        out.sampled.update(zip(seqs, toks))
+        for i, s in enumerate(seqs):
+            if s.req.post_sampling and s.req.logprobs is not None and s in out.sampled:
+                out.logprobs[s] = sampled_logprob(s.sampler, x[i], s.tokens, out.sampled[s], s.req.logprobs)

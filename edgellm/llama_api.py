@@ -17,27 +17,20 @@ from typing import Any
 from edgellm import openai_api as oa
 
 
-def parse_completion(body: Any, lim: oa.Limits) -> tuple[oa.GenerationParams, list]:
-    """(the request's params, its prompt pieces: strings and ints in order)."""
+def parse_completion(body: Any, lim: oa.Limits) -> tuple[oa.GenerationParams, list[list]]:
+    """(the request's params, its prompts: each a list of pieces, strings and ints in order). A list of
+    prompts answers one completion each (llama-server's tokenize_input_prompts)."""
     if not isinstance(body, dict):
         raise oa.bad("", "the request body must be a JSON object")
     p = oa._common(body, lim, ("n_predict", "max_tokens"), logprobs="native")  # the shared fields
     if p.n != 1:
-        raise oa.bad("n", "the native /completion API returns one completion")
+        raise oa.bad("n", "the native /completion API returns one completion per prompt")
     prompt = body.get("prompt")
-    if isinstance(prompt, str | int):
-        pieces = [prompt]
-    elif isinstance(prompt, list) and prompt and all(isinstance(x, str) or oa._is_int(x) for x in prompt):
-        pieces = prompt
-    else:
-        raise oa.bad("prompt", "must be a string, token ids, or a list mixing both")
-    for x in pieces:
-        if not isinstance(x, str) and not 0 <= x < lim.n_vocab:
-            raise oa.bad("prompt", f"token ids must be in [0, {lim.n_vocab})")
+    prompts = oa.prompt_list([prompt] if oa._is_int(prompt) else prompt, "prompt", lim, oa.MAX_CHOICES)
     cache = body.get("cache_prompt", True)
     if not isinstance(cache, bool):
         raise oa.bad("cache_prompt", "must be a boolean")
-    return p, pieces
+    return p, prompts
 
 
 def prompt_ids(tokenizer: Any, pieces: list) -> list[int]:
@@ -51,15 +44,33 @@ def prompt_ids(tokenizer: Any, pieces: list) -> list[int]:
     return ids
 
 
-def probabilities(items: list, piece: Any) -> list[dict[str, Any]]:
+def probabilities(items: list, piece: Any, post_sampling: bool = False) -> list[dict[str, Any]]:
     """`completion_probabilities` (n_probs) from (token id, TokenLogprob) pairs, as llama-server's
-    completion_token_output::to_json without post_sampling_probs: log-probabilities of the raw logits."""
+    completion_token_output::to_json: log-probabilities of the raw logits, or with post_sampling the
+    probabilities the sampler drew from (`prob`, `top_probs`)."""
+    key, top = ("prob", "top_probs") if post_sampling else ("logprob", "top_logprobs")
 
     def entry(tok: int, lp: float) -> dict[str, Any]:
         b = piece(tok)
-        return {"id": tok, "token": b.decode("utf-8", "replace"), "logprob": lp, "bytes": list(b)}
+        v = math.exp(lp) if post_sampling else lp
+        return {"id": tok, "token": b.decode("utf-8", "replace"), key: v, "bytes": list(b)}
 
-    return [{**entry(t, x.logprob), "top_logprobs": [entry(i, v) for i, v in x.top]} for t, x in items]
+    return [{**entry(t, x.logprob), top: [entry(i, v) for i, v in x.top]} for t, x in items]
+
+
+def pick_fields(body: dict[str, Any], paths: list[str]) -> dict[str, Any]:
+    """llama-server's response_fields: the answer's values at the given paths ("a/b" nested), keyed by
+    the path; a path the answer lacks is left out (server-common.cpp's json_get_nested_values)."""
+    out: dict[str, Any] = {}
+    for path in paths:
+        v: Any = body
+        for k in path.split("/"):
+            if not isinstance(v, dict) or k not in v:
+                break
+            v = v[k]
+        else:
+            out[path] = v
+    return out
 
 
 def stop_type(reason: str, last_token: int | None, eog: frozenset[int], stops: list[str]) -> str:

@@ -113,13 +113,22 @@ LLAMA_SERVER_UNSUPPORTED: list[tuple[str, Callable[[Any], bool], str]] = [
     ("dry_multiplier", lambda v: v == 0, "DRY sampling is not supported"),
     ("xtc_probability", lambda v: v == 0, "XTC sampling is not supported"),
     ("top_n_sigma", lambda v: v in (-1, 0), "top-n-sigma sampling is not supported"),
-    ("post_sampling_probs", lambda v: v is False, "post-sampling probabilities are not supported"),
+    (
+        "post_sampling_probs",
+        lambda v: v is False,
+        "post-sampling probabilities are only given by the "
+        "native routes (/completion, /infill): use n_probs there",
+    ),
     ("n_indent", lambda v: v == 0, "the indentation limit (n_indent) is not supported"),
     ("n_cmpl", lambda v: v == 1, "several completions (n_cmpl) are not supported on this route"),
     ("t_max_predict_ms", lambda v: _is_num(v) and v <= 0, "a generation time limit is not supported"),
     ("t_max_prompt_ms", lambda v: _is_num(v) and v <= 0, "a prompt time limit is not supported"),
     ("min_keep", lambda v: v == 0, "min_keep is not supported"),
-    ("response_fields", lambda v: v == [], "response_fields is not supported"),
+    (
+        "response_fields",
+        lambda v: v == [],
+        "response_fields is only taken by the native routes (/completion, /infill)",
+    ),
     ("adaptive_target", lambda v: _is_num(v) and v < 0, "adaptive-p sampling is not supported"),
     ("parse_tool_calls", lambda v: v is False, "tool calls are not supported"),
     ("grammar_lazy", lambda v: v is False, "lazy grammars (triggered by a word) are not supported"),
@@ -147,6 +156,10 @@ LLAMA_SERVER_UNSUPPORTED: list[tuple[str, Callable[[Any], bool], str]] = [
     ("truncate_prompt_tokens", lambda v: False, "truncate_prompt_tokens is not supported"),
     ("guided_whitespace_pattern", lambda v: False, "guided_whitespace_pattern is not supported"),
 ]
+
+
+# llama-server's fields for its native answer's shape alone (/completion, /infill): refused elsewhere
+NATIVE_FIELDS = ("post_sampling_probs", "response_fields")
 
 
 @dataclass
@@ -197,6 +210,10 @@ class GenerationParams:
     reasoning_budget: int | None = None
     reasoning_budget_message: str | None = None
     reasoning_control: bool = False
+    # native routes: n_probs as the sampler's own probabilities (after its filters and temperature), and
+    # the answer's fields kept ("a/b" a nested one), as llama-server's post_sampling_probs, response_fields
+    post_sampling_probs: bool = False
+    response_fields: list[str] = field(default_factory=list)
 
 
 def _sampling(body: dict, lim: Limits) -> dict[str, Any]:
@@ -370,7 +387,8 @@ def _common(
                        "reasoning is only taken apart on chat completions")  # fmt: skip
     # llama-server's and vLLM's fields that edgellm cannot honour yet: refused by name, never silently ignored
     for name, default_ok, what in LLAMA_SERVER_UNSUPPORTED:
-        _refuse_if_set(body, name, default_ok, what)
+        if logprobs != "native" or name not in NATIVE_FIELDS:
+            _refuse_if_set(body, name, default_ok, what)
     _refuse_if_set(body, "functions", lambda v: v == [], "functions are not supported")
     grammar, grammar_field = constraint(body)
     return GenerationParams(
@@ -393,7 +411,21 @@ def _common(
         reasoning_budget=_reasoning_budget(body, logprobs == "chat"),
         reasoning_budget_message=_string(body, "reasoning_budget_message", 4096),
         reasoning_control=_reasoning_control(body, logprobs == "chat"),
+        post_sampling_probs=_boolean(body, "post_sampling_probs") and logprobs == "native",
+        response_fields=_response_fields(body) if logprobs == "native" else [],
     )
+
+
+def _response_fields(body: dict) -> list[str]:
+    """llama-server's response_fields: the answer's fields to keep, "a/b" for a nested one."""
+    v = body.get("response_fields")
+    if v is None:
+        return []
+    if not isinstance(v, list) or not all(isinstance(x, str) and 0 < len(x) <= 256 for x in v) or len(v) > 64:
+        raise bad(
+            "response_fields", "must be a list of at most 64 field paths (such as generation_settings/seed)"
+        )
+    return v
 
 
 def _reasoning_budget(body: dict, chat: bool) -> int | None:
@@ -824,13 +856,16 @@ class Shaper:
 MAX_EMBED_INPUTS = 2048  # OpenAI's limit on inputs per embeddings request
 
 
-def _one_prompt(x: Any) -> list | None:
+def _one_prompt(x: Any, name: str) -> list | None:
     """One of llama-server's prompt forms as its pieces (strings and token ids, in order), or None:
-    a string, token ids mixed with strings, {"prompt_string": s}, {"content": [text parts]}."""
+    a string, token ids mixed with strings, {"prompt_string": s}, {"content": [text parts]}. Images or
+    audio beside the text (multimodal_data) are refused by name."""
     if isinstance(x, str):
         return [x]
     if isinstance(x, list) and x and all(isinstance(t, str) or _is_int(t) for t in x):
         return x
+    if isinstance(x, dict) and x.get("multimodal_data"):
+        raise bad(name, "images and audio (multimodal_data) are not supported", code="unsupported_parameter")
     if isinstance(x, dict) and isinstance(x.get("prompt_string"), str):
         return [x["prompt_string"]]
     if isinstance(x, dict) and isinstance(x.get("content"), list) and x["content"]:
@@ -842,34 +877,41 @@ def _one_prompt(x: Any) -> list | None:
     return None
 
 
-def parse_embeddings(body: Any, lim: Limits, key: str = "input") -> list[list]:
-    """POST /v1/embeddings `input` (or `content`, as llama-server takes it; `input` wins): one prompt or
-    a list of them, each in one of llama-server's forms (_one_prompt), as lists of pieces for
-    llama_api.prompt_ids; `key` names the field in errors when neither is there."""
-    if not isinstance(body, dict):
-        raise bad("", "the request body must be a JSON object")
-    name = "input" if "input" in body else ("content" if "content" in body else key)
-    x = body.get(name)
+def prompt_list(x: Any, name: str, lim: Limits, limit: int) -> list[list]:
+    """llama-server's `prompt` (or embeddings' `input`/`content`): one prompt, or a list of them unless
+    the list holds token ids (then it is one prompt mixing ids and strings: server-common.cpp's
+    tokenize_input_prompts); each prompt as its pieces (_one_prompt) for llama_api.prompt_ids."""
     if isinstance(x, (str, dict)) or (isinstance(x, list) and any(_is_int(t) for t in x)):
-        items = [_one_prompt(x)]  # one prompt: a string, a prompt object, or ids with strings mixed in
+        items = [_one_prompt(x, name)]  # one prompt: a string, a prompt object, or ids with strings mixed in
     elif isinstance(x, list) and x:
-        items = [_one_prompt(i) for i in x]
+        items = [_one_prompt(i, name) for i in x]
     else:
         raise bad(name, "must be a string, token ids, or a non-empty list of those")
     if any(i is None for i in items):
-        raise bad(name, "each input must be a string, token ids (with strings mixed in), "
+        raise bad(name, "each prompt must be a string, token ids (with strings mixed in), "
                   "{'prompt_string': ...} or {'content': [text parts]}")  # fmt: skip
-    if len(items) > MAX_EMBED_INPUTS:
-        raise bad(name, f"at most {MAX_EMBED_INPUTS} inputs per request")
+    if len(items) > limit:
+        raise bad(name, f"at most {limit} prompts per request")
     for i, it in enumerate(items):
         if any(_is_int(t) and not 0 <= t < lim.n_vocab for t in it):
-            raise bad(name, f"input {i}: token ids must be integers in [0, {lim.n_vocab})")
+            raise bad(name, f"prompt {i}: token ids must be integers in [0, {lim.n_vocab})")
         if all(isinstance(t, str) and not t for t in it):
-            raise bad(name, f"input {i} is empty")
+            raise bad(name, f"prompt {i} is empty")
+    return items  # type: ignore[return-value]
+
+
+def parse_embeddings(body: Any, lim: Limits, key: str = "input") -> list[list]:
+    """POST /v1/embeddings `input` (or `content`, as llama-server takes it; `input` wins): one prompt or
+    a list of them, each in one of llama-server's forms (prompt_list); `key` names the field in errors
+    when neither is there."""
+    if not isinstance(body, dict):
+        raise bad("", "the request body must be a JSON object")
+    name = "input" if "input" in body else ("content" if "content" in body else key)
+    items = prompt_list(body.get(name), name, lim, MAX_EMBED_INPUTS)
     fmt = body.get("encoding_format", "float")
     if fmt not in ("float", "base64"):
         raise bad("encoding_format", "must be 'float' or 'base64'")
-    return items  # type: ignore[return-value]
+    return items
 
 
 def embeddings_body(vectors: list[Any], model: str, n_tokens: int, fmt: str) -> dict[str, Any]:

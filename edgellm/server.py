@@ -342,7 +342,7 @@ def create_app(state: State) -> FastAPI:
             )  # fmt: skip
         except la.NoInfill as e:
             raise APIError(501, f"infill is not supported: {e}", "not_supported_error") from None
-        return await _native_answer(state, request, engine, p, prompt, _params(llm, p))
+        return await _native_answer(state, request, engine, p, [prompt], _params(llm, p))
 
     @app.post("/apply-template")
     async def apply_template(request: Request):
@@ -1281,61 +1281,103 @@ async def _native(state: State, request: Request):
     body = await _json(request, state.config.max_body)
     p, pieces = la.parse_completion(body, _limits(state))
     try:
-        prompt = await run_in_threadpool(la.prompt_ids, llm.tokenizer, pieces)
+        prompts = await run_in_threadpool(lambda: [la.prompt_ids(llm.tokenizer, x) for x in pieces])
     except (ValueError, TypeError) as e:
         raise oa.bad("prompt", str(e)) from None
     params = _params(llm, p)
-    return await _native_answer(state, request, engine, p, prompt, params)
+    return await _native_answer(state, request, engine, p, prompts, params)
 
 
-async def _native_answer(state: State, request: Request, engine: Engine, p: Any, prompt: list, params: Any):
-    """A native completion's answer (`/completion` and `/infill`), whole or as SSE `data:` chunks."""
+class _NativeSeq:
+    """One prompt's answer on the native routes, as its events arrive."""
+
+    def __init__(self, n_prompt: int) -> None:
+        self.n_prompt = n_prompt
+        self.texts: list[str] = []
+        self.tokens: list[int] = []
+        self.lps: list[tuple[int, Any]] = []
+        self.reason = "stop"
+        self.usage: Any = None
+        self.timings = _Timings()
+
+    def add(self, ev: Event) -> None:
+        self.texts.append(ev.text)
+        if ev.token is not None:
+            self.tokens.append(ev.token)
+            if ev.logprob is not None:
+                self.lps.append((ev.token, ev.logprob))
+        if ev.usage is not None:
+            self.usage = ev.usage
+            self.timings.add(ev.usage)
+        self.reason = ev.finish_reason or self.reason
+
+
+async def _native_answer(
+    state: State, request: Request, engine: Engine, p: Any, prompts: list[list[int]], params: Any
+):
+    """A native completion's answer (`/completion`: one for each prompt, as llama-server's; `/infill`):
+    whole (one object; a list of them for several prompts) or as SSE `data:` chunks, each saying its
+    prompt's `index`."""
     llm = state.llm
     grammar = await _compile(engine, p.grammar, p.grammar_field)
     stop = tuple(p.stop)
-    req = GenRequest(prompt, params, p.max_tokens, stop, p.logprobs, grammar, p.speculative, _live(p))
-    streams = _submit(engine, [req])
+    reqs = [
+        GenRequest(ids, params, p.max_tokens, stop, p.logprobs, grammar, p.speculative, _live(p),
+                   post_sampling=p.post_sampling_probs)
+        for ids in prompts
+    ]  # fmt: skip
+    streams = _submit(engine, reqs)
     usage = request.state.edgellm_usage = [0, 0, 0]
+    seqs = [_NativeSeq(len(ids)) for ids in prompts]
     eog = llm.tokenizer.eog_ids
     settings = la.generation_settings(params, llm.n_ctx, p.max_tokens, p.stop)
     piece = lambda t: llm.tokenizer.token_to_piece(t, special=True)  # noqa: E731
 
     def probs(items: list) -> dict:
-        return {"completion_probabilities": la.probabilities(items, piece)} if p.logprobs else {}
+        if not p.logprobs:
+            return {}
+        return {"completion_probabilities": la.probabilities(items, piece, p.post_sampling_probs)}
 
-    timings = _Timings()  # from the sequence's final usage
-
-    def final(text: str, reason: str, last: int | None, tokens: list[int], lps: list) -> dict:
-        st = la.stop_type(reason, last, eog, p.stop)
-        return {
-            "content": text, "tokens": tokens, "id_slot": 0, "stop": True, "model": state.model_id,
-            "tokens_predicted": usage[1], "tokens_evaluated": usage[0], "tokens_cached": usage[2],
-            "generation_settings": {**settings, "stream": p.stream}, "prompt": llm.tokenizer.decode(prompt),
-            "has_new_line": "\n" in text, "truncated": False, "stop_type": st,
+    def final(i: int, text: str, lps: list, tokens: list[int]) -> dict:
+        s, u = seqs[i], seqs[i].usage  # (the finish event carries the usage)
+        st = la.stop_type(s.reason, s.tokens[-1] if s.tokens else None, eog, p.stop)
+        body = {
+            "index": i, "content": text, "tokens": tokens, "id_slot": 0, "stop": True,
+            "model": state.model_id, "tokens_predicted": u.completion_tokens,
+            "tokens_evaluated": u.prompt_tokens, "tokens_cached": u.cached_tokens,
+            "generation_settings": {**settings, "stream": p.stream},
+            "prompt": llm.tokenizer.decode(prompts[i]), "has_new_line": "\n" in "".join(s.texts),
+            "truncated": False, "stop_type": st,
             "stopping_word": "" if st != "word" else next((w for w in p.stop if w), ""),
-            "timings": timings.body(),
+            "timings": s.timings.body(),
             **probs(lps),
         }  # fmt: skip
+        return la.pick_fields(body, p.response_fields) if p.response_fields else body
 
-    async def events() -> AsyncIterator[Event]:
-        async for ev in _one_stream(streams, usage):
-            if ev.usage is not None:
-                timings.add(ev.usage)
-            yield ev
+    async def events() -> AsyncIterator[tuple[int, Event]]:
+        async for i, ev in _merged(streams):
+            if ev.finish_reason == "error":
+                raise APIError(ev.status, ev.error or "generation failed")
+            seqs[i].add(ev)
+            if ev.usage is not None:  # the access log's prompt, completion and cached tokens
+                u = ev.usage
+                usage[:] = [
+                    a + b for a, b in zip(usage, (u.prompt_tokens, u.completion_tokens, u.cached_tokens))
+                ]
+            yield i, ev
 
     if p.stream:
 
         async def sse() -> AsyncIterator[str]:
-            last = None
             try:
-                async for ev in events():
-                    if ev.token is not None:
-                        last = ev.token
+                async for i, ev in events():
                     lps = [(ev.token, ev.logprob)] if ev.logprob is not None else []
                     if ev.finish_reason is not None:
-                        yield _sse_line(final(ev.text, ev.finish_reason, last, [], lps))
+                        yield _sse_line(final(i, ev.text, lps, []))
                         continue
-                    chunk = {"content": ev.text, "tokens": [], "stop": False, "id_slot": 0}
+                    n = (len(seqs[i].tokens), seqs[i].n_prompt)  # predicted, evaluated
+                    chunk = {"index": i, "content": ev.text, "tokens": [], "stop": False, "id_slot": 0,
+                             "tokens_predicted": n[0], "tokens_evaluated": n[1]}  # fmt: skip
                     if _progress_only(ev):  # llama-server's return_progress
                         if not p.return_progress:
                             continue
@@ -1354,18 +1396,13 @@ async def _native_answer(state: State, request: Request, engine: Engine, p: Any,
 
         headers = {"Cache-Control": "no-cache"}
         return StreamingResponse(_pinged(state, p, sse()), media_type="text/event-stream", headers=headers)
-    texts, toks, lps, reason = [], [], [], "stop"
     try:
-        async for ev in events():
-            texts.append(ev.text)
-            if ev.token is not None:
-                toks.append(ev.token)
-                if ev.logprob is not None:
-                    lps.append((ev.token, ev.logprob))
-            reason = ev.finish_reason or reason
+        async for _ in events():
+            pass
     finally:
         _cancel_all(streams)
-    return final("".join(texts), reason, toks[-1] if toks else None, toks, lps)
+    out = [final(i, "".join(s.texts), s.lps, s.tokens) for i, s in enumerate(seqs)]
+    return out[0] if len(out) == 1 else out
 
 
 async def _one_stream(streams: list, usage: list[int]) -> AsyncIterator[Event]:

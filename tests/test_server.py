@@ -1319,6 +1319,69 @@ def test_native_completion_takes_text_ids_and_mixed_prompts(server):
     assert stopped["stop_type"] == "word" and stopped["stopping_word"] == r["content"][2:5]
 
 
+def test_native_completion_answers_a_list_of_prompts_each_with_its_index(server):
+    """llama-server's tokenize_input_prompts: a list without token ids is several prompts (texts, id lists,
+    {"prompt_string": ...}), answered as a list in order, each streamed chunk saying its prompt's index;
+    a list holding ids is one prompt; images beside the text are refused by name."""
+
+    def post(body: dict):
+        r = httpx.post(
+            server.url + "/completion", json={"n_predict": 5, "temperature": 0, **body}, timeout=60
+        )
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    text, other = "The capital of France is", "Once upon a time"
+    ids = httpx.post(server.url + "/tokenize", json={"content": text}).json()["tokens"]
+    one, two = post({"prompt": text}), post({"prompt": other})
+    many = post({"prompt": [ids, text, {"prompt_string": text}, other]})
+    assert isinstance(many, list) and [m["index"] for m in many] == [0, 1, 2, 3]
+    assert [m["content"] for m in many] == [one["content"]] * 3 + [two["content"]]
+    assert [m["tokens_predicted"] for m in many] == [5] * 4 and one["index"] == 0
+    chunks = _data_lines(server.url, "/completion", {"prompt": [text, other], "n_predict": 5,
+                                                     "temperature": 0, "stream": True})  # fmt: skip
+    for i, want in enumerate((one, two)):
+        mine = [c for c in chunks if c["index"] == i]
+        assert "".join(c["content"] for c in mine) == want["content"] and mine[-1]["stop"]
+        assert [c["tokens_predicted"] for c in mine[:-1]] == list(range(1, 6))
+    assert not isinstance(post({"prompt": [*ids, " Paris"]}), list)  # ids and text: one prompt
+    for bad in ({"prompt_string": text, "multimodal_data": ["aGk="]}, [text, [10**7]], [text, 5.5], []):
+        r = httpx.post(server.url + "/completion", json={"prompt": bad, "n_predict": 1})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", (bad, r.text)
+
+
+def test_native_response_fields_and_post_sampling_probabilities(server):
+    """llama-server's response_fields (the answer's fields kept, "a/b" nested) and post_sampling_probs
+    (n_probs as the distribution the sampler drew from: after top-k and temperature, summing to 1);
+    the OpenAI routes refuse both by name."""
+
+    def post(body: dict) -> dict:
+        r = httpx.post(server.url + "/completion", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    fields = ["content", "generation_settings/n_predict", "timings/predicted_n", "no/such"]
+    r = post({"prompt": "Hello", "n_predict": 4, "response_fields": fields})
+    assert set(r) == set(fields[:3]) and r["generation_settings/n_predict"] == r["timings/predicted_n"] == 4
+    body = {"prompt": "Today I would finally become a", "n_predict": 6, "n_probs": 5, "seed": 3,
+            "temperature": 1.0, "top_k": 3, "top_p": 1.0, "min_p": 0.0}  # fmt: skip
+    sampled = post({**body, "post_sampling_probs": True})["completion_probabilities"]
+    raw = post(body)["completion_probabilities"]
+    assert [t["id"] for t in sampled] == [t["id"] for t in raw]  # the same seed: the same tokens
+    for tok, plain in zip(sampled, raw):
+        top = {t["id"]: t["prob"] for t in tok["top_probs"]}
+        assert len(top) == 3 and sum(top.values()) == pytest.approx(1.0)  # top_k 3: three survive
+        assert 0 < tok["prob"] == top[tok["id"]] <= 1 and "logprob" not in tok
+        assert len(plain["top_logprobs"]) == 5 and plain["logprob"] < 0  # the raw logits' log-softmax
+        raw_top = [t["id"] for t in plain["top_logprobs"][:3]]
+        assert list(top) == raw_top  # the same three, most likely first
+    greedy = post({**body, "temperature": 0, "post_sampling_probs": True})["completion_probabilities"]
+    assert all(t["prob"] == 1.0 and [x["id"] for x in t["top_probs"]] == [t["id"]] for t in greedy)
+    for name, value in (("post_sampling_probs", True), ("response_fields", ["content"])):
+        r = _post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 1, name: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == name
+
+
 # llama.cpp's web UI (tools/server/webui): its settings' defaults as its chat service sends them
 WEBUI_BODY = {
     "stream": True, "return_progress": True, "timings_per_token": True, "reasoning_format": "auto",
