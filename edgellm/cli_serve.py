@@ -162,7 +162,9 @@ def serve(
     alias: str | None = typer.Option(None, "--alias", help="Model id reported by /v1/models."),
     log_format: str = typer.Option("text", "--log-format", help="Access log lines: text or json."),
     cors_origins: str | None = typer.Option(
-        None, "--cors-origins", help="Comma-separated origins browsers may call from ('*': any)."
+        None,
+        "--cors-origins",
+        help="Comma-separated origins browsers may call from ('*': any; 'localhost': pages on this machine).",
     ),
     special_in_messages: bool = typer.Option(
         False,

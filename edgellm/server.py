@@ -202,6 +202,9 @@ def _model_card(state: State) -> dict:
     }
 
 
+LOCAL_ORIGIN = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:[0-9]{1,5})?"
+
+
 def create_app(state: State) -> FastAPI:
     app = FastAPI(title="edgellm", docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
     app.state.edgellm = state
@@ -213,9 +216,12 @@ def create_app(state: State) -> FastAPI:
     if state.config.cors_origins:  # outside the key check: a browser's preflight carries no key
         from starlette.middleware.cors import CORSMiddleware
 
+        origins = [o for o in state.config.cors_origins if o != "localhost"]
         app.add_middleware(
             CORSMiddleware,
-            allow_origins=list(state.config.cors_origins),
+            allow_origins=origins,
+            # llama-server's "localhost": a page served from this machine, any scheme and port
+            allow_origin_regex=LOCAL_ORIGIN if "localhost" in state.config.cors_origins else None,
             allow_methods=["GET", "HEAD", "POST", "DELETE", "OPTIONS"],
             allow_headers=["authorization", "x-api-key", "content-type"],
         )

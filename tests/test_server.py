@@ -1546,9 +1546,17 @@ def test_a_context_overflow_says_how_long_the_prompt_was(server):
 
 def test_x_api_key_and_a_cors_preflight_before_the_key(smollm2_path, tmp_path):
     with Server(
-        smollm2_path, tmp_path / "cors.log", "--cors-origins", "http://app.test", env={"EDGELLM_API_KEY": KEY}
-    ) as s:
+        smollm2_path, tmp_path / "cors.log", "--cors-origins", "http://app.test,localhost",
+        env={"EDGELLM_API_KEY": KEY},
+    ) as s:  # fmt: skip
         _check_key_and_cors(s.url)
+        for origin, allowed in (("http://localhost:5173", True), ("http://127.0.0.1", True),
+                                ("https://[::1]:3000", True), ("http://localhost.evil.com", False),
+                                ("http://notlocalhost", False), ("http://evil.com", False)):  # fmt: skip
+            pre = httpx.options(
+                s.url + "/v1/models", headers={"Origin": origin, "Access-Control-Request-Method": "GET"}
+            )
+            assert pre.headers.get("access-control-allow-origin") == (origin if allowed else None), origin
 
 
 def _check_key_and_cors(url: str) -> None:
