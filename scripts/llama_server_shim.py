@@ -29,6 +29,7 @@ VALUED = {"--port": "--port", "--host": "--host", "--alias": "--alias", "--ctx-s
           "--min-p": "--min-p", "--typical": "--typical", "--repeat-penalty": "--repeat-penalty",
           "--repeat-last-n": "--repeat-last-n", "--presence-penalty": "--presence-penalty",
           "--frequency-penalty": "--frequency-penalty"}  # fmt: skip
+# (-c is split between the slots: per_slot)
 SWITCHES = {"--embedding": "--embeddings", "--embeddings": "--embeddings", "--no-ui": "--no-webui",
             "--slots": "--slots", "--no-slots": "--no-slots"}  # fmt: skip
 
@@ -51,7 +52,20 @@ def translate(argv: list[str]) -> tuple[list[str], list[str], dict[str, str]]:
         else:
             dropped.append(a + (f" {argv[i + 1]}" if takes_value and a.startswith("-") else ""))
             i += 2 if takes_value else 1
-    return out, dropped, given
+    return per_slot(out, "--kv-unified" in argv), dropped, given
+
+
+def per_slot(args: list[str], unified: bool) -> list[str]:
+    """llama-server's -c is the whole KV cache, split between its -np slots (each may use all of it with
+    --kv-unified); edgellm's -c is one sequence's context: -c N/np, or -c N with a KV budget of N."""
+    if "-c" not in args:
+        return args
+    i = args.index("-c")
+    n_ctx = int(args[i + 1])
+    n_slots = int(args[args.index("--parallel") + 1]) if "--parallel" in args else 1
+    if unified:
+        return [*args, "--kv-budget", str(n_ctx)]
+    return [*args[: i + 1], str(max(1, n_ctx // n_slots)), *args[i + 2 :]]
 
 
 def main() -> None:
