@@ -1070,17 +1070,12 @@ async def _responses(state: State, request: Request):
         return r
 
     if not p.stream:
-        texts, finish = [], "stop"
-        try:
-            async for ev in _one_stream(streams, usage):
-                texts.append(ev.text)
-                finish = ev.finish_reason or finish
-        finally:
-            _cancel_all(streams)
-        raw = "".join(texts)
+        if (evs := await _events_of(request, streams, usage)) is None:
+            return Response(status_code=499)  # the client went away
+        raw = "".join(ev.text for ev in evs)
         thought, said = reasoning.split(raw, inside) if inside is not None else (None, raw)
         text, calls = tools.split(said, names, single) if names else (said, [])
-        return finished(text, finish, calls, thought=thought or None)
+        return finished(text, evs[-1].finish_reason or "stop", calls, thought=thought or None)
 
     async def events() -> AsyncIterator[str]:
         seq = 0
@@ -1167,15 +1162,10 @@ async def _anthropic(state: State, request: Request):
         return next((s for s in stops if tail.startswith(s)), stops[0])
 
     if not p.stream:
-        texts, tokens, finish = [], [], "stop"
-        try:
-            async for ev in _one_stream(streams, usage):
-                texts.append(ev.text)
-                tokens += [ev.token] if ev.token is not None else []
-                finish = ev.finish_reason or finish
-        finally:
-            _cancel_all(streams)
-        raw = "".join(texts)
+        if (evs := await _events_of(request, streams, usage)) is None:
+            return Response(status_code=499)  # the client went away
+        tokens = [ev.token for ev in evs if ev.token is not None]
+        finish, raw = evs[-1].finish_reason or "stop", "".join(ev.text for ev in evs)
         thought, said = reasoning.split(raw, inside) if inside is not None else (None, raw)
         text, calls = tools.split(said, names, single) if names else (said, [])
         content = [{"type": "thinking", "thinking": thought, "signature": ""}] if thought else []
@@ -1402,11 +1392,13 @@ async def _native_answer(
 
         headers = {"Cache-Control": "no-cache"}
         return StreamingResponse(_pinged(state, p, sse()), media_type="text/event-stream", headers=headers)
-    try:
+
+    async def drain() -> None:
         async for _ in events():
             pass
-    finally:
-        _cancel_all(streams)
+
+    if not await _until_gone(request, drain(), streams):
+        return Response(status_code=499)  # the client went away
     out = [final(i, "".join(s.texts), s.lps, s.tokens) for i, s in enumerate(seqs)]
     return out[0] if len(out) == 1 else out
 
@@ -1420,6 +1412,35 @@ async def _one_stream(streams: list, usage: list[int]) -> AsyncIterator[Event]:
         if ev.usage is not None:
             usage[:] = [ev.usage.prompt_tokens, ev.usage.completion_tokens, ev.usage.cached_tokens]
         yield ev
+
+
+async def _until_gone(request: Request, work: Any, streams: list) -> bool:
+    """Await `work` (a whole answer being collected) unless the client disconnects first: then it is
+    cancelled and False returned. The request's sequences are cancelled when it ends either way (their
+    slots are free at the engine's next step)."""
+    task = asyncio.ensure_future(work)
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=0.5)
+            if not task.done() and await request.is_disconnected():
+                task.cancel()
+                return False
+        task.result()
+        return True
+    finally:
+        _cancel_all(streams)
+
+
+async def _events_of(request: Request, streams: list, usage: list[int]) -> list[Event] | None:
+    """A single-sequence request's events, whole (the routes' answers that are not streamed), the last
+    its finish; None when the client went away first."""
+    got: list[Event] = []
+
+    async def collect() -> None:
+        async for ev in _one_stream(streams, usage):
+            got.append(ev)
+
+    return got if await _until_gone(request, collect(), streams) else None
 
 
 def _ollama_model(state: State) -> dict:
@@ -1587,15 +1608,11 @@ async def _ollama(state: State, request: Request, chat: bool):
                 _cancel_all(streams)
 
         return StreamingResponse(ndjson(), media_type="application/x-ndjson")
-    texts, reason, ttft = [], "stop", None
-    try:
-        async for ev in events():
-            texts.append(ev.text)
-            if ev.finish_reason is not None:
-                reason, ttft = ev.finish_reason, ev.usage.ttft_s if ev.usage else None
-    finally:
-        _cancel_all(streams)
-    raw = "".join(texts)
+    if (evs := await _events_of(request, streams, usage)) is None:
+        return Response(status_code=499)  # the client went away
+    end = evs[-1]
+    reason, ttft = end.finish_reason or "stop", end.usage.ttft_s if end.usage else None
+    raw = "".join(ev.text for ev in evs)
     thought, said = reasoning.split(raw, inside) if inside is not None else (None, raw)
     text, calls = tools.split(said, names) if names else (said, [])
     answer = last(reason, ttft, text)
@@ -1824,16 +1841,8 @@ async def _whole(request: Request, streams: list, shaper: oa.Shaper, usage: list
                 usage[1] += ev.usage.completion_tokens
                 usage[2] += ev.usage.cached_tokens
 
-    task = asyncio.create_task(collect())
-    try:
-        while not task.done():
-            await asyncio.wait({task}, timeout=0.5)
-            if not task.done() and await request.is_disconnected():
-                task.cancel()
-                return Response(status_code=499)
-        task.result()
-    finally:
-        _cancel_all(streams)
+    if not await _until_gone(request, collect(), streams):
+        return Response(status_code=499)
     if failed is not None:
         kind = {400: "invalid_request_error", 503: "unavailable_error"}.get(failed.status, "server_error")
         raise APIError(failed.status, failed.error or "generation failed", kind)

@@ -493,6 +493,41 @@ def test_a_client_leaving_mid_stream_cancels_only_its_sequence(server):
     assert m["edgellm_requests_cancelled_total"] == before + 2 and m["edgellm_running_sequences"] == 0
 
 
+COUNT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"  # greedy, SmolLM2 counts on for hundreds of tokens
+COUNTING = [{"role": "user", "content": "Count from 1 to 500."}, {"role": "assistant", "content": COUNT}]
+
+
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/completion", {"prompt": COUNT, "n_predict": 400, "temperature": 0}),
+        ("/api/generate", {"prompt": COUNT, "raw": True, "stream": False,
+                           "options": {"num_predict": 400, "temperature": 0}}),
+        ("/api/chat", {"messages": COUNTING, "stream": False,
+                       "options": {"num_predict": 400, "temperature": 0}}),
+        ("/v1/messages", {"messages": COUNTING, "max_tokens": 400, "temperature": 0}),
+        ("/v1/responses", {"input": COUNTING, "max_output_tokens": 400, "temperature": 0}),
+    ],
+)  # fmt: skip
+def test_a_client_that_stops_waiting_for_a_whole_answer_cancels_it_on_every_route(server, path, body):
+    """Non-streamed answers on the native, Ollama, Anthropic and Responses routes, as on OpenAI's: the
+    client gone, the sequence is cancelled within a moment, not run to its end."""
+    end = time.monotonic() + 60  # an earlier test's sequences finish (or are cancelled) first
+    while _metrics(server)["edgellm_running_sequences"] and time.monotonic() < end:
+        time.sleep(0.1)
+    before = _metrics(server)["edgellm_requests_cancelled_total"]
+    model = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
+    with pytest.raises(httpx.ReadTimeout):
+        _post(server, path, {"model": model, **body}, timeout=httpx.Timeout(30, read=1))
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        m = _metrics(server)
+        if m["edgellm_requests_cancelled_total"] > before and m["edgellm_running_sequences"] == 0:
+            break
+        time.sleep(0.1)
+    assert m["edgellm_requests_cancelled_total"] == before + 1 and m["edgellm_running_sequences"] == 0
+
+
 # ---------------------------------------------------------------------------------------------- limits
 
 
