@@ -138,7 +138,9 @@ def spec_config(kind: str, draft_max: int, draft_min: int, model_draft: str | No
 def serve(
     model: str | None = typer.Argument(None, help="Model alias or .gguf path (default: smollm2-135m)."),
     model_opt: str | None = model_option(),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default)."),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="Address to bind, or several comma-separated (default: loopback)."
+    ),
     port: int = typer.Option(8080, "--port", help="TCP port."),
     api_key: str | None = typer.Option(
         None, "--api-key", envvar="EDGELLM_API_KEY", help="Require 'Authorization: Bearer KEY' (env too)."
@@ -264,7 +266,7 @@ def serve(
         ) from None
     ray_checks(ray, replicas, min_replicas, max_replicas, ray_address, threads)
     replicas = replicas or 2
-    from edgellm.server import ServerConfig
+    from edgellm.server import ServerConfig, hosts_of, url_of
     from edgellm.server import serve as run_server
 
     for name, v in (("--parallel", parallel), ("--batch-size", batch_size), ("--port", port + 1)):
@@ -299,10 +301,17 @@ def serve(
         frequency_penalty=frequency_penalty,
         seed=seed,
     )
+    hosts = hosts_of(host)
+    if not hosts:
+        raise ServeError("--host: give an address (or several, comma-separated)")
+    if ray and len(hosts) > 1:
+        raise ServeError("--ray binds one --host address")
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     path = store.resolve(model, log=lambda m: print(m, file=sys.stderr, flush=True))
-    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
-        print(f"warning: serving on {host} without --api-key", file=sys.stderr)
+    for h in hosts:
+        if h not in ("127.0.0.1", "localhost", "::1") and not api_key:
+            print(f"warning: serving on {h} without --api-key", file=sys.stderr)
+    where = ", ".join(url_of(h, port) for h in hosts)
     config = ServerConfig(
         model=str(path),
         backend=backend,
@@ -340,12 +349,12 @@ def serve(
     )
 
     def ready(state) -> None:
-        page = f" (chat page: http://{host}:{port}/)" if config.webui else ""
-        print(f"edgellm serving {state.model_id} on http://{host}:{port}{page}", file=sys.stderr, flush=True)
+        page = f" (chat page: {url_of(hosts[0], port)}/)" if config.webui else ""
+        print(f"edgellm serving {state.model_id} on {where}{page}", file=sys.stderr, flush=True)
 
     def listening() -> None:  # after the port is bound: a busy port never prints this
         print(
-            f"loading {path.name} (listening on http://{host}:{port}; /health is 503 until ready)",
+            f"loading {path.name} (listening on {where}; /health is 503 until ready)",
             file=sys.stderr,
             flush=True,
         )
@@ -360,11 +369,13 @@ def serve(
                 else "autoscaled replicas"
             )
             name = config.model_name or path.stem
-            msg = f"edgellm serving {name} on http://{host}:{port} through Ray Serve ({n} x {per} threads)"
+            msg = f"edgellm serving {name} on {where} through Ray Serve ({n} x {per} threads)"
             print(msg, file=sys.stderr, flush=True)
 
         print(f"starting Ray Serve and loading {path.name} in every replica...", file=sys.stderr, flush=True)
-        code = ray_serve.run(config, host, port, replicas, min_replicas, max_replicas, ray_address, ray_ready)
+        code = ray_serve.run(
+            config, hosts[0], port, replicas, min_replicas, max_replicas, ray_address, ray_ready
+        )
     else:
         code = run_server(config, host, port, on_ready=ready, on_listening=listening)
     if code:

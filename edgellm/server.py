@@ -1946,6 +1946,17 @@ def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
+def hosts_of(host: str) -> list[str]:
+    """--host as the addresses to bind: one, or several comma-separated (llama-server's "127.0.0.1,::1";
+    an IPv6 address bare or in brackets)."""
+    return [h.strip().removeprefix("[").removesuffix("]") for h in host.split(",") if h.strip()]
+
+
+def url_of(host: str, port: int) -> str:
+    """The address a client would use for one bound host (IPv6 in brackets)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def serve(
     config: ServerConfig,
     host: str = "127.0.0.1",
@@ -1970,14 +1981,18 @@ def serve(
                 if isinstance(captured, list) and signal.SIGTERM in captured:
                     captured.remove(signal.SIGTERM)
 
-    try:  # bind before anything is announced: a busy port is one line, not a traceback after "listening"
-        sock = socket.create_server((host, port), family=_family(host), reuse_port=False)
-    except OSError as e:
-        log.error("cannot listen on %s:%d: %s", host, port, e.strerror or e)
-        return 1
+    socks: list[socket.socket] = []
+    for h in hosts_of(host):  # bound before anything is announced: a busy port is one line, not a traceback
+        try:
+            socks.append(socket.create_server((h, port), family=_family(h), reuse_port=False))
+        except OSError as e:
+            log.error("cannot listen on %s: %s", url_of(h, port).removeprefix("http://"), e.strerror or e)
+            for sk in socks:
+                sk.close()
+            return 1
     uv = uvicorn.Config(
         app,
-        host=host,
+        host=hosts_of(host)[0],
         port=port,
         log_level="warning",
         timeout_graceful_shutdown=int(config.shutdown_grace) + 5,
@@ -2001,7 +2016,7 @@ def serve(
             server.should_exit = True
 
     threading.Thread(target=_load, name="edgellm-load", daemon=True).start()
-    server.run(sockets=[sock])
+    server.run(sockets=socks)
     if state.engine is not None:
         state.engine.shutdown(0.0, wait=True)
     return 1 if failed.is_set() else 0

@@ -1159,6 +1159,25 @@ def test_a_busy_port_is_one_line_and_nothing_is_announced(smollm2_path):
     assert "listening on" not in r.stderr and "Traceback" not in r.stderr
 
 
+def test_several_host_addresses_are_all_served(smollm2_path, tmp_path):
+    """--host "127.0.0.1,::1" (llama-server's): one server on both loopbacks; an address that cannot be
+    bound is one line, as a single one."""
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    with Server(smollm2_path, tmp_path / "hosts.log", "--host", "127.0.0.1,[::1]") as s:
+        for url in (s.url, f"http://[::1]:{s.port}"):
+            assert httpx.get(url + "/health").json()["status"] == "ok"
+        assert f"listening on {s.url}, http://[::1]:{s.port};" in s.read_log()
+    port = _free_port()
+    cmd = [sys.executable, "-m", "edgellm", "serve", str(smollm2_path), "--port", str(port),
+           "--host", "::1,127.0.0.1,::1"]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and f"cannot listen on [::1]:{port}" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_a_bad_reasoning_format_flag_is_one_line(smollm2_path):
     cmd = [
         sys.executable,
