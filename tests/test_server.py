@@ -1373,6 +1373,23 @@ def test_native_completion_takes_text_ids_and_mixed_prompts(server):
     assert stopped["stop_type"] == "word" and stopped["stopping_word"] == r["content"][2:5]
 
 
+def test_a_native_answer_that_fills_the_context_says_truncated(fim_server):
+    """llama-server's `truncated`: the answer stopped because the context is full (n_predict -1), not at
+    its own limit."""
+    url = fim_server[0].url
+    full = httpx.post(
+        url + "/completion", json={"prompt": "a", "n_predict": -1, "ignore_eos": True}, timeout=120
+    )
+    r = full.json()
+    assert (
+        r["tokens_evaluated"] + r["tokens_predicted"] == N_CTX
+        and r["stop_type"] == "limit"
+        and r["truncated"]
+    )
+    short = httpx.post(url + "/completion", json={"prompt": "a", "n_predict": 3, "ignore_eos": True}).json()
+    assert short["stop_type"] == "limit" and not short["truncated"]
+
+
 def test_native_completion_answers_a_list_of_prompts_each_with_its_index(server):
     """llama-server's tokenize_input_prompts: a list without token ids is several prompts (texts, id lists,
     {"prompt_string": ...}), answered as a list in order, each streamed chunk saying its prompt's index;
