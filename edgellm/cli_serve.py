@@ -227,6 +227,9 @@ def serve(
     mlock: bool = MEMORY_OPTIONS["mlock"](),
     cache_type_k: str = CACHE_OPTIONS["cache_type_k"](),
     cache_type_v: str = CACHE_OPTIONS["cache_type_v"](),
+    warmup: bool = typer.Option(
+        True, "--warmup/--no-warmup", help="Run a short generation at load, so the first request is fast."
+    ),
     no_webui: bool = typer.Option(False, "--no-webui", help="Do not serve the chat page at /."),
     slots: bool = typer.Option(True, "--slots/--no-slots", help="Serve the read-only GET /slots."),
     embeddings: bool = typer.Option(
@@ -335,6 +338,7 @@ def serve(
         reasoning_budget_message=reasoning_budget_message,
         sampling=sampling,
         n_predict=n_predict,
+        warmup=warmup,
         log_format=log_format,
         header_timeout=header_timeout,
         special_in_messages=special_in_messages,

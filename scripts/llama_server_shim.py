@@ -31,7 +31,7 @@ VALUED = {"--port": "--port", "--host": "--host", "--alias": "--alias", "--ctx-s
           "--frequency-penalty": "--frequency-penalty"}  # fmt: skip
 # (-c is split between the slots: per_slot)
 SWITCHES = {"--embedding": "--embeddings", "--embeddings": "--embeddings", "--no-ui": "--no-webui",
-            "--slots": "--slots", "--no-slots": "--no-slots"}  # fmt: skip
+            "--slots": "--slots", "--no-slots": "--no-slots", "--no-warmup": "--no-warmup"}  # fmt: skip
 
 
 def translate(argv: list[str]) -> tuple[list[str], list[str], dict[str, str]]:

@@ -133,7 +133,7 @@ def server(smollm2_path, tmp_path_factory):
 def small_server(smollm2_path, tmp_path_factory):
     """One slot, one queue place, an API key from the environment, a 2 s shutdown grace, the model read
     in (--no-mmap) and locked (--mlock: warns and goes on where RLIMIT_MEMLOCK is too small), a q8_0 KV
-    cache (-ctk/-ctv); on the numba backend (the main server runs the default, native)."""
+    cache (-ctk/-ctv), no warm-up; on the numba backend (the main server runs the default, native)."""
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
     with Server(
@@ -154,6 +154,7 @@ def small_server(smollm2_path, tmp_path_factory):
             "q8_0",
             "--cache-type-v",
             "q8_0",
+            "--no-warmup",
         ),
         env={"EDGELLM_API_KEY": KEY},
         backend="numba",
@@ -536,6 +537,8 @@ def test_the_servers_sampling_flags_and_n_predict_are_every_requests_defaults(sm
     them), and -n is both the default and the ceiling of a request's tokens."""
     args = ("--temp", "0.9", "--top-k", "5", "--seed", "7", "--presence-penalty", "0.5", "-n", "6")
     with Server(smollm2_path, tmp_path / "defaults.log", *args) as srv:
+        # llama-server's warm-up ran before ready (the first request is not slowed) and is not counted
+        assert "warmed up in" in srv.read_log() and _metrics(srv)["edgellm_requests_total"] == 0
         params = httpx.get(srv.url + "/props").json()["default_generation_settings"]["params"]
         assert (params["temperature"], params["top_k"], params["seed"]) == (0.9, 5, 7)
         assert params["presence_penalty"] == 0.5 and params["n_predict"] == 6
@@ -564,6 +567,7 @@ def test_the_servers_sampling_flags_and_n_predict_are_every_requests_defaults(sm
 
 def test_the_kv_cache_types_are_the_flags(small_server):
     assert "(K q8_0, V q8_0: " in small_server.wait_log_line(lambda line: "ready: " in line)
+    assert "warmed up" not in small_server.read_log()  # --no-warmup
 
 
 def test_health_is_503_while_loading_then_200(small_server):
