@@ -895,8 +895,7 @@ def prompt_list(x: Any, name: str, lim: Limits, limit: int) -> list[list]:
     for i, it in enumerate(items):
         if any(_is_int(t) and not 0 <= t < lim.n_vocab for t in it):
             raise bad(name, f"prompt {i}: token ids must be integers in [0, {lim.n_vocab})")
-        if all(isinstance(t, str) and not t for t in it):
-            raise bad(name, f"prompt {i} is empty")
+    # an empty text is refused once tokenized, unless the model adds tokens of its own (BOS)
     return items  # type: ignore[return-value]
 
 
