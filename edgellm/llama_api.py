@@ -5,8 +5,9 @@ the fields its tests (tools/server/tests/unit/test_completion.py) read: `content
 `stop_type` ("eos" | "word" | "limit"), `stopping_word`, `truncated`, `tokens_predicted`,
 `tokens_evaluated`, `tokens_cached`, `generation_settings`, `timings`.
 
-`prompt` is text, token ids, or a list mixing both (ids and strings concatenated in order). Sampling
-fields are the OpenAI route's (openai_api.py), so what that route refuses is refused here too.
+`prompt` is text, token ids, a list mixing both (ids and strings concatenated in order), or a list of such
+prompts (one answer each). Sampling fields are the OpenAI route's (openai_api.py), so what that route
+refuses is refused here too.
 """
 
 from __future__ import annotations
