@@ -20,14 +20,15 @@ from edgellm import openai_api as oa
 
 def parse_completion(body: Any, lim: oa.Limits) -> tuple[oa.GenerationParams, list[list]]:
     """(the request's params, its prompts: each a list of pieces, strings and ints in order). A list of
-    prompts answers one completion each (llama-server's tokenize_input_prompts)."""
+    prompts answers one completion each (llama-server's tokenize_input_prompts), or `n_cmpl` each."""
     if not isinstance(body, dict):
         raise oa.bad("", "the request body must be a JSON object")
     p = oa._common(body, lim, ("n_predict", "max_tokens"), logprobs="native")  # the shared fields
-    if p.n != 1:
-        raise oa.bad("n", "the native /completion API returns one completion per prompt")
+    p.n = oa._integer(body, "n_cmpl", 1, oa.MAX_CHOICES) or p.n  # llama-server's n_cmpl (n its alias)
     prompt = body.get("prompt")
     prompts = oa.prompt_list([prompt] if oa._is_int(prompt) else prompt, "prompt", lim, oa.MAX_CHOICES)
+    if len(prompts) * p.n > oa.MAX_CHOICES:
+        raise oa.bad("n_cmpl", f"at most {oa.MAX_CHOICES} completions per request (prompts times n_cmpl)")
     cache = body.get("cache_prompt", True)
     if not isinstance(cache, bool):
         raise oa.bad("cache_prompt", "must be a boolean")
@@ -180,8 +181,7 @@ def parse_infill(body: Any, lim: oa.Limits) -> tuple[oa.GenerationParams, dict[s
         if not isinstance(c.get("filename", ""), str):
             raise oa.bad("input_extra", f"input_extra[{i}].filename must be a string")
     p = oa._common(body, lim, ("n_predict", "max_tokens"), logprobs="native")
-    if p.n != 1:
-        raise oa.bad("n", "infill returns one completion")
+    p.n = oa._integer(body, "n_cmpl", 1, oa.MAX_CHOICES) or p.n  # llama-server's n_cmpl (n its alias)
     texts = {"prefix": body["input_prefix"], "suffix": body["input_suffix"], "extra": extra, "prompt": prompt}
     return p, texts
 

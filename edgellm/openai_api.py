@@ -120,7 +120,7 @@ LLAMA_SERVER_UNSUPPORTED: list[tuple[str, Callable[[Any], bool], str]] = [
         "native routes (/completion, /infill): use n_probs there",
     ),
     ("n_indent", lambda v: v == 0, "the indentation limit (n_indent) is not supported"),
-    ("n_cmpl", lambda v: v == 1, "several completions (n_cmpl) are not supported on this route"),
+    ("n_cmpl", lambda v: v == 1, "several completions (n_cmpl) are asked with n on this route"),
     ("t_max_predict_ms", lambda v: _is_num(v) and v <= 0, "a generation time limit is not supported"),
     ("t_max_prompt_ms", lambda v: _is_num(v) and v <= 0, "a prompt time limit is not supported"),
     ("min_keep", lambda v: v == 0, "min_keep is not supported"),
@@ -159,7 +159,7 @@ LLAMA_SERVER_UNSUPPORTED: list[tuple[str, Callable[[Any], bool], str]] = [
 
 
 # llama-server's fields for its native answer's shape alone (/completion, /infill): refused elsewhere
-NATIVE_FIELDS = ("post_sampling_probs", "response_fields")
+NATIVE_FIELDS = ("post_sampling_probs", "response_fields", "n_cmpl")
 
 
 @dataclass

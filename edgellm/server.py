@@ -1334,22 +1334,28 @@ class _NativeSeq:
 async def _native_answer(
     state: State, request: Request, engine: Engine, p: Any, prompts: list[list[int]], params: Any
 ):
-    """A native completion's answer (`/completion`: one for each prompt, as llama-server's; `/infill`):
-    whole (one object; a list of them for several prompts) or as SSE `data:` chunks, each saying its
-    prompt's `index`."""
+    """A native completion's answer (`/completion`: one for each prompt, or n_cmpl each, as llama-server's;
+    `/infill`): whole (one object; a list of them for several) or as SSE `data:` chunks, each saying its
+    answer's `index` (prompt i's j-th at i * n_cmpl + j)."""
     llm = state.llm
     grammar = await _compile(engine, p.grammar, p.grammar_field)
     stop = tuple(p.stop)
+
+    def seeded(j: int) -> Any:  # n_cmpl's answers to a prompt: distinct, reproducible; prompts share one seed
+        return (
+            params if j == 0 or params.seed is None else replace(params, seed=(params.seed + j) % (1 << 64))
+        )
+
+    choices = [(ids, seeded(j)) for ids in prompts for j in range(p.n)]
     reqs = [
-        GenRequest(ids, params, p.max_tokens, stop, p.logprobs, grammar, p.speculative, _live(p),
+        GenRequest(ids, q, p.max_tokens, stop, p.logprobs, grammar, p.speculative, _live(p),
                    post_sampling=p.post_sampling_probs)
-        for ids in prompts
+        for ids, q in choices
     ]  # fmt: skip
     streams = _submit(engine, reqs)
     usage = request.state.edgellm_usage = [0, 0, 0]
-    seqs = [_NativeSeq(len(ids)) for ids in prompts]
+    seqs = [_NativeSeq(len(ids)) for ids, _ in choices]
     eog = llm.tokenizer.eog_ids
-    settings = la.generation_settings(params, llm.n_ctx, p.max_tokens, p.stop)
     piece = lambda t: llm.tokenizer.token_to_piece(t, special=True)  # noqa: E731
 
     def probs(items: list) -> dict:
@@ -1364,8 +1370,9 @@ async def _native_answer(
             "index": i, "content": text, "tokens": tokens, "id_slot": 0, "stop": True,
             "model": state.model_id, "tokens_predicted": u.completion_tokens,
             "tokens_evaluated": u.prompt_tokens, "tokens_cached": u.cached_tokens,
-            "generation_settings": {**settings, "stream": p.stream},
-            "prompt": llm.tokenizer.decode(prompts[i]), "has_new_line": "\n" in "".join(s.texts),
+            "generation_settings": {**la.generation_settings(choices[i][1], llm.n_ctx, p.max_tokens, p.stop),
+                                    "stream": p.stream},
+            "prompt": llm.tokenizer.decode(choices[i][0]), "has_new_line": "\n" in "".join(s.texts),
             "truncated": s.reason == "length" and u.prompt_tokens + u.completion_tokens >= llm.n_ctx,
             "stop_type": st,
             "stopping_word": "" if st != "word" else next((w for w in p.stop if w), ""),

@@ -1420,6 +1420,20 @@ def test_native_completion_answers_a_list_of_prompts_each_with_its_index(server)
         assert "".join(c["content"] for c in mine) == want["content"] and mine[-1]["stop"]
         assert [c["tokens_predicted"] for c in mine[:-1]] == list(range(1, 6))
     assert not isinstance(post({"prompt": [*ids, " Paris"]}), list)  # ids and text: one prompt
+    # n_cmpl (n its alias) answers each prompt so many times, the j-th with the seed + j
+    sampled = {"temperature": 0.9, "seed": 5, "n_predict": 6}
+    four = post({"prompt": [text, other], "n_cmpl": 2, **sampled})
+    assert [a["index"] for a in four] == [0, 1, 2, 3]
+    for a, (prompt, seed) in zip(four, [(text, 5), (text, 6), (other, 5), (other, 6)]):
+        assert a["content"] == post({"prompt": prompt, **sampled, "seed": seed})["content"]
+        assert a["generation_settings"]["seed"] == seed
+    assert len(post({"prompt": text, "n": 3})) == 3
+    for body in ({"prompt": [text, other], "n_cmpl": 9}, {"prompt": text, "n_cmpl": 0}):
+        r = httpx.post(server.url + "/completion", json={**body, "n_predict": 1})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "n_cmpl", r.text
+    assert (
+        _post(server, "/v1/completions", {"prompt": text, "n_cmpl": 2}).json()["error"]["param"] == "n_cmpl"
+    )
     for bad in ({"prompt_string": text, "multimodal_data": ["aGk="]}, [text, [10**7]], [text, 5.5], []):
         r = httpx.post(server.url + "/completion", json={"prompt": bad, "n_predict": 1})
         assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", (bad, r.text)
