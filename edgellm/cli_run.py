@@ -210,18 +210,8 @@ def run(
     def log(m: str) -> None:
         print(m, file=sys.stderr, flush=True)
 
-    sampling = sampling_flags(
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        typical_p=typical_p,
-        repeat_penalty=repeat_penalty,
-        repeat_last_n=repeat_last_n,
-        presence_penalty=presence_penalty,
-        frequency_penalty=frequency_penalty,
-        seed=seed,
-    )
+    # the sampling flags: this command's parameters named as SAMPLING_OPTIONS' keys
+    sampling = sampling_flags(**{k: v for k, v in locals().items() if k in SAMPLING_OPTIONS})
     llm = LLM(
         model,
         backend=backend,

@@ -292,18 +292,8 @@ def serve(
         raise ServeError("--header-timeout must be in (0, 3600] seconds")
     if n_predict == 0 or n_predict < -1:
         raise ServeError("-n/--n-predict must be a number of tokens, or -1 (no limit)")
-    sampling = sampling_flags(
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        typical_p=typical_p,
-        repeat_penalty=repeat_penalty,
-        repeat_last_n=repeat_last_n,
-        presence_penalty=presence_penalty,
-        frequency_penalty=frequency_penalty,
-        seed=seed,
-    )
+    # the sampling flags: this command's parameters named as SAMPLING_OPTIONS' keys
+    sampling = sampling_flags(**{k: v for k, v in locals().items() if k in SAMPLING_OPTIONS})
     hosts = hosts_of(host)
     if not hosts:
         raise ServeError("--host: give an address (or several, comma-separated)")
