@@ -161,7 +161,10 @@ def serve(
     shutdown_grace: float = typer.Option(
         10.0, "--shutdown-grace", help="Seconds running streams may finish after SIGTERM."
     ),
-    alias: str | None = typer.Option(None, "--alias", help="Model id reported by /v1/models."),
+    alias: str | None = typer.Option(
+        None, "--alias", help="Model id reported by /v1/models; several comma-separated: names it answers to."
+    ),
+    tags: str | None = typer.Option(None, "--tags", help="Comma-separated labels /v1/models lists."),
     log_format: str = typer.Option("text", "--log-format", help="Access log lines: text or json."),
     cors_origins: str | None = typer.Option(
         None,
@@ -294,6 +297,7 @@ def serve(
         raise ServeError("-n/--n-predict must be a number of tokens, or -1 (no limit)")
     # the sampling flags: this command's parameters named as SAMPLING_OPTIONS' keys
     sampling = sampling_flags(**{k: v for k, v in locals().items() if k in SAMPLING_OPTIONS})
+    aliases = tuple(sorted(set(_listed(alias))))
     hosts = hosts_of(host)
     if not hosts:
         raise ServeError("--host: give an address (or several, comma-separated)")
@@ -320,7 +324,9 @@ def serve(
         chat_template=chat_template,
         api_key=api_key or None,
         shutdown_grace=shutdown_grace,
-        model_name=alias,
+        model_name=min(aliases) if aliases else None,  # llama-server's: the first of the sorted set
+        aliases=aliases,
+        tags=_listed(tags),
         reasoning_format=reasoning_format,
         sse_ping_interval=sse_ping_interval,
         enable_thinking=thinking[reasoning_mode],
@@ -332,7 +338,7 @@ def serve(
         log_format=log_format,
         header_timeout=header_timeout,
         special_in_messages=special_in_messages,
-        cors_origins=tuple(o.strip() for o in (cors_origins or "").split(",") if o.strip()),
+        cors_origins=_listed(cors_origins),
         embeddings=embeddings,
         pooling=pooling,
         webui=not no_webui,
@@ -374,6 +380,11 @@ def serve(
         code = run_server(config, host, port, on_ready=ready, on_listening=listening)
     if code:
         raise typer.Exit(code)
+
+
+def _listed(text: str | None) -> tuple[str, ...]:
+    """A comma-separated flag's items (--alias, --tags)."""
+    return tuple(x.strip() for x in (text or "").split(",") if x.strip())
 
 
 def ray_checks(

@@ -72,6 +72,8 @@ class ServerConfig:
     shutdown_grace: float = 10.0
     max_body: int = MAX_BODY
     model_name: str | None = None  # the id /v1/models reports (default: the file's stem)
+    aliases: tuple[str, ...] = ()  # --alias a,b,c: names the model also answers to (model_name: the first)
+    tags: tuple[str, ...] = ()  # --tags: labels /v1/models lists
     log_format: str = "text"  # the access log: "text" or "json" (one object per line)
     header_timeout: float = 10.0  # seconds a connection has to send a request's headers
     special_in_messages: bool = False  # parse control tokens in message contents (llama-server does)
@@ -219,6 +221,8 @@ def _model_card(state: State) -> dict:
     meta = {"n_ctx": llm.n_ctx, "n_vocab": llm.model.config.n_vocab, "backend": llm.backend.name}
     return {
         "id": state.model_id,
+        "aliases": list(state.config.aliases),  # llama-server's
+        "tags": list(state.config.tags),
         "object": "model",
         "created": state.created,
         "owned_by": "edgellm",
@@ -301,7 +305,7 @@ def create_app(state: State) -> FastAPI:
     @app.get("/models/{model_id:path}")
     async def model(model_id: str):
         card = _model_card(state)
-        if model_id not in (state.model_id, f"{state.model_id}:latest"):
+        if not _names_model(state, model_id, case=True):
             msg = f"The model '{model_id}' does not exist (this server has '{state.model_id}')"
             raise APIError(404, msg, param="model", code="model_not_found")
         return card
@@ -1514,9 +1518,14 @@ def _ollama_entry(state: State) -> dict:
     return ol.model_entry(f"{state.model_id}:latest", info["file_size"], digest, details, state.created)
 
 
+def _names_model(state: State, name: str, case: bool = False) -> bool:
+    """Whether `name` (":latest" allowed) is the served model's id or one of its --alias names."""
+    fold = (lambda x: x) if case else str.lower
+    return fold(name).removesuffix(":latest") in {fold(x) for x in (state.model_id, *state.config.aliases)}
+
+
 def _ollama_matches(state: State, name: str) -> bool:
-    n = name.lower().removesuffix(":latest")
-    return n in ("", state.model_id.lower())
+    return name.lower().removesuffix(":latest") == "" or _names_model(state, name)
 
 
 def _ollama_check_model(state: State, name: Any) -> None:

@@ -18,7 +18,8 @@ import os
 import sys
 
 # llama-server flag -> edgellm serve flag (None: takes a value, dropped; "" : a switch, dropped)
-VALUED = {"--port": "--port", "--host": "--host", "--alias": "--alias", "--ctx-size": "-c", "-c": "-c",
+VALUED = {"--port": "--port", "--host": "--host", "--alias": "--alias", "--tags": "--tags",
+          "--ctx-size": "-c", "-c": "-c",
           "--parallel": "--parallel", "-np": "--parallel", "--api-key": "--api-key", "--threads": "-t",
           "--batch-size": "-b", "--pooling": "--pooling", "--chat-template": "--chat-template",
           "--chat-template-file": "--chat-template", "--cors-origins": "--cors-origins",

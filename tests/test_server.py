@@ -529,8 +529,15 @@ def test_a_client_that_stops_waiting_for_a_whole_answer_cancels_it_on_every_rout
 def test_the_servers_sampling_flags_and_n_predict_are_every_requests_defaults(smollm2_path, tmp_path, capsys):
     """llama-server's --temp, --top-k, --seed, ... are what a request leaves out (every route; /props says
     them), and -n is both the default and the ceiling of a request's tokens."""
-    args = ("--temp", "0.9", "--top-k", "5", "--seed", "7", "--presence-penalty", "0.5", "-n", "6")
+    args = ("--temp", "0.9", "--top-k", "5", "--seed", "7", "--presence-penalty", "0.5", "-n", "6",
+            "--alias", "tiny-2,fim,code", "--tags", "chat,small")  # fmt: skip
     with Server(smollm2_path, tmp_path / "defaults.log", *args) as srv:
+        # llama-server's --alias list and --tags: the id is the first alias in order, each one a name
+        [card] = httpx.get(srv.url + "/v1/models").json()["data"]
+        assert card["id"] == "code" and card["aliases"] == ["code", "fim", "tiny-2"]
+        assert card["tags"] == ["chat", "small"]
+        named = [httpx.get(srv.url + f"/v1/models/{m}").status_code for m in ("fim", "tiny-2", "x")]
+        assert named == [200, 200, 404]
         # llama-server's warm-up ran before ready (the first request is not slowed) and is not counted
         assert "warmed up in" in srv.read_log() and _metrics(srv)["edgellm_requests_total"] == 0
         params = httpx.get(srv.url + "/props").json()["default_generation_settings"]["params"]
@@ -548,8 +555,7 @@ def test_the_servers_sampling_flags_and_n_predict_are_every_requests_defaults(sm
         assert (own["temperature"], own["seed"], own["top_k"]) == (0, 1, 5)  # a request's own fields win
         chat = {"messages": [{"role": "user", "content": "Tell me a story"}], "ignore_eos": True}
         assert _post(srv, "/v1/chat/completions", chat).json()["usage"]["completion_tokens"] == 6
-        model = httpx.get(srv.url + "/v1/models").json()["data"][0]["id"]
-        gen = {"model": model, "prompt": "Tell me a story", "stream": False, "options": {"num_predict": 40}}
+        gen = {"model": "fim", "prompt": "Tell me a story", "stream": False, "options": {"num_predict": 40}}
         assert _post(srv, "/api/generate", gen).json()["eval_count"] <= 6
     from edgellm import cli
 
