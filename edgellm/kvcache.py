@@ -1,5 +1,6 @@
 """Paged KV-cache bookkeeping: one pool of reference-counted blocks, a block table row per sequence, and a
-prefix cache that lets sequences sharing a block-aligned token prefix share its blocks.
+prefix cache that lets sequences sharing a block-aligned token prefix share its blocks (and a prompt
+that leaves a cached run inside a block reuse that block's first tokens: its own parked tail, or a copy).
 
 The memory itself belongs to the backend (`Backend.new_kv_cache(..., block_size, n_blocks)`, a
 base.KVCacheProtocol; the CPU layout is backends/paged_kv.py); this module only decides which block holds
@@ -18,6 +19,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+
+def _common_run(toks: Sequence[int], rest: Sequence[int]) -> int:
+    """The length of the run toks and rest begin with in common, short of rest's last token."""
+    n = 0
+    for a, b in zip(toks, rest[: len(rest) - 1]):
+        if a != b:
+            break
+        n += 1
+    return n
 
 
 class OutOfBlocks(RuntimeError):
@@ -146,18 +157,35 @@ class PrefixCache:
             self.pool.release(old[1])
         self._tails[node] = (tuple(tokens), block, next(self._clock))
 
-    def take_tail(self, node: _Node | None, rest: Sequence[int]) -> tuple[int, int] | None:
-        """(block, tokens served) of the tail parked after `node` if `rest` continues its tokens and
-        leaves at least one token to compute; the reference on the block goes to the caller."""
+    def tail_run(self, node: _Node | None, rest: Sequence[int]) -> int:
+        """How many tokens of `rest` the tail parked after `node` could serve: the run they begin with
+        in common, leaving at least one token of `rest` to compute."""
         tail = self._tails.get(node)
-        if tail is None:
-            return None
-        toks, block, _ = tail
-        if not (0 < len(toks) < len(rest)) or tuple(rest[: len(toks)]) != toks:
-            return None
-        del self._tails[node]
-        self.hit_tokens += len(toks)
-        return block, len(toks)
+        return 0 if tail is None else _common_run(tail[0], rest)
+
+    def take_tail(self, node: _Node | None, n: int) -> int:
+        """The block of the tail parked after `node`, to serve its first n tokens; the cache's reference
+        on it goes to the caller, who writes on in it after them (the positions after those hold the old
+        sequence's K/V until overwritten; attention never reads past a sequence's length)."""
+        _, block, _ = self._tails.pop(node)
+        self.hit_tokens += n
+        return block
+
+    def nearest_child(self, node: _Node | None, rest: Sequence[int]) -> tuple[_Node | None, int]:
+        """The cached block after `node` whose tokens begin as `rest` does for the most tokens, and how
+        many (leaving at least one of `rest` to compute): a prompt that leaves a cached prefix inside a
+        block can still reuse that block's first tokens, by copy (PagedKV.open)."""
+        best, n_best = None, 0
+        for child in (node or self.root).children.values():
+            n = _common_run(child.key, rest)
+            if n > n_best:
+                best, n_best = child, n
+        return best, n_best
+
+    def count_copy(self, node: _Node, n: int) -> None:
+        """n tokens were served by a copy of node's block: count them, and the block as used now."""
+        node.last_used = next(self._clock)
+        self.hit_tokens += n
 
     def n_evictable(self) -> int:
         """Blocks only the cache holds (all of them can be freed, parked tails and trie leaves first)."""
@@ -271,16 +299,41 @@ class PagedKV:
             path = self.prefix.match(tokens, (len(tokens) - 1) // self.block_size)
             blocks = self.prefix.acquire(path, len(tokens))
             served = len(blocks) * self.block_size
-            tail = self.prefix.take_tail(path[-1] if path else None, tokens[served:])
-            if tail is not None:  # this sequence's own earlier tail: write on in its block
-                blocks.append(tail[0])
-                served += tail[1]
+            block, n = self._partial_block(path[-1] if path else None, tokens[served:])
+            if n:
+                blocks.append(block)
+                served += n
         self._seqs[slot] = _SeqBlocks(blocks, path[-1] if path else None, len(path))
         row = self.cache.block_table[slot]
         row[:] = -1
         row[: len(blocks)] = blocks
         self._written()
         return slot, served
+
+    def _partial_block(self, node: _Node | None, rest: Sequence[int]) -> tuple[int, int]:
+        """(block, positions served) for the block after a matched path, where `rest` (the tokens after
+        it) begins as a cached run does (llama-server reuses its cache token by token: a repeated prompt
+        is served all but its last token): a parked tail, taken over (nobody else holds it), or the first
+        tokens of a cached block that others may hold, copied into a fresh block. (-1, 0): neither."""
+        assert self.prefix is not None
+        n_tail = self.prefix.tail_run(node, rest)
+        child, n_copy = self.prefix.nearest_child(node, rest)
+        if n_tail and n_tail >= n_copy:  # this conversation's own tail: write on in its block
+            return self.prefix.take_tail(node, n_tail), n_tail
+        if child is None:
+            return -1, 0
+        self.pool.share(child.block)  # held through the eviction below
+        try:
+            if self.pool.n_free == 0:
+                self.prefix.evict(1)
+            if self.pool.n_free == 0:
+                return -1, 0
+            block = self.pool.take()
+            self.cache.copy_positions(child.block, block, n_copy)
+        finally:
+            self.pool.release(child.block)
+        self.prefix.count_copy(child, n_copy)
+        return block, n_copy
 
     def ensure(self, slot: int, n_positions: int) -> None:
         """Map blocks for positions 0..n_positions-1 of a sequence, evicting from the prefix cache if the

@@ -158,6 +158,39 @@ def test_attention_through_a_shuffled_block_table(b, window, softcap, cache):
             np.testing.assert_array_equal(mine.view(np.uint8), oracle.view(np.uint8))  # the same rows stored
 
 
+@pytest.mark.parametrize("cache", CACHE_TYPES)
+def test_positions_copied_between_blocks_are_read_as_written(b, cache):
+    """copy_positions (the prefix cache's reuse of a block's first tokens): sequence 0 writes 6
+    positions, the first 2 of its second block are copied into block 1, and sequence 1 (its first block
+    shared, then block 1) attends at position 6 exactly as sequence 0 does with the same new row."""
+    n_kv, dh, bs = 2, 64, 4
+    types = dict(zip(("type_k", "type_v"), CACHE_TYPES[cache]))
+    if not all(b.supports("kv_cache", kind) for kind in types.values()):
+        pytest.skip(f"{b.name} holds no {cache} cache")
+    kv = b.new_kv_cache(2, n_kv, dh, 32, 2, block_size=bs, n_blocks=8, **types)
+    kv.block_table[:] = -1
+    kv.block_table[0, :2] = [3, 6]
+    kv.table_written()
+    r = np.random.default_rng(11)
+    q, k, v = (r.standard_normal((6, h, dh)).astype(np.float32) for h in (4, n_kv, n_kv))
+    for layer in (0, 1):
+        b.attention(*_up(b, b, q, k, v), kv, layer, np.zeros(6, np.int64), np.arange(6), 0.125)
+    kv.copy_positions(6, 1, 2)
+    kv.block_table[1, :2] = [3, 1]
+    kv.table_written()
+    q, k, v = (
+        np.repeat(r.standard_normal((1, h, dh)).astype(np.float32), 2, axis=0) for h in (4, n_kv, n_kv)
+    )
+    at = (np.array([0, 1]), np.array([6, 6]))
+    for layer in (0, 1):
+        out = b.to_host(b.attention(*_up(b, b, q, k, v), kv, layer, *at, 0.125))
+        np.testing.assert_array_equal(out[1], out[0])
+    with pytest.raises(ValueError, match="cannot copy"):
+        kv.copy_positions(1, 1, 2)
+    with pytest.raises(ValueError, match="cannot copy 5 positions"):
+        kv.copy_positions(6, 2, 5)
+
+
 def _up(backend, b, *arrays):
     return [backend.from_host(a) for a in arrays] if backend is b else list(arrays)
 

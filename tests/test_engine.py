@@ -92,6 +92,28 @@ def test_shared_prefix_is_served_from_the_cache_with_the_same_tokens(llm):
     assert eng.kv.prefix.hit_rate > 0.3
 
 
+def test_a_prompt_that_leaves_the_cache_inside_a_block_reuses_its_first_tokens(llm):
+    """Token-granular reuse, as llama-server's: the same prompt again is served all but its last token,
+    one that differs from a cached prompt inside a block up to the difference (that block's first
+    tokens copied into a block of its own); both give the tokens they give without a prefix cache."""
+    first = llm.tokenize(PROMPTS[3])
+    cut = len(first) - 3 if (len(first) - 3) % 4 else len(first) - 2  # inside a block of 4
+    other = first[:cut] + llm.tokenizer.encode(" and a dragon", add_special=False)
+    eng = _engine(llm)
+    try:
+        runs = [list(eng.submit(GenRequest(list(p), GREEDY, 4))) for p in (first, first, other, other)]
+    finally:
+        eng.shutdown()
+    plain = _engine(llm, prefix_caching=False)
+    try:
+        want = [_tokens(plain.submit(GenRequest(list(p), GREEDY, 4)))[0] for p in (first, other)]
+    finally:
+        plain.shutdown()
+    assert [r[-1].usage.cached_tokens for r in runs] == [0, len(first) - 1, cut, len(other) - 1]
+    assert [[e.token for e in r if e.token is not None] for r in runs] == [want[0]] * 2 + [want[1]] * 2
+    assert eng.kv.n_used() == eng.kv.prefix.n_evictable()
+
+
 def test_a_request_for_no_tokens_reads_its_prompt_into_the_cache(llm):
     """max_tokens 0 (llama-server's n_predict 0, which its web UI sends to warm the cache for the next
     turn): no token, finish length, and the next request with that prefix finds it cached. So does one

@@ -102,9 +102,21 @@ def test_sequences_sharing_a_prefix_share_its_blocks_and_free_only_their_own():
     assert kv.pool.refs[kv.seq_blocks(s0)[0]] == 3  # two sequences and the cache
     kv.ensure(s1, 11)
     assert kv.seq_blocks(s1)[2] != kv.seq_blocks(s0)[2]
-    # a prompt that is exactly the cached blocks still computes its last token
+    # a prompt that is exactly the cached blocks still computes its last token: the second block's first
+    # three positions are copied into a block of its own (the cached one stays as it is, for others)
+    cached = kv.seq_blocks(s0)[1]
+    rows = slice(cached * 4, cached * 4 + 4)
+    kv.cache.k[0, rows] = kv.cache.v[0, rows] = np.arange(8, dtype=np.float16).reshape(4, 1, 2) + 1
     s2, hit = kv.open(a[:8])
-    assert hit == 4
+    assert hit == 7
+    mine = kv.seq_blocks(s2)[1]
+    assert kv.seq_blocks(s2)[0] == kv.seq_blocks(s0)[0] and mine not in kv.seq_blocks(s0)
+    assert kv.pool.refs[mine] == 1 and kv.pool.refs[cached] == 3  # s0, s1, the cache: s2 holds a copy
+    for store in (kv.cache.k, kv.cache.v):
+        np.testing.assert_array_equal(
+            store[0, mine * 4 : mine * 4 + 3], store[0, cached * 4 : cached * 4 + 3]
+        )
+        assert not store[0, mine * 4 + 3].any()  # the fourth position is s2's to compute
     kv.close(s0)
     kv.close(s1)
     kv.close(s2)
@@ -198,16 +210,28 @@ def test_a_finished_sequences_partial_tail_is_reused_by_its_continuation():
     kv.ensure(s1, len(turn2))  # the tail block is the sequence's own: it writes on in it
     assert kv.seq_blocks(s1)[2] == tail_block and kv.pool.refs[tail_block] == 1
     kv.close(s1)
-    # a continuation that diverges inside the tail gets the full blocks only
+    # a continuation that diverges inside the tail is served up to the divergence, and writes on there
     kv2 = _paged(16)
     s0, _ = kv2.open(turn1)
     kv2.ensure(s0, 10)
+    tail_block = kv2.seq_blocks(s0)[2]
     kv2.close(s0, turn1, n_computed=10)
     s1, served = kv2.open(turn1[:9] + [77, 78])
-    assert served == 8
-    # the tail is taken at most once, and a prompt equal to the tail still computes its last token
+    assert served == 9 and kv2.seq_blocks(s1)[2] == tail_block
+    # the tail is taken at most once
     s2, served = kv2.open(turn1)
-    assert served == 8  # the tail [9, 10] would leave nothing to compute: not taken
+    assert served == 8
+    # a prompt diverging at the tail's first token gets the full blocks only; the tail stays parked
+    kv3 = _paged(16)
+    s0, _ = kv3.open(turn1)
+    kv3.ensure(s0, 10)
+    kv3.close(s0, turn1, n_computed=10)
+    s1, served = kv3.open(turn1[:8] + [77, 78])
+    assert served == 8 and kv3.prefix.n_evictable() == 1  # the parked tail
+    kv3.close(s1)
+    # a repeated prompt is served all but its last token (llama-server's 76 of 77 cached)
+    s2, served = kv3.open(turn1)
+    assert served == 9 and kv3.pool.refs[kv3.seq_blocks(s2)[2]] == 1
 
 
 def test_parked_tails_are_evicted_first_and_every_reference_comes_back():
@@ -222,3 +246,37 @@ def test_parked_tails_are_evicted_first_and_every_reference_comes_back():
     assert served == 4  # the full block is still cached; the tail is gone
     kv.close(s1)
     assert kv.prefix.clear() == 1 and kv.pool.n_free == 6 and (kv.pool.refs == 0).all()
+
+
+def test_a_partial_block_comes_from_the_parked_tail_or_a_copy_whichever_serves_more():
+    """After a matched path, the block that holds where the prompt leaves the cache: the conversation's
+    own parked tail when it serves as many tokens as any cached block would (no copy), else a copy of
+    the cached block that serves the most; the copy's source is held while a block is freed for it."""
+    kv = _paged(16)
+    full = list(range(1, 9))  # two full blocks, cached
+    s0, _ = kv.open(full + [50])
+    kv.ensure(s0, 9)
+    kv.close(s0, full + [50], n_computed=8)
+    short = [1, 2, 3, 4, 5, 6]  # a tail [5, 6] parked after the first block
+    s1, _ = kv.open(short + [60])
+    kv.ensure(s1, 7)
+    tail = kv.seq_blocks(s1)[1]
+    kv.close(s1, short + [60], n_computed=6)
+    second = kv.prefix.match(full, 2)[1].block
+    s2, served = kv.open([1, 2, 3, 4, 5, 6, 7, 70])  # the cached block serves 3, the tail 2: a copy
+    assert served == 7 and kv.seq_blocks(s2)[1] not in (tail, second)
+    assert kv.prefix.tail_run(kv.prefix.match(full, 1)[0], [5, 6, 9]) == 2  # the tail is still parked
+    s3, served = kv.open([1, 2, 3, 4, 5, 6, 9, 9])  # both serve 2: the tail, taken over
+    assert served == 6 and kv.seq_blocks(s3)[1] == tail and kv.pool.refs[tail] == 1
+    for s in (s2, s3):
+        kv.close(s)
+    assert kv.prefix.clear() == 2 and (kv.pool.refs == 0).all()
+
+    dry = _paged(2)  # both blocks cached, none free, and the only idle leaf is the copy's source
+    s0, _ = dry.open(full)
+    dry.ensure(s0, 8)
+    dry.close(s0, full, n_computed=8)
+    s1, served = dry.open([1, 2, 3, 4, 5, 6, 99])
+    assert served == 4 and dry.pool.n_free == 0 and dry.prefix.n_blocks == 2  # no copy; nothing evicted
+    dry.close(s1)
+    assert dry.prefix.clear() == 2 and (dry.pool.refs == 0).all()

@@ -33,7 +33,8 @@ class KVCacheProtocol(Protocol):
     has exactly one writer, edgellm.kvcache.PagedKV, which calls `table_written()` after every change;
     a cache made without it maps every sequence to blocks of its own and nobody writes the table. A
     device backend copies the table to the device on the first forward after `table_written()` (a
-    host cache reads the table in place). Only the backend's attention writes K and V.
+    host cache reads the table in place). Only the backend's attention writes K and V, and
+    `copy_positions` copies them from block to block.
     """
 
     block_size: int
@@ -57,6 +58,13 @@ class KVCacheProtocol(Protocol):
 
     def clear(self, seq: int | None = None) -> None:
         """Forget a sequence's (or every) position; positions are overwritten before being read."""
+        ...
+
+    def copy_positions(self, src: int, dst: int, n: int) -> None:
+        """Copy K and V of block src's first n positions into block dst, in every layer that reads the
+        block table (a sliding-window ring keeps its own), ordered after the work already issued and
+        before the next forward: the prefix cache's reuse of the first tokens of a block that another
+        sequence holds (edgellm.kvcache.PagedKV.open)."""
         ...
 
 

@@ -187,6 +187,14 @@ class CudaKV(DeviceKV):
     def upload_table(self) -> None:
         self.table_d.copy_to_device(self.block_table, stream=self.backend.stream)
 
+    def copy_positions(self, src: int, dst: int, n: int) -> None:
+        """Device-to-device copies on the backend's stream (after the work issued, before the next)."""
+        self.check_copy(src, dst, n)
+        a, b = src * self.block_size, dst * self.block_size
+        for layer in self.full_layers:
+            for rows in self.layers[layer]:
+                rows[b : b + n].copy_to_device(rows[a : a + n], stream=self.backend.stream)
+
     def layer(self, layer: int) -> tuple[Any, Any, Any]:
         ring, _ = self._where[layer]
         k, v = self.layers[layer]

@@ -224,12 +224,27 @@ class KVCache:
     def clear(self, seq: int | None = None) -> None:
         """Nothing to free: positions are overwritten before they are read."""
 
+    def check_copy(self, src: int, dst: int, n: int) -> None:
+        """ValueError unless src and dst are two blocks of the pool and 0 < n <= block_size."""
+        if not (0 <= src < self.n_blocks and 0 <= dst < self.n_blocks) or src == dst:
+            raise ValueError(f"cannot copy block {src} to block {dst} of a pool of {self.n_blocks}")
+        if not 0 < n <= self.block_size:
+            raise ValueError(f"cannot copy {n} positions of a block of {self.block_size}")
+
+    def copy_positions(self, src: int, dst: int, n: int) -> None:
+        """K and V of block src's first n positions into block dst, in every layer the block table maps
+        (KVCacheProtocol.copy_positions): q8_0 rows are copied as stored."""
+        self.check_copy(src, dst, n)
+        a, b = src * self.block_size, dst * self.block_size
+        for rows in (self.k, self.v):
+            rows[:, b : b + n] = rows[:, a : a + n]
+
 
 class DeviceKV(KVCache):
     """A cache whose K and V live on a device (vulkan, cuda): the tables stay here (the engine writes them),
     K and V are f16 only (a q8_0 cache is refused by name), and a changed block table is copied to the
     device before the next forward (`sync`). A subclass allocates `layers` [(K, V) per layer] and
-    implements `upload_table`."""
+    implements `upload_table` and `copy_positions`."""
 
     def __init__(self, backend_name: str, *args: Any, **kwargs: Any):
         for which in ("type_k", "type_v"):
@@ -258,3 +273,6 @@ class DeviceKV(KVCache):
 
     def upload_table(self) -> None:
         raise NotImplementedError
+
+    def copy_positions(self, src: int, dst: int, n: int) -> None:
+        raise NotImplementedError  # K and V are the subclass's device buffers

@@ -328,6 +328,22 @@ class WebGPUKV(DeviceKV):
         self.backend.flush()  # after the work already recorded ran
         self.backend.device.queue.write_buffer(self.table_buf, 0, self.block_table.astype(np.int32))
 
+    def copy_positions(self, src: int, dst: int, n: int) -> None:
+        """Buffer copies after the work already recorded, through a scratch buffer: WebGPU forbids a copy
+        within one buffer. The copies of one encoder run in order, so one scratch serves every layer."""
+        self.check_copy(src, dst, n)
+        row = self.n_kv_heads * self.head_dim * 2  # bytes of one position (a multiple of 16)
+        a, b, size = src * self.block_size * row, dst * self.block_size * row, n * row
+        backend = self.backend
+        backend.flush()
+        scratch = backend.storage(size)
+        enc = backend.device.create_command_encoder()
+        for layer in self.full_layers:
+            for buf in self.layers[layer]:
+                enc.copy_buffer_to_buffer(buf, a, scratch, 0, size)
+                enc.copy_buffer_to_buffer(scratch, 0, buf, b, size)
+        backend.device.queue.submit([enc.finish()])
+
     def layer(self, layer: int) -> tuple[Any, Any, Any, int]:
         """(K buffer, V buffer, block table buffer, table width) of one layer."""
         ring, _ = self._where[layer]
