@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from dataclasses import replace
 from typing import Any
@@ -235,6 +236,12 @@ def serve(
     ),
     no_webui: bool = typer.Option(False, "--no-webui", help="Do not serve the chat page at /."),
     slots: bool = typer.Option(True, "--slots/--no-slots", help="Serve the read-only GET /slots."),
+    slot_save_path: str | None = typer.Option(
+        None,
+        "--slot-save-path",
+        help="A directory for POST /slots/{id}?action=save|restore: a conversation's KV cache saved to "
+        "a file and read back (made if missing).",
+    ),
     embeddings: bool = typer.Option(
         False, "--embeddings", help="Serve /v1/embeddings, /embedding and /api/embed."
     ),
@@ -308,6 +315,13 @@ def serve(
     for h in hosts:
         if h not in ("127.0.0.1", "localhost", "::1") and not api_key:
             print(f"warning: serving on {h} without --api-key", file=sys.stderr)
+    if slot_save_path is not None:
+        if no_prefix_cache:
+            raise ServeError("--slot-save-path restores into the prefix cache: drop --no-prefix-cache")
+        try:
+            os.makedirs(slot_save_path, exist_ok=True)
+        except OSError as e:
+            raise ServeError(f"--slot-save-path {slot_save_path}: {e.strerror or e}") from None
     where = ", ".join(url_of(h, port) for h in hosts)
     config = ServerConfig(
         model=str(path),
@@ -343,6 +357,7 @@ def serve(
         pooling=pooling,
         webui=not no_webui,
         slots=slots,
+        slot_save_path=slot_save_path,
         spec=spec_config(spec_type, draft_max, draft_min, model_draft),
         use_mmap=not no_mmap,
         mlock=mlock,

@@ -74,6 +74,7 @@ class GenRequest:
     # with logprobs: those of the distribution the sampler drew from (after its filters and temperature),
     # not of the raw logits (llama-server's post_sampling_probs)
     post_sampling: bool = False
+    slot: int = -1  # llama-server's id_slot: the slot whose conversation this is (slot_tokens); -1 any
 
 
 class TokenLogprob(NamedTuple):
@@ -305,6 +306,9 @@ class Engine:
         self._inbox: list[_Seq] = []  # submitted, not yet seen by the engine thread
         self._cancels: list[Stream] = []
         self._jobs: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []  # call()
+        # the tokens of the last sequence that ended in each slot (its request's `slot`, else the engine's
+        # own): what llama-server's slot save writes, read on the engine thread (call())
+        self.slot_tokens: dict[int, list[int]] = {}
         self.sched = Scheduler(self.kv, self.max_batch_tokens)
         self.runner = ModelRunner(model, self.kv.cache)
         self._accepting = True
@@ -534,7 +538,10 @@ class Engine:
         if self.draft is not None:
             self.draft.forget(s)
         text = s.stop.flush() + s.detok.flush() if flush and reason in ("stop", "length") else ""
-        self.sched.finish(s, keep_tail=reason in ("stop", "length", "cancelled"), fed=self._fed(s))
+        keep = reason in ("stop", "length", "cancelled")
+        if keep and s.slot >= 0:
+            self.slot_tokens[s.req.slot if s.req.slot >= 0 else s.slot] = list(s.tokens)
+        self.sched.finish(s, keep_tail=keep, fed=self._fed(s))
         self.stats.finished[reason] += 1
         now = time.perf_counter()
         ttft = (s.t_first - s.t_arrival) if s.t_first else None

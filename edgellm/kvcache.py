@@ -187,6 +187,27 @@ class PrefixCache:
         node.last_used = next(self._clock)
         self.hit_tokens += n
 
+    def tail_of(self, node: _Node | None) -> tuple[tuple[int, ...], int] | None:
+        """(tokens, block) of the tail parked after `node`, if any."""
+        tail = self._tails.get(node)
+        return None if tail is None else (tail[0], tail[1])
+
+    def drop_tail(self, node: _Node | None) -> int:
+        """Free the tail parked after `node`; the positions it held (0 if none)."""
+        tail = self._tails.pop(node, None)
+        if tail is None:
+            return 0
+        self.pool.release(tail[1])
+        return len(tail[0])
+
+    def drop(self, node: _Node) -> None:
+        """Take an idle leaf out of the trie and free its block."""
+        assert not node.children and self._idle(node) and node.parent is not None
+        del node.parent.children[node.key]
+        self._in_trie[node.block] = False
+        self.n_blocks -= 1
+        self.pool.release(node.block)
+
     def n_evictable(self) -> int:
         """Blocks only the cache holds (all of them can be freed, parked tails and trie leaves first)."""
         return int(np.count_nonzero(self._in_trie & (self.pool.refs == 1))) + len(self._tails)
@@ -213,12 +234,8 @@ class PrefixCache:
         while heap and freed < n_wanted:
             _, _, n = heapq.heappop(heap)
             parent = n.parent
-            assert parent is not None
-            del parent.children[n.key]
-            self._in_trie[n.block] = False
-            self.n_blocks -= 1
+            self.drop(n)
             self.evicted += 1
-            self.pool.release(n.block)
             freed += 1
             if parent is not self.root and not parent.children and self._idle(parent):
                 heapq.heappush(heap, (parent.last_used, id(parent), parent))
@@ -399,6 +416,85 @@ class PagedKV:
         self.cache.block_table[slot] = -1
         self._written()
         self._free_slots.append(slot)
+
+    # -- saved prefixes (llama-server's slot save / restore / erase) ----------------------------------
+    def cached_run(self, tokens: Sequence[int]) -> tuple[list[int], int]:
+        """(blocks, n): the blocks holding K/V of the first n tokens of `tokens` that the prefix cache
+        holds now (full blocks, then a parked tail's common run), without side effects."""
+        if self.prefix is None:
+            return [], 0
+        path = self.prefix.match(tokens, len(tokens) // self.block_size)
+        blocks, n = [p.block for p in path], len(path) * self.block_size
+        tail = self.prefix.tail_of(path[-1] if path else None)
+        if tail is not None:
+            run = _common_run(tail[0], [*tokens[n:], -1])  # the whole of tokens may be served here
+            if run:
+                blocks.append(tail[1])
+                n += run
+        return blocks, n
+
+    def export(self, tokens: Sequence[int]) -> tuple[int, np.ndarray, np.ndarray]:
+        """(n, K, V): K and V of the first n tokens of `tokens` that the prefix cache holds, as
+        (layers, n, n_kv_heads, row) host arrays (the cache's read_block)."""
+        blocks, n = self.cached_run(tokens)
+        if not blocks:
+            k_shape, v_shape = self.cache.block_shapes()
+            return 0, np.zeros((k_shape[0], 0, *k_shape[2:])), np.zeros((v_shape[0], 0, *v_shape[2:]))
+        read = [self.cache.read_block(b) for b in blocks]
+        k, v = (np.concatenate([r[j] for r in read], axis=1)[:, :n] for j in (0, 1))
+        return n, k, v
+
+    def restore(self, tokens: Sequence[int], k: np.ndarray, v: np.ndarray) -> int:
+        """Put K and V of `tokens` (export's arrays) into the prefix cache: full blocks into the trie
+        (runs already cached are kept as they are), a partial last block parked as a finished
+        sequence's tail, so that the next prompt beginning with these tokens is served from them. All
+        or nothing: OutOfBlocks if the pool cannot hold them beside what sequences hold now. Returns
+        the positions restored (len(tokens))."""
+        if self.prefix is None:
+            raise ValueError("the prefix cache is off: nothing can be restored into it")
+        bs, n = self.block_size, len(tokens)
+        path = self.prefix.match(tokens, n // bs)  # the runs already cached
+        held = [p.block for p in path]
+        for b in held:  # held through the evictions below, and so are the blocks written
+            self.pool.share(b)
+        try:
+            need = self.blocks_for(n) - len(path)
+            if need > self.n_available():
+                raise OutOfBlocks(f"{n} positions need {need} more KV blocks, {self.n_available()} are free")
+            node = path[-1] if path else None
+            k_shape, v_shape = self.cache.block_shapes()
+            for i in range(len(path), self.blocks_for(n)):
+                a, z = i * bs, min(n, (i + 1) * bs)
+                if self.pool.n_free == 0:
+                    self.prefix.evict(1)
+                block = self.pool.take()
+                kb, vb = np.zeros(k_shape, k.dtype), np.zeros(v_shape, v.dtype)
+                kb[:, : z - a], vb[:, : z - a] = k[:, a:z], v[:, a:z]
+                self.cache.write_block(block, kb, vb)
+                if z - a == bs:
+                    node = self.prefix.insert(node, tuple(tokens[a:z]), block)
+                    held.append(block)
+                else:  # the last, partial block: the cache takes this reference
+                    self.prefix.park_tail(node, tokens[a:z], block)
+        finally:
+            for b in held:
+                self.pool.release(b)
+        return n
+
+    def forget(self, tokens: Sequence[int]) -> int:
+        """Drop what the prefix cache holds of `tokens` that nothing else needs: the parked tail after
+        their cached path, then the path's blocks from the deepest up while no sequence holds one and
+        no other cached run continues it. Returns the positions dropped."""
+        if self.prefix is None:
+            return 0
+        path = self.prefix.match(tokens, len(tokens) // self.block_size)
+        dropped = self.prefix.drop_tail(path[-1] if path else None)
+        for node in reversed(path):
+            if node.children or not self.prefix._idle(node) or self.prefix.tail_of(node) is not None:
+                break
+            self.prefix.drop(node)
+            dropped += self.block_size
+        return dropped
 
     def _written(self) -> None:
         """This class is the only writer of the cache's block table: tell the cache after each change

@@ -88,6 +88,10 @@ def _integer(body: dict, name: str, lo: int, hi: int) -> int | None:
     return v
 
 
+def _or(v: Any, default: Any) -> Any:
+    return default if v is None else v
+
+
 def _boolean(body: dict, name: str, default: bool = False) -> bool:
     v = body.get(name)
     if v is None:
@@ -169,6 +173,7 @@ class Limits:
     n_ctx: int
     n_vocab: int
     n_predict: int = -1  # the server's -n: tokens a request generates at most, and its default (-1: none)
+    n_slots: int = 1 << 16  # the server's -np: llama-server's id_slot names one of them
 
 
 def capped(max_tokens: int | None, n_predict: int) -> int | None:
@@ -214,6 +219,7 @@ class GenerationParams:
     # the answer's fields kept ("a/b" a nested one), as llama-server's post_sampling_probs, response_fields
     post_sampling_probs: bool = False
     response_fields: list[str] = field(default_factory=list)
+    id_slot: int = -1  # llama-server's: the slot whose conversation this is (its save / restore); -1 any
 
 
 def _sampling(body: dict, lim: Limits) -> dict[str, Any]:
@@ -413,6 +419,7 @@ def _common(
         reasoning_control=_reasoning_control(body, logprobs == "chat"),
         post_sampling_probs=_boolean(body, "post_sampling_probs") and logprobs == "native",
         response_fields=_response_fields(body) if logprobs == "native" else [],
+        id_slot=_or(_integer(body, "id_slot", -1, lim.n_slots - 1), -1),
     )
 
 

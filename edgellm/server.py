@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -35,6 +36,7 @@ from edgellm import modelinfo, reasoning, structured, tools
 from edgellm import ollama_api as ol
 from edgellm import openai_api as oa
 from edgellm import responses_api as ra
+from edgellm import slots as slot_files
 from edgellm.engine import (
     ContextOverflow,
     Engine,
@@ -45,6 +47,7 @@ from edgellm.engine import (
     RequestRejected,
     ShuttingDown,
 )
+from edgellm.kvcache import OutOfBlocks
 from edgellm.openai_api import APIError
 
 log = logging.getLogger("edgellm.server")
@@ -93,6 +96,7 @@ class ServerConfig:
     sampling: dict[str, Any] = field(default_factory=dict)  # --temp, --top-k, ...: requests' defaults
     n_predict: int = -1  # -n: tokens a request generates at most, and its default (-1: no limit)
     warmup: bool = True  # --warmup/--no-warmup: a short generation before the server says ready
+    slot_save_path: str | None = None  # --slot-save-path: the directory slot save / restore use
 
 
 @dataclass
@@ -109,6 +113,7 @@ class State:
     created: int = field(default_factory=lambda: int(time.time()))
     responses: ra.Store = field(default_factory=ra.Store)  # /v1/responses kept for previous_response_id
     controls: dict[str, list] = field(default_factory=dict)  # running chats' streams by id: reasoning_control
+    fingerprint: str | None = None  # slot_files.model_fingerprint of the served file, once a slot was saved
 
     def ready(self) -> Engine:
         if self.engine is None:
@@ -434,10 +439,65 @@ def create_app(state: State) -> FastAPI:
         ]  # fmt: skip
 
     @app.post("/slots/{slot_id}")
-    async def slot_action(slot_id: str, action: str = ""):  # llama-server's ?action=save|restore|erase
-        msg = (f"slot actions ({action or 'save, restore, erase'}) are not supported: edgellm's KV cache is "
-               "shared between requests by prompt prefix, not held per slot")  # fmt: skip
-        raise APIError(501, msg, "not_supported_error", param="action")
+    async def slot_action(slot_id: str, request: Request, action: str = ""):
+        """llama-server's ?action=save|restore|erase (slot_save_restore)."""
+        engine = state.ready()
+        c = state.config
+        if not c.slot_save_path:
+            raise APIError(501, "This server does not support slots action. Start it with `--slot-save-path`",
+                           "not_supported_error")  # fmt: skip
+        if not (slot_id.isascii() and slot_id.isdigit() and len(slot_id) < 7 and int(slot_id) < c.parallel):
+            msg = f"Invalid slot ID {slot_id[:20]!r} (this server has slots 0 to {c.parallel - 1})"
+            raise APIError(400, msg, "invalid_request_error", param="id_slot")
+        slot = int(slot_id)
+        if action == "erase":
+            return {"id_slot": slot, "n_erased": await _on_engine(engine, lambda: _erase_slot(engine, slot))}
+        if action not in ("save", "restore"):
+            msg = f"Invalid action {action[:20]!r}: save, restore or erase"
+            raise APIError(400, msg, "invalid_request_error", param="action")
+        body = await _json(request, c.max_body)
+        try:
+            name = slot_files.check_filename((body or {}).get("filename") if isinstance(body, dict) else None)
+        except ValueError as e:
+            raise APIError(400, f"Invalid filename: {e}", "invalid_request_error", param="filename") from None
+        path = Path(c.slot_save_path) / name
+        t0 = time.perf_counter()
+        fingerprint = await _fingerprint(state)
+        cache = engine.kv.cache
+        if action == "save":
+            n, k, v, tokens = await _on_engine(engine, lambda: _export_slot(engine, slot))
+            nbytes = await asyncio.to_thread(slot_files.save, path, fingerprint, cache, tokens, k, v)
+            ms = (time.perf_counter() - t0) * 1e3
+            return {
+                "id_slot": slot,
+                "filename": name,
+                "n_saved": n,
+                "n_written": nbytes,
+                "timings": {"save_ms": ms},
+            }
+        try:
+            tokens, k, v, nbytes = await asyncio.to_thread(
+                slot_files.load, path, fingerprint, cache, state.llm.model.config.n_vocab
+            )
+        except FileNotFoundError:
+            raise APIError(404, f"no slot file {name!r} in the save directory", "not_found_error",
+                           param="filename") from None  # fmt: skip
+        except slot_files.SlotFileError as e:
+            raise APIError(
+                400, f"Unable to restore slot: {e}", "invalid_request_error", param="filename"
+            ) from None
+        try:
+            n = await _on_engine(engine, lambda: _restore_slot(engine, slot, tokens, k, v))
+        except (OutOfBlocks, ValueError) as e:
+            raise APIError(400, f"Unable to restore slot: {e}", "invalid_request_error") from None
+        ms = (time.perf_counter() - t0) * 1e3
+        return {
+            "id_slot": slot,
+            "filename": name,
+            "n_restored": n,
+            "n_read": nbytes,
+            "timings": {"restore_ms": ms},
+        }
 
     # -- Ollama's API (ollama_api.py) ------------------------------------------------------------------
     @app.get("/api/version")
@@ -844,7 +904,7 @@ async def _generate(state: State, request: Request, chat: bool):
             if q.seed is not None and (len(prompts) > 1 or p.n > 1):
                 q = replace(q, seed=(q.seed + i * p.n + j) % (1 << 64))  # distinct, reproducible choices
             reqs.append(GenRequest(ids, q, p.max_tokens, tuple(p.stop), p.logprobs, grammar, p.speculative,
-                                   live=_live(p), reasoning_budget=budget))  # fmt: skip
+                                   live=_live(p), reasoning_budget=budget, slot=p.id_slot))  # fmt: skip
     streams = _submit(engine, reqs)
     tok = llm.tokenizer
     shaper = oa.Shaper(
@@ -993,10 +1053,44 @@ async def _compile(engine: Engine, grammar: Any, field: str) -> str | None:
         raise oa.bad(field, str(e), code="invalid_grammar") from None
 
 
+async def _on_engine(engine: Engine, fn: Callable[[], Any]) -> Any:
+    """fn's result, run on the engine's thread between two steps (Engine.call)."""
+    return await asyncio.wrap_future(engine.call(fn))
+
+
+async def _fingerprint(state: State) -> str:
+    """The served model file's slot_files.model_fingerprint, computed once."""
+    if state.fingerprint is None:
+        state.fingerprint = await asyncio.to_thread(slot_files.model_fingerprint, state.llm.path)
+    return state.fingerprint
+
+
+def _export_slot(engine: Engine, slot: int) -> tuple[int, Any, Any, list[int]]:
+    """(n, K, V, tokens): what the prefix cache still holds of the slot's last conversation (engine
+    thread)."""
+    tokens = engine.slot_tokens.get(slot, [])
+    n, k, v = engine.kv.export(tokens)
+    return n, k, v, tokens[:n]
+
+
+def _restore_slot(engine: Engine, slot: int, tokens: list[int], k: Any, v: Any) -> int:
+    n = engine.kv.restore(tokens, k, v)
+    engine.slot_tokens[slot] = list(tokens)
+    return n
+
+
+def _erase_slot(engine: Engine, slot: int) -> int:
+    """Forget the slot's last conversation and drop its cached K/V that no other needs; the tokens it
+    held (llama-server's n_erased)."""
+    tokens = engine.slot_tokens.pop(slot, [])
+    engine.kv.forget(tokens)
+    return len(tokens)
+
+
 def _limits(state: State) -> oa.Limits:
     """What a request may ask of the loaded model and this server (its -n included)."""
     llm = state.llm
-    return oa.Limits(llm.n_ctx, llm.model.config.n_vocab, state.config.n_predict)
+    return oa.Limits(llm.n_ctx, llm.model.config.n_vocab, state.config.n_predict, state.config.parallel)
 
 
 def _params(llm: Any, p: oa.GenerationParams) -> Any:
@@ -1354,7 +1448,7 @@ async def _native_answer(
     choices = [(ids, seeded(j)) for ids in prompts for j in range(p.n)]
     reqs = [
         GenRequest(ids, q, p.max_tokens, stop, p.logprobs, grammar, p.speculative, _live(p),
-                   post_sampling=p.post_sampling_probs)
+                   post_sampling=p.post_sampling_probs, slot=p.id_slot)
         for ids, q in choices
     ]  # fmt: skip
     streams = _submit(engine, reqs)
@@ -1362,6 +1456,8 @@ async def _native_answer(
     seqs = [_NativeSeq(len(ids)) for ids, _ in choices]
     eog = llm.tokenizer.eog_ids
     piece = lambda t: llm.tokenizer.token_to_piece(t, special=True)  # noqa: E731
+
+    slot = max(p.id_slot, 0)  # the slot named (the engine's own is not tracked per answer: 0)
 
     def probs(items: list) -> dict:
         if not p.logprobs:
@@ -1372,7 +1468,7 @@ async def _native_answer(
         s, u = seqs[i], seqs[i].usage  # (the finish event carries the usage)
         st = la.stop_type(s.reason, s.tokens[-1] if s.tokens else None, eog, p.stop)
         body = {
-            "index": i, "content": text, "tokens": tokens, "id_slot": 0, "stop": True,
+            "index": i, "content": text, "tokens": tokens, "id_slot": slot, "stop": True,
             "model": state.model_id, "tokens_predicted": u.completion_tokens,
             "tokens_evaluated": u.prompt_tokens, "tokens_cached": u.cached_tokens,
             "generation_settings": {**la.generation_settings(choices[i][1], llm.n_ctx, p.max_tokens, p.stop),
@@ -1408,7 +1504,7 @@ async def _native_answer(
                         yield _sse_line(final(i, ev.text, lps, []))
                         continue
                     n = (len(seqs[i].tokens), seqs[i].n_prompt)  # predicted, evaluated
-                    chunk = {"index": i, "content": ev.text, "tokens": [], "stop": False, "id_slot": 0,
+                    chunk = {"index": i, "content": ev.text, "tokens": [], "stop": False, "id_slot": slot,
                              "tokens_predicted": n[0], "tokens_evaluated": n[1]}  # fmt: skip
                     if _progress_only(ev):  # llama-server's return_progress
                         if not p.return_progress:

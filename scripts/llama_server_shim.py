@@ -29,7 +29,7 @@ VALUED = {"--port": "--port", "--host": "--host", "--alias": "--alias", "--tags"
           "--temp": "--temp", "--seed": "--seed", "-s": "--seed", "--top-k": "--top-k", "--top-p": "--top-p",
           "--min-p": "--min-p", "--typical": "--typical", "--repeat-penalty": "--repeat-penalty",
           "--repeat-last-n": "--repeat-last-n", "--presence-penalty": "--presence-penalty",
-          "--frequency-penalty": "--frequency-penalty"}  # fmt: skip
+          "--frequency-penalty": "--frequency-penalty", "--slot-save-path": "--slot-save-path"}  # fmt: skip
 # (-c is split between the slots: per_slot)
 SWITCHES = {"--embedding": "--embeddings", "--embeddings": "--embeddings", "--no-ui": "--no-webui",
             "--slots": "--slots", "--no-slots": "--no-slots", "--no-warmup": "--no-warmup"}  # fmt: skip

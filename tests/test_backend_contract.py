@@ -191,6 +191,42 @@ def test_positions_copied_between_blocks_are_read_as_written(b, cache):
         kv.copy_positions(6, 2, 5)
 
 
+@pytest.mark.parametrize("cache", CACHE_TYPES)
+def test_a_block_read_to_the_host_and_written_back_holds_the_same_rows(b, cache):
+    """read_block / write_block (a slot saved to a file and restored): the rows attention stored, as
+    the oracle stores them; written into another block (of another cache), read there as written."""
+    n_kv, dh, bs = 2, 64, 4
+    types = dict(zip(("type_k", "type_v"), CACHE_TYPES[cache]))
+    if not all(b.supports("kv_cache", kind) for kind in types.values()):
+        pytest.skip(f"{b.name} holds no {cache} cache")
+    r = np.random.default_rng(5)
+    q, k, v = (r.standard_normal((4, h, dh)).astype(np.float32) for h in (4, n_kv, n_kv))
+    blocks = []
+    for backend in (ORACLE, b):
+        kv = backend.new_kv_cache(2, n_kv, dh, 32, 2, block_size=bs, n_blocks=8, **types)
+        kv.block_table[:] = -1
+        kv.block_table[0, 0] = 5
+        kv.table_written()
+        for layer in (0, 1):
+            backend.attention(
+                *_up(backend, b, q, k, v), kv, layer, np.zeros(4, np.int64), np.arange(4), 0.125
+            )
+        blocks.append(kv.read_block(5))
+    (ok, ov), (bk, bv) = blocks
+    assert bk.shape == ok.shape and bv.shape == ov.shape
+    np.testing.assert_array_equal(bk.view(np.uint8), ok.view(np.uint8))
+    np.testing.assert_array_equal(bv.view(np.uint8), ov.view(np.uint8))
+    other = b.new_kv_cache(2, n_kv, dh, 32, 2, block_size=bs, n_blocks=8, **types)
+    other.write_block(2, bk, bv)
+    back = other.read_block(2)
+    np.testing.assert_array_equal(back[0].view(np.uint8), bk.view(np.uint8))
+    np.testing.assert_array_equal(back[1].view(np.uint8), bv.view(np.uint8))
+    with pytest.raises(ValueError, match="of a block is"):
+        other.write_block(2, bk[:1], bv)
+    with pytest.raises(ValueError, match="outside the pool"):
+        other.read_block(8)
+
+
 def _up(backend, b, *arrays):
     return [backend.from_host(a) for a in arrays] if backend is b else list(arrays)
 

@@ -280,3 +280,58 @@ def test_a_partial_block_comes_from_the_parked_tail_or_a_copy_whichever_serves_m
     assert served == 4 and dry.pool.n_free == 0 and dry.prefix.n_blocks == 2  # no copy; nothing evicted
     dry.close(s1)
     assert dry.prefix.clear() == 2 and (dry.pool.refs == 0).all()
+
+
+def _written(kv: PagedKV, toks: list[int], n_computed: int) -> None:
+    """A sequence of toks whose first n_computed positions hold K = V = their token id, then closed."""
+    s, _ = kv.open(toks)
+    kv.ensure(s, len(toks))
+    for p, b in enumerate(kv.seq_blocks(s)):
+        rows = slice(b * 4, b * 4 + 4)
+        kv.cache.k[0, rows] = kv.cache.v[0, rows] = np.array(toks[p * 4 : p * 4 + 4] + [0] * 4)[
+            :4, None, None
+        ]
+    kv.close(s, toks, n_computed=n_computed)
+
+
+def test_a_prefix_exported_restores_into_another_cache_and_is_served_from_there():
+    """Slot save / restore: export reads the cached run of a conversation (full blocks and its parked
+    tail), restore puts it into another pool's prefix cache, and a prompt continuing it is served from
+    the restored rows; forget drops what nothing else needs; every reference comes back."""
+    toks = list(range(1, 11))
+    kv = _paged(16)
+    _written(kv, toks + [11], n_computed=10)  # 2 full blocks + the tail [9, 10]
+    n, k, v = kv.export(toks + [11, 12])
+    assert n == 10 and k.shape == v.shape == (1, 10, 1, 2)
+    assert k[0, :, 0, 0].tolist() == toks and kv.export([5, 6])[0] == 0
+    fresh = _paged(16)
+    assert fresh.restore(toks, k, v) == 10 and fresh.prefix.n_blocks == 2
+    assert fresh.restore(toks[:6], k[:, :6], v[:, :6]) == 6  # the first block is cached: kept
+    assert fresh.prefix.n_blocks == 2 and fresh.n_used() == 4  # 2 blocks, the tails [9, 10] and [5, 6]
+    s, served = fresh.open(toks + [11, 12])
+    assert served == 10
+    got = np.concatenate([fresh.cache.k[0, b * 4 : b * 4 + 4, 0, 0] for b in fresh.seq_blocks(s)])
+    assert got[:10].tolist() == toks
+    fresh.close(s)
+    # the sequence took the tail [9, 10] over (and dropped it); the first block has the tail [5, 6] after it
+    assert fresh.forget(toks + [11]) == 4
+    assert fresh.prefix.n_blocks == 1 and fresh.forget(toks[:6]) == 6 and fresh.prefix.n_blocks == 0
+    assert (fresh.pool.refs == 0).all() and fresh.open(toks)[1] == 0
+
+    small = _paged(2)
+    with pytest.raises(OutOfBlocks, match="need 3 more KV blocks, 2 are free"):
+        small.restore(toks, k, v)
+    assert (small.pool.refs == 0).all() and small.prefix.n_blocks == 0
+
+
+def test_forgetting_a_conversation_keeps_the_prefix_others_continue():
+    kv = _paged(16)
+    a, b = list(range(1, 10)), [1, 2, 3, 4, 50, 51, 52, 53, 54]
+    _written(kv, a, n_computed=9)
+    _written(kv, b, n_computed=9)
+    assert kv.prefix.n_blocks == 3
+    held, _ = kv.open(b[:8] + [60])  # a running sequence holds b's blocks
+    assert kv.forget(a) == 5 and kv.prefix.n_blocks == 2  # a's tail and its own block, not [1..4]
+    assert kv.forget(b) == 1 and kv.prefix.n_blocks == 2  # its tail only: its blocks are in use
+    kv.close(held)
+    assert kv.forget(b) == 8 and kv.prefix.n_blocks == 0 and (kv.pool.refs == 0).all()

@@ -593,8 +593,8 @@ def test_api_key_is_required_on_every_route_but_health(small_server):
 
 def test_model_retrieve_head_requests_and_the_routes_refused_by_name(server):
     """OpenAI's client.models.retrieve; HEAD on the GET routes (Ollama's client checks a server with
-    HEAD /); llama-server's /v1/health, /lora-adapters (none loaded), slot actions and reranking
-    (refused: 501)."""
+    HEAD /); llama-server's /v1/health, /lora-adapters (none loaded), slot actions without a save
+    directory and reranking (refused: 501)."""
     c = _client(server)
     [m] = c.models.list().data
     assert c.models.retrieve(m.id).id == m.id and c.models.retrieve(m.id).owned_by == "edgellm"
@@ -605,8 +605,8 @@ def test_model_retrieve_head_requests_and_the_routes_refused_by_name(server):
         assert get.status_code == head.status_code == 200 and get.content, path
         assert head.content == b"" and head.headers["content-type"] == get.headers["content-type"], path
     assert httpx.head(server.url + "/nope").status_code == 404
-    r = _post(server, "/slots/0?action=erase", {})
-    assert r.status_code == 501 and "slot actions (erase) are not supported" in r.json()["error"]["message"]
+    r = _post(server, "/slots/0?action=erase", {})  # slot actions need --slot-save-path (llama-server's)
+    assert r.status_code == 501 and "Start it with `--slot-save-path`" in r.json()["error"]["message"]
     r = _post(server, "/v1/rerank", {"query": "q", "documents": ["a", "b"]})
     assert r.status_code == 501 and "reranking is not supported" in r.json()["error"]["message"]
     assert httpx.get(server.url + "/lora-adapters").json() == []
@@ -2337,3 +2337,54 @@ def test_prompt_lookup_speculation_reports_its_guesses(qwen_server):
                                                 "temperature": 0}).json()  # fmt: skip
     assert native["timings"]["draft_n"] > 0
     assert _metrics(qwen_server)["edgellm_draft_accepted_total"] > 0
+
+
+def test_a_slot_saved_to_a_file_is_restored_by_a_later_server_and_served_from_there(smollm2_path, tmp_path):
+    """llama-server's --slot-save-path: a conversation run in slot 1 (id_slot) is saved, the server
+    stops, a new one restores the file into slot 0, and the conversation's next request is read from the
+    restored K/V (cached tokens) with the text the first server gave; erase forgets it. Bad slot ids,
+    actions, file names and files are refused by name."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    saves = tmp_path / "slots"
+    prompt = "The history of the printing press begins in the fifteenth century, when"
+    first = {"prompt": prompt, "n_predict": 12, "temperature": 0, "id_slot": 1}
+    follow = {"prompt": prompt + " Gutenberg", "n_predict": 8, "temperature": 0}
+    with Server(smollm2_path, tmp_path / "a.log", "--parallel", "2", "--slot-save-path", str(saves)) as s:
+        a = _post(s, "/completion", first).json()
+        assert a["id_slot"] == 1
+        r = _post(s, "/slots/1?action=save", {"filename": "chat.bin"})
+        assert r.status_code == 200, r.text
+        saved = r.json()
+        n_prompt = a["tokens_evaluated"]
+        assert saved["id_slot"] == 1 and saved["filename"] == "chat.bin" and saved["timings"]["save_ms"] > 0
+        assert saved["n_saved"] == n_prompt + 12 - 1  # the last sampled token was never fed
+        assert saved["n_written"] == (saves / "chat.bin").stat().st_size
+        want = _post(s, "/completion", follow).json()
+        assert want["tokens_cached"] >= n_prompt - 1
+    with Server(smollm2_path, tmp_path / "b.log", "--parallel", "2", "--slot-save-path", str(saves)) as s:
+        cold = _post(s, "/completion", {**follow, "prompt": "Something else entirely"}).json()
+        assert cold["tokens_cached"] == 0
+        r = _post(s, "/slots/1?action=restore", {"filename": "chat.bin"})
+        assert r.status_code == 200, r.text
+        assert r.json()["n_restored"] == saved["n_saved"] and r.json()["n_read"] == saved["n_written"]
+        assert _post(s, "/slots/1?action=erase", {}).json() == {"id_slot": 1, "n_erased": saved["n_saved"]}
+        assert _post(s, "/slots/1?action=save", {"filename": "empty.bin"}).json()["n_saved"] == 0
+        r = _post(s, "/slots/0?action=restore", {"filename": "chat.bin"})
+        assert r.status_code == 200 and r.json()["n_restored"] == saved["n_saved"]
+        got = _post(s, "/completion", follow).json()
+        assert got["tokens_cached"] == want["tokens_cached"] and got["content"] == want["content"]
+        (saves / "broken.bin").write_bytes((saves / "chat.bin").read_bytes()[:-10])
+        for path, body, status, fragment in [
+            ("/slots/2?action=save", {"filename": "x.bin"}, 400, "Invalid slot ID '2'"),
+            ("/slots/-1?action=save", {"filename": "x.bin"}, 400, "Invalid slot ID"),
+            ("/slots/0?action=load", {"filename": "x.bin"}, 400, "Invalid action 'load'"),
+            ("/slots/0?action=save", {"filename": "../x.bin"}, 400, "Invalid filename"),
+            ("/slots/0?action=save", {}, 400, "Invalid filename"),
+            ("/slots/0?action=restore", {"filename": "missing.bin"}, 404, "no slot file 'missing.bin'"),
+            ("/slots/0?action=restore", {"filename": "broken.bin"}, 400, "bytes after the header"),
+            ("/completion", {"prompt": "x", "id_slot": 2}, 400, "id_slot"),
+        ]:
+            r = _post(s, path, body)
+            assert r.status_code == status and fragment in r.text, (path, body, r.text)
+        assert _post(s, "/completion", {"prompt": "x", "n_predict": 1}).status_code == 200  # still serving

@@ -33,8 +33,8 @@ class KVCacheProtocol(Protocol):
     has exactly one writer, edgellm.kvcache.PagedKV, which calls `table_written()` after every change;
     a cache made without it maps every sequence to blocks of its own and nobody writes the table. A
     device backend copies the table to the device on the first forward after `table_written()` (a
-    host cache reads the table in place). Only the backend's attention writes K and V, and
-    `copy_positions` copies them from block to block.
+    host cache reads the table in place). Only the backend's attention writes K and V, `copy_positions`
+    copies them from block to block, and `write_block` restores what `read_block` read.
     """
 
     block_size: int
@@ -65,6 +65,16 @@ class KVCacheProtocol(Protocol):
         block table (a sliding-window ring keeps its own), ordered after the work already issued and
         before the next forward: the prefix cache's reuse of the first tokens of a block that another
         sequence holds (edgellm.kvcache.PagedKV.open)."""
+        ...
+
+    def read_block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
+        """Host copies of K and V of one block in every layer that reads the block table: (layers,
+        block_size, n_kv_heads, row) arrays as stored (float16 values, or q8_0 rows as uint8), after the
+        work already issued (a slot saved to a file, server.py)."""
+        ...
+
+    def write_block(self, block: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Store what read_block returned (from a cache of the same shape and types) into a block."""
         ...
 
 

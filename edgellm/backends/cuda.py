@@ -195,6 +195,23 @@ class CudaKV(DeviceKV):
             for rows in self.layers[layer]:
                 rows[b : b + n].copy_to_device(rows[a : a + n], stream=self.backend.stream)
 
+    def read_block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
+        self.check_block(block)
+        a, n, stream = block * self.block_size, self.block_size, self.backend.stream
+        out = [np.stack([self.layers[i][j][a : a + n].copy_to_host(stream=stream) for i in self.full_layers])
+               for j in (0, 1)]  # fmt: skip
+        stream.synchronize()
+        return out[0].view(np.float16), out[1].view(np.float16)
+
+    def write_block(self, block: int, k: np.ndarray, v: np.ndarray) -> None:
+        self.check_block(block, k, v)
+        a, n, stream = block * self.block_size, self.block_size, self.backend.stream
+        for j, host in enumerate((k, v)):
+            bits = np.ascontiguousarray(host).view(np.uint16)
+            for i, layer in enumerate(self.full_layers):
+                self.layers[layer][j][a : a + n].copy_to_device(bits[i], stream=stream)
+        stream.synchronize()  # the host arrays may go before an asynchronous copy ran
+
     def layer(self, layer: int) -> tuple[Any, Any, Any]:
         ring, _ = self._where[layer]
         k, v = self.layers[layer]

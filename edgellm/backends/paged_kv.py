@@ -101,7 +101,10 @@ class KVCache:
     ):
         self.type_k = check_cache_type(type_k, head_dim, "K")
         self.type_v = check_cache_type(type_v, head_dim, "V")
-        self.head_dim = int(head_dim)
+        self.head_dim, self.n_kv_heads = int(head_dim), int(n_kv_heads)
+        # a stored row's last axis: Dh float16 values, or a q8_0 row's bytes
+        self.row_k = head_dim if self.type_k == "f16" else row_bytes(self.type_k, head_dim)
+        self.row_v = head_dim if self.type_v == "f16" else row_bytes(self.type_v, head_dim)
         bs = int(block_size or DEFAULT_BLOCK_SIZE)
         if bs <= 0 or n_ctx <= 0 or n_seqs <= 0:
             raise ValueError(f"KV cache needs positive sizes, got block {bs}, ctx {n_ctx}, seqs {n_seqs}")
@@ -239,12 +242,39 @@ class KVCache:
         for rows in (self.k, self.v):
             rows[:, b : b + n] = rows[:, a : a + n]
 
+    def block_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Shapes of read_block's K and V: (block-table layers, block_size, n_kv_heads, row)."""
+        head = (len(self.full_layers), self.block_size, self.n_kv_heads)
+        return (*head, self.row_k), (*head, self.row_v)
+
+    def check_block(self, block: int, k: np.ndarray | None = None, v: np.ndarray | None = None) -> None:
+        if not 0 <= block < self.n_blocks:
+            raise ValueError(f"block {block} is outside the pool of {self.n_blocks}")
+        for got, shape, kind, which in ((k, self.block_shapes()[0], self.type_k, "K"),
+                                        (v, self.block_shapes()[1], self.type_v, "V")):  # fmt: skip
+            dtype = np.uint8 if kind == "q8_0" else np.float16
+            if got is not None and (got.shape != shape or got.dtype != dtype):
+                raise ValueError(
+                    f"{which} of a block is {shape} {np.dtype(dtype)}, not {got.shape} {got.dtype}"
+                )
+
+    def read_block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
+        self.check_block(block)
+        a = block * self.block_size
+        return self.k[:, a : a + self.block_size].copy(), self.v[:, a : a + self.block_size].copy()
+
+    def write_block(self, block: int, k: np.ndarray, v: np.ndarray) -> None:
+        self.check_block(block, k, v)
+        a = block * self.block_size
+        self.k[:, a : a + self.block_size] = k
+        self.v[:, a : a + self.block_size] = v
+
 
 class DeviceKV(KVCache):
     """A cache whose K and V live on a device (vulkan, cuda): the tables stay here (the engine writes them),
     K and V are f16 only (a q8_0 cache is refused by name), and a changed block table is copied to the
     device before the next forward (`sync`). A subclass allocates `layers` [(K, V) per layer] and
-    implements `upload_table` and `copy_positions`."""
+    implements `upload_table`, `copy_positions`, `read_block` and `write_block`."""
 
     def __init__(self, backend_name: str, *args: Any, **kwargs: Any):
         for which in ("type_k", "type_v"):
@@ -276,3 +306,9 @@ class DeviceKV(KVCache):
 
     def copy_positions(self, src: int, dst: int, n: int) -> None:
         raise NotImplementedError  # K and V are the subclass's device buffers
+
+    def read_block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def write_block(self, block: int, k: np.ndarray, v: np.ndarray) -> None:
+        raise NotImplementedError

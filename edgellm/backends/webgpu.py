@@ -344,6 +344,36 @@ class WebGPUKV(DeviceKV):
                 enc.copy_buffer_to_buffer(scratch, 0, buf, b, size)
         backend.device.queue.submit([enc.finish()])
 
+    def read_block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every layer's K then V rows of the block gathered into one buffer, read back at once."""
+        self.check_block(block)
+        size = self.block_size * self.n_kv_heads * self.head_dim * 2
+        backend = self.backend
+        backend.flush()
+        layers = self.full_layers
+        gather = backend.storage(2 * len(layers) * size)
+        enc = backend.device.create_command_encoder()
+        for j in (0, 1):
+            for i, layer in enumerate(layers):
+                enc.copy_buffer_to_buffer(
+                    self.layers[layer][j], block * size, gather, (j * len(layers) + i) * size, size
+                )
+        backend.device.queue.submit([enc.finish()])
+        data = np.frombuffer(backend.device.queue.read_buffer(gather, 0, 2 * len(layers) * size), np.float16)
+        k_shape, v_shape = self.block_shapes()
+        both = data[: 2 * len(layers) * size // 2].reshape(2, *k_shape)
+        return both[0].copy(), both[1].reshape(v_shape).copy()
+
+    def write_block(self, block: int, k: np.ndarray, v: np.ndarray) -> None:
+        self.check_block(block, k, v)
+        size = self.block_size * self.n_kv_heads * self.head_dim * 2
+        self.backend.flush()
+        for j, host in enumerate((k, v)):
+            for i, layer in enumerate(self.full_layers):
+                self.backend.device.queue.write_buffer(
+                    self.layers[layer][j], block * size, np.ascontiguousarray(host[i])
+                )
+
     def layer(self, layer: int) -> tuple[Any, Any, Any, int]:
         """(K buffer, V buffer, block table buffer, table width) of one layer."""
         ring, _ = self._where[layer]
