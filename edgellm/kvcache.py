@@ -202,7 +202,7 @@ class PrefixCache:
 
     def drop(self, node: _Node) -> None:
         """Take an idle leaf out of the trie and free its block."""
-        assert not node.children and self._idle(node) and node.parent is not None
+        assert not node.children and self.idle(node) and node.parent is not None
         del node.parent.children[node.key]
         self._in_trie[node.block] = False
         self.n_blocks -= 1
@@ -229,7 +229,7 @@ class PrefixCache:
             del self._tails[node]
             self.pool.release(block)
             freed += 1
-        heap = [(n.last_used, id(n), n) for n in self._nodes() if not n.children and self._idle(n)]
+        heap = [(n.last_used, id(n), n) for n in self._nodes() if not n.children and self.idle(n)]
         heapq.heapify(heap)
         while heap and freed < n_wanted:
             _, _, n = heapq.heappop(heap)
@@ -237,11 +237,11 @@ class PrefixCache:
             self.drop(n)
             self.evicted += 1
             freed += 1
-            if parent is not self.root and not parent.children and self._idle(parent):
+            if parent is not self.root and not parent.children and self.idle(parent):
                 heapq.heappush(heap, (parent.last_used, id(parent), parent))
         return freed
 
-    def _idle(self, n: _Node) -> bool:
+    def idle(self, n: _Node) -> bool:
         return self.pool.refs[n.block] == 1
 
     def clear(self) -> int:
@@ -438,8 +438,10 @@ class PagedKV:
         (layers, n, n_kv_heads, row) host arrays (the cache's read_block)."""
         blocks, n = self.cached_run(tokens)
         if not blocks:
-            k_shape, v_shape = self.cache.block_shapes()
-            return 0, np.zeros((k_shape[0], 0, *k_shape[2:])), np.zeros((v_shape[0], 0, *v_shape[2:]))
+            kinds, shapes = (self.cache.type_k, self.cache.type_v), self.cache.block_shapes()
+            k, v = (np.zeros((s[0], 0, *s[2:]), np.float16 if t == "f16" else np.uint8)
+                    for s, t in zip(shapes, kinds))  # fmt: skip
+            return 0, k, v
         read = [self.cache.read_block(b) for b in blocks]
         k, v = (np.concatenate([r[j] for r in read], axis=1)[:, :n] for j in (0, 1))
         return n, k, v
@@ -490,7 +492,7 @@ class PagedKV:
         path = self.prefix.match(tokens, len(tokens) // self.block_size)
         dropped = self.prefix.drop_tail(path[-1] if path else None)
         for node in reversed(path):
-            if node.children or not self.prefix._idle(node) or self.prefix.tail_of(node) is not None:
+            if node.children or not self.prefix.idle(node) or self.prefix.tail_of(node) is not None:
                 break
             self.prefix.drop(node)
             dropped += self.block_size
