@@ -14,10 +14,12 @@ from typing import Any
 
 import typer
 
+from edgellm import slots as slot_files
 from edgellm import store
 from edgellm.backends import names as backend_names
 from edgellm.cli_eval import CACHE_OPTIONS
 from edgellm.cli_serve import MEMORY_OPTIONS, SAMPLING_OPTIONS, SPEC_OPTIONS, sampling_flags, spec_config
+from edgellm.kvcache import OutOfBlocks
 
 DEFAULT_N_PREDICT = 512
 HISTORY_LINES = 1000  # lines of chat input readline keeps (and saves in store.home() / "chat_history")
@@ -192,6 +194,12 @@ def run(
     model_draft: str | None = SPEC_OPTIONS["model_draft"](),
     draft_max: int = SPEC_OPTIONS["draft_max"](),
     draft_min: int = SPEC_OPTIONS["draft_min"](),
+    prompt_cache: Path | None = typer.Option(
+        None,
+        "--prompt-cache",
+        help="A file for the prompt's KV cache (llama-cli's): read back when it exists, so a prompt that "
+        "begins with the same tokens (a long system prompt) skips computing them; written after each answer.",
+    ),
 ) -> None:
     """Answer a prompt (streamed), or chat interactively when no prompt is given on a terminal.
 
@@ -235,9 +243,16 @@ def run(
     if constraint is not None:
         llm.engine.compile_grammar(constraint)  # a bad grammar or schema: one line, before any token
     opts = dict(max_tokens=max_tokens, stop=stop or None, grammar=constraint, **sampling)
+    cache = PromptCache(llm, prompt_cache, log, verbose)
     if text is None:
         _interactive(
-            llm, system, opts, verbose, history_file=store.home() / "chat_history", template_kwargs=kw
+            llm,
+            system,
+            opts,
+            verbose,
+            history_file=store.home() / "chat_history",
+            template_kwargs=kw,
+            cache=cache,
         )
         return
     if raw:
@@ -256,10 +271,37 @@ def run(
             _print_timings(llm, seen)
         raise
     print()
+    cache.write(ids)
     if _context_full(llm, seen):
         log(f"context full ({llm.n_ctx} tokens): stopped; raise -c/--ctx-size")
     if verbose:
         _print_timings(llm, seen)
+
+
+class PromptCache:
+    """`--prompt-cache FILE` (llama-cli's): the file's K/V restored into the engine's prefix cache at
+    start, when it exists; what the cache holds of each answered prompt written back (slots.py's file:
+    a file from another model or KV cache type is named in one warning line and rewritten)."""
+
+    def __init__(self, llm: Any, path: Path | None, log: Any, verbose: bool):
+        self.llm, self.path, self.log = llm, path, log
+        if path is None or not path.exists():
+            return
+        try:
+            n = slot_files.read_into(llm, path)
+        except (OSError, ValueError, OutOfBlocks) as e:
+            log(f"warning: --prompt-cache {path}: {e}; the prompt is computed and the file rewritten")
+            return
+        if verbose:
+            log(f"prompt cache: {n} tokens read from {path}")
+
+    def write(self, ids: list[int]) -> None:
+        if self.path is None:
+            return
+        try:
+            slot_files.write_from(self.llm, self.path, ids)
+        except OSError as e:
+            self.log(f"warning: --prompt-cache {self.path}: not written: {e.strerror or e}")
 
 
 def _constraint(grammar, grammar_file, json_schema, json_schema_file, as_json) -> Any:
@@ -400,16 +442,22 @@ def _interactive(
     verbose: bool,
     history_file: Path | None = None,
     template_kwargs: dict | None = None,
+    cache: PromptCache | None = None,
 ) -> None:
     save_history = _line_editing(history_file)
     try:
-        _chat(llm, system, opts, verbose, template_kwargs)
+        _chat(llm, system, opts, verbose, template_kwargs, cache)
     finally:
         save_history()
 
 
 def _chat(
-    llm: Any, system: str | None, opts: dict, verbose: bool, template_kwargs: dict | None = None
+    llm: Any,
+    system: str | None,
+    opts: dict,
+    verbose: bool,
+    template_kwargs: dict | None = None,
+    cache: PromptCache | None = None,
 ) -> None:
     history: list[dict[str, str]] = []
     print(f">>> chatting with {llm.path.name}; /? for help", file=sys.stderr)
@@ -470,6 +518,8 @@ def _chat(
             history.pop()
             continue
         history.append({"role": "assistant", "content": seen.text})
+        if cache is not None:
+            cache.write(ids)
         if _context_full(llm, seen):
             print(
                 f"context full ({llm.n_ctx} tokens): stopped; /clear starts over, or raise -c/--ctx-size",

@@ -420,17 +420,22 @@ class PagedKV:
     # -- saved prefixes (llama-server's slot save / restore / erase) ----------------------------------
     def cached_run(self, tokens: Sequence[int]) -> tuple[list[int], int]:
         """(blocks, n): the blocks holding K/V of the first n tokens of `tokens` that the prefix cache
-        holds now (full blocks, then a parked tail's common run), without side effects."""
+        holds now (full blocks, then the longest common run of a parked tail or a cached block after
+        them), without side effects."""
         if self.prefix is None:
             return [], 0
         path = self.prefix.match(tokens, len(tokens) // self.block_size)
         blocks, n = [p.block for p in path], len(path) * self.block_size
-        tail = self.prefix.tail_of(path[-1] if path else None)
-        if tail is not None:
-            run = _common_run(tail[0], [*tokens[n:], -1])  # the whole of tokens may be served here
-            if run:
-                blocks.append(tail[1])
-                n += run
+        node = path[-1] if path else None
+        rest = [*tokens[n:], -1]  # the whole of tokens may be served here
+        tail = self.prefix.tail_of(node)
+        child, run = self.prefix.nearest_child(node, rest)
+        last = child.block if child is not None else -1
+        if tail is not None and _common_run(tail[0], rest) >= run:
+            last, run = tail[1], _common_run(tail[0], rest)
+        if run:
+            blocks.append(last)
+            n += run
         return blocks, n
 
     def export(self, tokens: Sequence[int]) -> tuple[int, np.ndarray, np.ndarray]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import io
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -499,3 +500,26 @@ def test_reasoning_flag_tells_the_template_whether_to_think(capsys, monkeypatch)
         assert rc == 0 and seen[-1] == want, err
     rc, _, err = run(capsys, "run", "-p", "Hi", "-n", "1", "--reasoning", "maybe")
     assert rc != 0 and "--reasoning must be on, off or auto" in err
+
+
+def test_prompt_cache_file_is_written_then_read_back_by_the_next_run(capsys, tmp_path):
+    """--prompt-cache (llama-cli's): the first run writes the prompt's K/V, the next (a new LLM) reads them
+    back and computes only the last token, with the same answer; a file it cannot use is one warning
+    line, the prompt computed and the file rewritten."""
+    cache = tmp_path / "prompt.bin"
+    text = TEXT.read_text()[:1200]
+    args = ["run", "-p", text, "--raw", "-n", "6", "--temp", "0", "-v", "--prompt-cache", str(cache)]
+    rc, first, err = run(capsys, *args)
+    assert rc == 0 and cache.exists() and "from the prefix cache" not in err, err
+    n_prompt = int(re.search(r"prompt eval: (\d+) tokens", err).group(1))
+    rc, again, err = run(capsys, *args)
+    assert rc == 0 and again == first
+    assert f"prompt cache: {n_prompt} tokens read from {cache}" in err
+    assert f"({n_prompt - 1} from the prefix cache)" in err
+    cache.write_bytes(cache.read_bytes()[:100])
+    rc, third, err = run(capsys, *args)
+    assert rc == 0 and third == first
+    assert f"warning: --prompt-cache {cache}: prompt.bin: its header" in err and "rewritten" in err
+    assert "from the prefix cache" not in err
+    rc, _, err = run(capsys, *args)
+    assert rc == 0 and f"({n_prompt - 1} from the prefix cache)" in err  # rewritten whole

@@ -304,6 +304,8 @@ def test_a_prefix_exported_restores_into_another_cache_and_is_served_from_there(
     n, k, v = kv.export(toks + [11, 12])
     assert n == 10 and k.shape == v.shape == (1, 10, 1, 2)
     assert k[0, :, 0, 0].tolist() == toks and kv.export([5, 6])[0] == 0
+    n6, k6, _ = kv.export(toks[:6])  # a prompt that ends inside a cached block (the answer went on in it)
+    assert n6 == 6 and k6[0, :, 0, 0].tolist() == toks[:6]
     fresh = _paged(16)
     assert fresh.restore(toks, k, v) == 10 and fresh.prefix.n_blocks == 2
     assert fresh.restore(toks[:6], k[:, :6], v[:, :6]) == 6  # the first block is cached: kept
