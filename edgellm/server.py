@@ -464,17 +464,18 @@ def create_app(state: State) -> FastAPI:
         t0 = time.perf_counter()
         fingerprint = await _fingerprint(state)
         cache = engine.kv.cache
+
+        def answer(counts: dict) -> dict:
+            ms = (time.perf_counter() - t0) * 1e3
+            return {"id_slot": slot, "filename": name, **counts, "timings": {f"{action}_ms": ms}}
+
         if action == "save":
             n, k, v, tokens = await _on_engine(engine, lambda: _export_slot(engine, slot))
-            nbytes = await asyncio.to_thread(slot_files.save, path, fingerprint, cache, tokens, k, v)
-            ms = (time.perf_counter() - t0) * 1e3
-            return {
-                "id_slot": slot,
-                "filename": name,
-                "n_saved": n,
-                "n_written": nbytes,
-                "timings": {"save_ms": ms},
-            }
+            try:
+                nbytes = await asyncio.to_thread(slot_files.save, path, fingerprint, cache, tokens, k, v)
+            except OSError as e:
+                raise APIError(500, f"Unable to save slot: {e.strerror or e}", "server_error") from None
+            return answer({"n_saved": n, "n_written": nbytes})
         try:
             tokens, k, v, nbytes = await asyncio.to_thread(
                 slot_files.load, path, fingerprint, cache, state.llm.model.config.n_vocab
@@ -482,22 +483,14 @@ def create_app(state: State) -> FastAPI:
         except FileNotFoundError:
             raise APIError(404, f"no slot file {name!r} in the save directory", "not_found_error",
                            param="filename") from None  # fmt: skip
-        except slot_files.SlotFileError as e:
-            raise APIError(
-                400, f"Unable to restore slot: {e}", "invalid_request_error", param="filename"
-            ) from None
+        except (slot_files.SlotFileError, OSError) as e:
+            msg = f"Unable to restore slot: {e.strerror if isinstance(e, OSError) and e.strerror else e}"
+            raise APIError(400, msg, "invalid_request_error", param="filename") from None
         try:
             n = await _on_engine(engine, lambda: _restore_slot(engine, slot, tokens, k, v))
         except (OutOfBlocks, ValueError) as e:
             raise APIError(400, f"Unable to restore slot: {e}", "invalid_request_error") from None
-        ms = (time.perf_counter() - t0) * 1e3
-        return {
-            "id_slot": slot,
-            "filename": name,
-            "n_restored": n,
-            "n_read": nbytes,
-            "timings": {"restore_ms": ms},
-        }
+        return answer({"n_restored": n, "n_read": nbytes})
 
     # -- Ollama's API (ollama_api.py) ------------------------------------------------------------------
     @app.get("/api/version")

@@ -83,10 +83,14 @@ def save(path: Path, fingerprint: str, cache: Any, tokens: list[int], k: np.ndar
     parts += [np.ascontiguousarray(k, _dtype(cache.type_k)).tobytes()]
     parts += [np.ascontiguousarray(v, _dtype(cache.type_v)).tobytes()]
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        for p in parts:
-            f.write(p)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            for p in parts:
+                f.write(p)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return sum(len(p) for p in parts)
 
 

@@ -2375,6 +2375,7 @@ def test_a_slot_saved_to_a_file_is_restored_by_a_later_server_and_served_from_th
         got = _post(s, "/completion", follow).json()
         assert got["tokens_cached"] == want["tokens_cached"] and got["content"] == want["content"]
         (saves / "broken.bin").write_bytes((saves / "chat.bin").read_bytes()[:-10])
+        (saves / "adir").mkdir()
         for path, body, status, fragment in [
             ("/slots/2?action=save", {"filename": "x.bin"}, 400, "Invalid slot ID '2'"),
             ("/slots/-1?action=save", {"filename": "x.bin"}, 400, "Invalid slot ID"),
@@ -2383,8 +2384,11 @@ def test_a_slot_saved_to_a_file_is_restored_by_a_later_server_and_served_from_th
             ("/slots/0?action=save", {}, 400, "Invalid filename"),
             ("/slots/0?action=restore", {"filename": "missing.bin"}, 404, "no slot file 'missing.bin'"),
             ("/slots/0?action=restore", {"filename": "broken.bin"}, 400, "bytes after the header"),
+            ("/slots/0?action=restore", {"filename": "adir"}, 400, "Unable to restore slot: Is a directory"),
+            ("/slots/0?action=save", {"filename": "adir"}, 500, "Unable to save slot"),
             ("/completion", {"prompt": "x", "id_slot": 2}, 400, "id_slot"),
         ]:
             r = _post(s, path, body)
             assert r.status_code == status and fragment in r.text, (path, body, r.text)
         assert _post(s, "/completion", {"prompt": "x", "n_predict": 1}).status_code == 200  # still serving
+        assert not list(saves.glob(".*"))  # no temporary file left by the failed save
