@@ -361,7 +361,7 @@ class WebGPUKV(DeviceKV):
         backend.device.queue.submit([enc.finish()])
         data = np.frombuffer(backend.device.queue.read_buffer(gather, 0, 2 * len(layers) * size), np.float16)
         k_shape, v_shape = self.block_shapes()
-        both = data[: 2 * len(layers) * size // 2].reshape(2, *k_shape)
+        both = data.reshape(2, *k_shape)  # f16 K and V alike (a device cache holds no q8_0)
         return both[0].copy(), both[1].reshape(v_shape).copy()
 
     def write_block(self, block: int, k: np.ndarray, v: np.ndarray) -> None:
