@@ -14,7 +14,6 @@ from typing import Any
 
 import typer
 
-from edgellm import slots as slot_files
 from edgellm import store
 from edgellm.backends import names as backend_names
 from edgellm.cli_eval import CACHE_OPTIONS
@@ -288,7 +287,7 @@ class PromptCache:
         if path is None or not path.exists():
             return
         try:
-            n = slot_files.read_into(llm, path)
+            n = llm.load_prompt_cache(path)
         except (OSError, ValueError, OutOfBlocks) as e:
             log(f"warning: --prompt-cache {path}: {e}; the prompt is computed and the file rewritten")
             return
@@ -299,7 +298,7 @@ class PromptCache:
         if self.path is None:
             return
         try:
-            slot_files.write_from(self.llm, self.path, ids)
+            self.llm.save_prompt_cache(self.path, ids)
         except OSError as e:
             self.log(f"warning: --prompt-cache {self.path}: not written: {e.strerror or e}")
 

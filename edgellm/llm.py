@@ -7,6 +7,7 @@ print(llm.chat([{"role": "user", "content": "Why is the sky blue?"}], max_tokens
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from edgellm import embed, memory, speculative, store, structured
+from edgellm import embed, memory, slots, speculative, store, structured
 from edgellm.arch import load_model, matrices
 from edgellm.backends import get_backend
 from edgellm.chat import ChatTemplate
@@ -212,6 +213,41 @@ class LLM:
     def engine(self) -> Engine:
         """The Engine every generation goes through (made on first use with the defaults above)."""
         return self._engine if self._engine is not None else self.open_engine()
+
+    # -- prompt cache files ---------------------------------------------------------------------------
+    def save_prompt_cache(self, path: str | os.PathLike, prompt: str | Sequence[int] | list[dict]) -> int:
+        """Write the K/V the prefix cache holds of `prompt` (text, token ids, or chat messages rendered as
+        `chat_prompt` renders them) to a file (edgellm/slots.py's format; llama-cli's --prompt-cache,
+        llama-server's slot save). Run the prompt first: any call with it, `max_tokens=0` too, leaves it
+        in the cache. Returns the tokens written (0 if the cache holds none of them)."""
+        ids = self._prompt_tokens(prompt)
+        fingerprint = slots.model_fingerprint(self.path)
+        engine = self.engine
+        n, k, v = self._on_engine(lambda: engine.kv.export(ids))
+        slots.save(Path(path), fingerprint, engine.kv.cache, ids[:n], k, v)
+        return n
+
+    def load_prompt_cache(self, path: str | os.PathLike) -> int:
+        """Read a file save_prompt_cache wrote (for this model file and KV cache type) into the prefix
+        cache: a later prompt that begins with its tokens is served from it. Returns the tokens read;
+        slots.SlotFileError says why a file does not fit, kvcache.OutOfBlocks that the cache is full."""
+        engine = self.engine
+        tokens, k, v, _ = slots.load(
+            Path(path), slots.model_fingerprint(self.path), engine.kv.cache, self.model.config.n_vocab
+        )
+        return self._on_engine(lambda: engine.kv.restore(tokens, k, v))
+
+    def _prompt_tokens(self, prompt: str | Sequence[int] | list[dict]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenize(prompt)
+        if prompt and isinstance(prompt[0], dict):
+            return self.chat_prompt(list(prompt))  # type: ignore[arg-type]
+        return [int(t) for t in prompt]  # type: ignore[arg-type]
+
+    def _on_engine(self, fn: Any) -> Any:
+        """fn() on the thread that steps the engine: its own thread once started, else this one."""
+        engine = self.engine
+        return engine.call(fn).result() if engine.running else fn()
 
     # -- embeddings ----------------------------------------------------------------------------------
     @property

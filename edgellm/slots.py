@@ -144,19 +144,3 @@ def load(
     if dv.kind == "f":
         v = v.astype(np.float16)
     return tokens.tolist(), k, v, len(data)
-
-
-def read_into(llm: Any, path: Path) -> int:
-    """Restore a prompt cache file into an LLM's engine (on the thread that steps it, the engine idle):
-    the positions restored. SlotFileError, OutOfBlocks or ValueError (no prefix cache) say why not."""
-    kv = llm.engine.kv
-    tokens, k, v, _ = load(path, model_fingerprint(llm.path), kv.cache, llm.model.config.n_vocab)
-    return kv.restore(tokens, k, v)
-
-
-def write_from(llm: Any, path: Path, tokens: list[int]) -> int:
-    """Save what an LLM's prefix cache holds of `tokens` to a prompt cache file; the positions saved."""
-    kv = llm.engine.kv
-    n, k, v = kv.export(tokens)
-    save(path, model_fingerprint(llm.path), kv.cache, list(tokens[:n]), k, v)
-    return n

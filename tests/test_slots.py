@@ -104,3 +104,32 @@ def test_the_model_fingerprint_tells_files_apart_and_reads_little(tmp_path):
     small = tmp_path / "small"
     small.write_bytes(b"tiny")
     assert len(slots.model_fingerprint(small)) == 32
+
+
+def test_the_python_api_saves_a_chats_prompt_and_a_new_llm_reads_it_back(smollm2_path, tmp_path):
+    """LLM.save_prompt_cache / load_prompt_cache: a chat's prompt saved after its answer; a new LLM
+    reads it back (stepped by the caller, and by a started engine thread) and answers the same with all
+    but the last prompt token from the cache; an LLM with another KV cache type refuses the file by name."""
+    import edgellm
+
+    system = "You are a careful assistant. Answer in one short sentence, and name your sources. " * 3
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": "Why is the sea salty?"}]
+    path = tmp_path / "chat.bin"
+    llm = edgellm.LLM(smollm2_path, n_ctx=512, threads=1)
+    first = llm.chat(msgs, max_tokens=6, temperature=0)
+    n_prompt = len(llm.chat_prompt(msgs))
+    assert llm.save_prompt_cache(path, msgs) == n_prompt
+    assert llm.save_prompt_cache(tmp_path / "none.bin", "text never read") == 0
+    for started in (False, True):
+        again = edgellm.LLM(smollm2_path, n_ctx=512, threads=1)
+        if started:
+            again.engine.start()
+        try:
+            assert again.load_prompt_cache(path) == n_prompt
+            out = again.chat(msgs, max_tokens=6, temperature=0)
+        finally:
+            again.engine.shutdown()
+        assert out.text == first.text and out.timings.cached_tokens == n_prompt - 1
+    q8 = edgellm.LLM(smollm2_path, n_ctx=512, threads=1, cache_type_k="q8_0")
+    with pytest.raises(slots.SlotFileError, match="type_k 'f16' \\(this cache: 'q8_0'\\)"):
+        q8.load_prompt_cache(path)
