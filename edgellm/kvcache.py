@@ -455,11 +455,13 @@ class PagedKV:
         """Put K and V of `tokens` (export's arrays) into the prefix cache: full blocks into the trie
         (runs already cached are kept as they are), a partial last block parked as a finished
         sequence's tail, so that the next prompt beginning with these tokens is served from them. All
-        or nothing: OutOfBlocks if the pool cannot hold them beside what sequences hold now. Returns
-        the positions restored (len(tokens))."""
+        or nothing: OutOfBlocks if the pool cannot hold them beside what sequences hold now, ValueError
+        if they are more than a sequence's context. Returns the positions restored (len(tokens))."""
         if self.prefix is None:
             raise ValueError("the prefix cache is off: nothing can be restored into it")
         bs, n = self.block_size, len(tokens)
+        if n > self.n_ctx:  # llama-server's "restored prompt does not fit in the slot context"
+            raise ValueError(f"{n} positions do not fit in the context of {self.n_ctx}")
         path = self.prefix.match(tokens, n // bs)  # the runs already cached
         held = [p.block for p in path]
         for b in held:  # held through the evictions below, and so are the blocks written

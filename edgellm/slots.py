@@ -18,6 +18,7 @@ import json
 import os
 import re
 import struct
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -82,14 +83,14 @@ def save(path: Path, fingerprint: str, cache: Any, tokens: list[int], k: np.ndar
     parts = [MAGIC, struct.pack("<I", len(head)), head, np.asarray(tokens, "<i4").tobytes()]
     parts += [np.ascontiguousarray(k, _dtype(cache.type_k)).tobytes()]
     parts += [np.ascontiguousarray(v, _dtype(cache.type_v)).tobytes()]
-    tmp = path.with_name(f".{path.name}.tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # one per writer
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             for p in parts:
                 f.write(p)
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        Path(tmp).unlink(missing_ok=True)
         raise
     return sum(len(p) for p in parts)
 

@@ -323,6 +323,8 @@ def test_a_prefix_exported_restores_into_another_cache_and_is_served_from_there(
     small = _paged(2)
     with pytest.raises(OutOfBlocks, match="need 3 more KV blocks, 2 are free"):
         small.restore(toks, k, v)
+    with pytest.raises(ValueError, match="10 positions do not fit in the context of 8"):
+        _paged(16, n_ctx=8).restore(toks, k, v)
     assert (small.pool.refs == 0).all() and small.prefix.n_blocks == 0
 
 
