@@ -182,13 +182,14 @@ def model_name(body: dict) -> str:
 
 
 def parse_generate(body: Any, n_ctx: int) -> dict[str, Any]:
-    """POST /api/generate: {prompt, system?, suffix?, raw?, stream?, options?, context?, keep_alive?}."""
+    """POST /api/generate: {prompt, system?, suffix?, raw?, stream?, options?, context?, keep_alive?}.
+    With `context`, the prompt continues those tokens; the final answer of a templated (not raw) prompt
+    carries `context`: its prompt's tokens and the answer's, to send back with the next prompt."""
     if not isinstance(body, dict):
         raise oa.bad("", "the request body must be a JSON object")
     _common_refusals(body)
     _refuse(body, "tools", lambda v: v == [], "tools are only supported on /api/chat")
     _refuse(body, "template", lambda v: v == "", "a per-request template is not supported")
-    _refuse(body, "context", lambda v: v == [], "context (previous token ids) is not supported")
     prompt = body.get("prompt", "")
     system = body.get("system")
     if not isinstance(prompt, str) or (system is not None and not isinstance(system, str)):
@@ -199,9 +200,21 @@ def parse_generate(body: Any, n_ctx: int) -> dict[str, Any]:
     sampling, max_tokens, stop = parse_options(body, n_ctx)
     return dict(
         model=model_name(body), prompt=prompt, system=system, raw=bool(body.get("raw")), suffix=suffix,
-        format=output_format(body), think=think(body),
+        format=output_format(body), think=think(body), context=context(body),
         stream=body.get("stream", True) is not False, sampling=sampling, max_tokens=max_tokens, stop=stop,
     )  # fmt: skip
+
+
+def context(body: dict) -> list[int]:
+    """/api/generate's `context`: the token ids an earlier answer returned (its prompt and its answer),
+    which this prompt continues (Ollama's conversation memory before /api/chat; deprecated there, still
+    sent by its clients' generate examples). The server checks the ids against the vocabulary."""
+    v = body.get("context")
+    if v is None:
+        return []
+    if not isinstance(v, list) or not all(oa._is_int(t) for t in v):
+        raise oa.bad("context", "must be a list of token ids (the context an earlier answer returned)")
+    return [int(t) for t in v]
 
 
 def parse_chat(body: Any, n_ctx: int) -> dict[str, Any]:

@@ -1662,8 +1662,19 @@ async def _ollama(state: State, request: Request, chat: bool):
             msgs, special_in_content=state.config.special_in_messages, template_kwargs=kwargs
         )
 
+    def continued(new: list[int]) -> list[int]:
+        """Ollama's `context` then the prompt (its BOS dropped: the context began with one)."""
+        earlier = q.get("context") or []
+        if not earlier:
+            return new
+        n_vocab = llm.model.config.n_vocab
+        if not all(0 <= t < n_vocab for t in earlier):
+            raise oa.bad("context", f"token ids must be in [0, {n_vocab})")
+        bos = llm.tokenizer.vocab.bos_id
+        return earlier + (new[1:] if new and llm.tokenizer.vocab.add_bos and new[0] == bos else new)
+
     try:
-        prompt = await run_in_threadpool(ids)
+        prompt = continued(await run_in_threadpool(ids))
         params = llm.params(**q["sampling"])
     except la.NoInfill as e:  # Ollama's words for a model that cannot fill in the middle
         raise APIError(400, f"{name} does not support insert: {e}", param="suffix") from None
@@ -1702,8 +1713,11 @@ async def _ollama(state: State, request: Request, chat: bool):
     def events() -> AsyncIterator[Event]:
         return _one_stream(streams, usage)
 
-    def last(reason: str, ttft: float | None, text: str = "") -> dict:
-        return {**piece(text), **ol.final_fields(usage, t0, ttft, reason)}
+    def last(reason: str, ttft: float | None, text: str, tokens: list[int]) -> dict:
+        out = {**piece(text), **ol.final_fields(usage, t0, ttft, reason)}
+        if not chat and not q["raw"]:  # Ollama's: what a next /api/generate sends back as `context`
+            out["context"] = prompt + tokens
+        return out
 
     if q["stream"]:
 
@@ -1723,15 +1737,18 @@ async def _ollama(state: State, request: Request, chat: bool):
                         out.append(piece("", [calls.calls[part.index]]))
                 return [json.dumps(x) + "\n" for x in out]
 
+            said: list[int] = []
             try:
                 async for ev in events():
+                    if ev.token is not None:
+                        said.append(ev.token)
                     if ev.finish_reason is not None:
                         reason, ttft = ev.finish_reason, ev.usage.ttft_s if ev.usage else None
                     for line in lines(tools.stream_parts(think, calls, ev.text)) if ev.text else []:
                         yield line
                 for line in lines(tools.stream_parts(think, calls, None)):
                     yield line
-                yield json.dumps(last(reason, ttft)) + "\n"
+                yield json.dumps(last(reason, ttft, "", said)) + "\n"
             except APIError as e:
                 yield json.dumps({"error": e.message}) + "\n"
             finally:
@@ -1745,7 +1762,7 @@ async def _ollama(state: State, request: Request, chat: bool):
     raw = "".join(ev.text for ev in evs)
     thought, said = reasoning.split(raw, inside) if inside is not None else (None, raw)
     text, calls = tools.split(said, names) if names else (said, [])
-    answer = last(reason, ttft, text)
+    answer = last(reason, ttft, text, [ev.token for ev in evs if ev.token is not None])
     if calls:
         answer["message"]["tool_calls"] = ol.answer_tool_calls(calls)
     if thought:

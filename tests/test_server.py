@@ -1356,6 +1356,36 @@ def test_ollama_routes_refuse_what_they_cannot_honour_by_name(server):
     assert r.status_code == 200 and r.json()["done"] and r.json()["eval_count"] == 1
 
 
+def test_ollama_generate_returns_a_context_that_the_next_prompt_continues(server):
+    """/api/generate's `context` (ollama-js's and ollama-python's generate examples keep a conversation
+    with it): the final answer carries the prompt's and answer's tokens; a prompt sent with them
+    continues them, as the same tokens through /completion do; raw answers carry none."""
+    opts = {"temperature": 0, "num_predict": 6}
+    first = _post(
+        server, "/api/generate", {"prompt": "Name a fruit.", "stream": False, "options": opts}
+    ).json()
+    c1 = first["context"]
+    assert len(c1) == first["prompt_eval_count"] + first["eval_count"] and all(isinstance(t, int) for t in c1)
+    body = {"prompt": "And a vegetable?", "context": c1, "stream": False, "options": opts}
+    second = _post(server, "/api/generate", body).json()
+    c2 = second["context"]
+    assert c2[: len(c1)] == c1 and len(c2) == second["prompt_eval_count"] + second["eval_count"]
+    n_prompt = second["prompt_eval_count"]
+    same = _post(server, "/completion", {"prompt": c2[:n_prompt], "n_predict": 6, "temperature": 0}).json()
+    assert same["content"] == second["response"] and same["tokens"] == c2[n_prompt:]
+    streamed = httpx.post(server.url + "/api/generate", json={**body, "stream": True}, timeout=60)
+    lines = [json.loads(x) for x in streamed.text.splitlines() if x.strip()]
+    assert lines[-1]["done"] and lines[-1]["context"] == c2
+    assert "".join(x["response"] for x in lines) == second["response"]
+    raw = _post(
+        server, "/api/generate", {"prompt": "x", "raw": True, "stream": False, "options": opts}
+    ).json()
+    assert "context" not in raw
+    for bad in ("x", [1.5], [True], [-1], [10**9]):
+        r = _post(server, "/api/generate", {"prompt": "x", "context": bad, "stream": False})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "context", (bad, r.text)
+
+
 # -- llama-server's native API ---------------------------------------------------------------------
 def test_native_completion_takes_text_ids_and_mixed_prompts(server):
     url = server.url
