@@ -182,6 +182,16 @@ class PrefixCache:
                 best, n_best = child, n
         return best, n_best
 
+    def nearest_run(self, node: _Node | None, rest: Sequence[int]) -> tuple[_Node | None, int, int]:
+        """(child, block, n): where the longest run that `rest` begins with (short of its last token) is
+        held after `node`: the parked tail (child None; it wins a tie, being taken over rather than
+        copied) or a cached block (its node). n is 0 where neither holds any."""
+        child, n = self.nearest_child(node, rest)
+        n_tail = self.tail_run(node, rest)
+        if n_tail and n_tail >= n:
+            return None, self._tails[node][1], n_tail
+        return child, (child.block if child is not None else -1), n
+
     def count_copy(self, node: _Node, n: int) -> None:
         """n tokens were served by a copy of node's block: count them, and the block as used now."""
         node.last_used = next(self._clock)
@@ -333,12 +343,11 @@ class PagedKV:
         is served all but its last token): a parked tail, taken over (nobody else holds it), or the first
         tokens of a cached block that others may hold, copied into a fresh block. (-1, 0): neither."""
         assert self.prefix is not None
-        n_tail = self.prefix.tail_run(node, rest)
-        child, n_copy = self.prefix.nearest_child(node, rest)
-        if n_tail and n_tail >= n_copy:  # this conversation's own tail: write on in its block
-            return self.prefix.take_tail(node, n_tail), n_tail
-        if child is None:
+        child, _, n_copy = self.prefix.nearest_run(node, rest)
+        if n_copy == 0:
             return -1, 0
+        if child is None:  # this conversation's own tail: write on in its block
+            return self.prefix.take_tail(node, n_copy), n_copy
         self.pool.share(child.block)  # held through the eviction below
         try:
             if self.pool.n_free == 0:
@@ -426,13 +435,8 @@ class PagedKV:
             return [], 0
         path = self.prefix.match(tokens, len(tokens) // self.block_size)
         blocks, n = [p.block for p in path], len(path) * self.block_size
-        node = path[-1] if path else None
-        rest = [*tokens[n:], -1]  # the whole of tokens may be served here
-        tail = self.prefix.tail_of(node)
-        child, run = self.prefix.nearest_child(node, rest)
-        last = child.block if child is not None else -1
-        if tail is not None and _common_run(tail[0], rest) >= run:
-            last, run = tail[1], _common_run(tail[0], rest)
+        # the whole of tokens may be served here: a sentinel stands for the token left to compute
+        _, last, run = self.prefix.nearest_run(path[-1] if path else None, [*tokens[n:], -1])
         if run:
             blocks.append(last)
             n += run

@@ -6,6 +6,7 @@ print(llm.chat([{"role": "user", "content": "Why is the sky blue?"}], max_tokens
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -221,10 +222,9 @@ class LLM:
         llama-server's slot save). Run the prompt first: any call with it, `max_tokens=0` too, leaves it
         in the cache. Returns the tokens written (0 if the cache holds none of them)."""
         ids = self._prompt_tokens(prompt)
-        fingerprint = slots.model_fingerprint(self.path)
         engine = self.engine
         n, k, v = self._on_engine(lambda: engine.kv.export(ids))
-        slots.save(Path(path), fingerprint, engine.kv.cache, ids[:n], k, v)
+        slots.save(Path(path), self.fingerprint, engine.kv.cache, ids[:n], k, v)
         return n
 
     def load_prompt_cache(self, path: str | os.PathLike) -> int:
@@ -232,10 +232,13 @@ class LLM:
         cache: a later prompt that begins with its tokens is served from it. Returns the tokens read;
         slots.SlotFileError says why a file does not fit, kvcache.OutOfBlocks that the cache is full."""
         engine = self.engine
-        tokens, k, v, _ = slots.load(
-            Path(path), slots.model_fingerprint(self.path), engine.kv.cache, self.model.config.n_vocab
-        )
+        tokens, k, v, _ = slots.load(Path(path), self.fingerprint, engine.kv.cache, self.model.config.n_vocab)
         return self._on_engine(lambda: engine.kv.restore(tokens, k, v))
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """slots.model_fingerprint of the model file (read once: prompt and slot files name their model)."""
+        return slots.model_fingerprint(self.path)
 
     def _prompt_tokens(self, prompt: str | Sequence[int] | list[dict]) -> list[int]:
         if isinstance(prompt, str):
@@ -245,9 +248,10 @@ class LLM:
         return [int(t) for t in prompt]  # type: ignore[arg-type]
 
     def _on_engine(self, fn: Any) -> Any:
-        """fn() on the thread that steps the engine: its own thread once started, else this one."""
-        engine = self.engine
-        return engine.call(fn).result() if engine.running else fn()
+        """fn() on the thread that steps the engine (the model and backend are not thread-safe): its own
+        thread once started, else this one."""
+        engine = self._engine
+        return engine.call(fn).result() if engine is not None and engine.running else fn()
 
     # -- embeddings ----------------------------------------------------------------------------------
     @property
@@ -272,10 +276,7 @@ class LLM:
         if not all(0 <= t < n_vocab for t in ids):
             raise ValueError(f"token ids must be in [0, {n_vocab})")
         tokens = np.asarray(ids, np.int64)
-        if self._engine is not None and self._engine.running:
-            hidden = self._engine.call(lambda: self.model.embeddings(tokens)).result()
-        else:
-            hidden = self.model.embeddings(tokens)
+        hidden = self._on_engine(lambda: self.model.embeddings(tokens))
         return embed.normalize(embed.pool(hidden, pooling), normalize)
 
     def embed(

@@ -181,7 +181,7 @@ def model_name(body: dict) -> str:
     return m or ""
 
 
-def parse_generate(body: Any, n_ctx: int) -> dict[str, Any]:
+def parse_generate(body: Any, n_ctx: int, n_vocab: int) -> dict[str, Any]:
     """POST /api/generate: {prompt, system?, suffix?, raw?, stream?, options?, context?, keep_alive?}.
     With `context`, the prompt continues those tokens; the final answer of a templated (not raw) prompt
     carries `context`: its prompt's tokens and the answer's, to send back with the next prompt."""
@@ -200,20 +200,22 @@ def parse_generate(body: Any, n_ctx: int) -> dict[str, Any]:
     sampling, max_tokens, stop = parse_options(body, n_ctx)
     return dict(
         model=model_name(body), prompt=prompt, system=system, raw=bool(body.get("raw")), suffix=suffix,
-        format=output_format(body), think=think(body), context=context(body),
+        format=output_format(body), think=think(body), context=context(body, n_vocab),
         stream=body.get("stream", True) is not False, sampling=sampling, max_tokens=max_tokens, stop=stop,
     )  # fmt: skip
 
 
-def context(body: dict) -> list[int]:
+def context(body: dict, n_vocab: int) -> list[int]:
     """/api/generate's `context`: the token ids an earlier answer returned (its prompt and its answer),
     which this prompt continues (Ollama's conversation memory before /api/chat; deprecated there, still
-    sent by its clients' generate examples). The server checks the ids against the vocabulary."""
+    sent by its clients' generate examples)."""
     v = body.get("context")
     if v is None:
         return []
-    if not isinstance(v, list) or not all(oa._is_int(t) for t in v):
-        raise oa.bad("context", "must be a list of token ids (the context an earlier answer returned)")
+    if not isinstance(v, list) or not all(oa._is_int(t) and 0 <= t < n_vocab for t in v):
+        raise oa.bad(
+            "context", f"must be a list of token ids in [0, {n_vocab}) (an earlier answer's context)"
+        )
     return [int(t) for t in v]
 
 

@@ -88,10 +88,6 @@ def _integer(body: dict, name: str, lo: int, hi: int) -> int | None:
     return v
 
 
-def _or(v: Any, default: Any) -> Any:
-    return default if v is None else v
-
-
 def _boolean(body: dict, name: str, default: bool = False) -> bool:
     v = body.get(name)
     if v is None:
@@ -397,6 +393,7 @@ def _common(
             _refuse_if_set(body, name, default_ok, what)
     _refuse_if_set(body, "functions", lambda v: v == [], "functions are not supported")
     grammar, grammar_field = constraint(body)
+    slot = _integer(body, "id_slot", -1, lim.n_slots - 1)
     return GenerationParams(
         prompts=[],
         n=n,
@@ -419,7 +416,7 @@ def _common(
         reasoning_control=_reasoning_control(body, logprobs == "chat"),
         post_sampling_probs=_boolean(body, "post_sampling_probs") and logprobs == "native",
         response_fields=_response_fields(body) if logprobs == "native" else [],
-        id_slot=_or(_integer(body, "id_slot", -1, lim.n_slots - 1), -1),
+        id_slot=-1 if slot is None else slot,
     )
 
 

@@ -113,7 +113,6 @@ class State:
     created: int = field(default_factory=lambda: int(time.time()))
     responses: ra.Store = field(default_factory=ra.Store)  # /v1/responses kept for previous_response_id
     controls: dict[str, list] = field(default_factory=dict)  # running chats' streams by id: reasoning_control
-    fingerprint: str | None = None  # slot_files.model_fingerprint of the served file, once a slot was saved
 
     def ready(self) -> Engine:
         if self.engine is None:
@@ -462,7 +461,7 @@ def create_app(state: State) -> FastAPI:
             raise APIError(400, f"Invalid filename: {e}", "invalid_request_error", param="filename") from None
         path = Path(c.slot_save_path) / name
         t0 = time.perf_counter()
-        fingerprint = await _fingerprint(state)
+        fingerprint = await asyncio.to_thread(lambda: state.llm.fingerprint)
         cache = engine.kv.cache
 
         def answer(counts: dict) -> dict:
@@ -1051,13 +1050,6 @@ async def _on_engine(engine: Engine, fn: Callable[[], Any]) -> Any:
     return await asyncio.wrap_future(engine.call(fn))
 
 
-async def _fingerprint(state: State) -> str:
-    """The served model file's slot_files.model_fingerprint, computed once."""
-    if state.fingerprint is None:
-        state.fingerprint = await asyncio.to_thread(slot_files.model_fingerprint, state.llm.path)
-    return state.fingerprint
-
-
 def _export_slot(engine: Engine, slot: int) -> tuple[int, Any, Any, list[int]]:
     """(n, K, V, tokens): what the prefix cache still holds of the slot's last conversation (engine
     thread)."""
@@ -1627,7 +1619,8 @@ async def _ollama(state: State, request: Request, chat: bool):
     engine = state.ready()
     llm = state.llm
     body = await _json(request, state.config.max_body)
-    q = ol.parse_chat(body, llm.n_ctx) if chat else ol.parse_generate(body, llm.n_ctx)
+    n_vocab = llm.model.config.n_vocab
+    q = ol.parse_chat(body, llm.n_ctx) if chat else ol.parse_generate(body, llm.n_ctx, n_vocab)
     q["max_tokens"] = oa.capped(q["max_tokens"], state.config.n_predict)
     _ollama_check_model(state, q["model"])
     name = f"{state.model_id}:latest"
@@ -1667,9 +1660,6 @@ async def _ollama(state: State, request: Request, chat: bool):
         earlier = q.get("context") or []
         if not earlier:
             return new
-        n_vocab = llm.model.config.n_vocab
-        if not all(0 <= t < n_vocab for t in earlier):
-            raise oa.bad("context", f"token ids must be in [0, {n_vocab})")
         bos = llm.tokenizer.vocab.bos_id
         return earlier + (new[1:] if new and llm.tokenizer.vocab.add_bos and new[0] == bos else new)
 

@@ -1324,7 +1324,7 @@ def test_ollama_chat_reads_tools_tool_calls_and_tool_messages():
             ol.parse_chat(body, 512)
         assert e.value.param == param, body
     with pytest.raises(oa.APIError) as e:
-        ol.parse_generate({"prompt": "x", "tools": [fn]}, 512)
+        ol.parse_generate({"prompt": "x", "tools": [fn]}, 512, 1000)
     assert e.value.param == "tools"
 
 

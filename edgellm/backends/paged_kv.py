@@ -250,8 +250,8 @@ class KVCache:
     def check_block(self, block: int, k: np.ndarray | None = None, v: np.ndarray | None = None) -> None:
         if not 0 <= block < self.n_blocks:
             raise ValueError(f"block {block} is outside the pool of {self.n_blocks}")
-        for got, shape, kind, which in ((k, self.block_shapes()[0], self.type_k, "K"),
-                                        (v, self.block_shapes()[1], self.type_v, "V")):  # fmt: skip
+        shapes = self.block_shapes()
+        for got, shape, kind, which in zip((k, v), shapes, (self.type_k, self.type_v), "KV"):
             dtype = np.uint8 if kind == "q8_0" else np.float16
             if got is not None and (got.shape != shape or got.dtype != dtype):
                 raise ValueError(
