@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import numbers
 import types
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
@@ -38,10 +39,40 @@ class SamplingParams:
     repeat_last_n: int = 64  # penalty window over the last N history tokens; 0 disables, -1 = whole history
     logit_bias: Mapping[int, float] | None = None  # token id -> added logit; -inf bans the token
     seed: int | None = None  # None => a fresh random seed per row sampler
+    min_keep: int = 0  # top_p, min_p, typical_p and xtc keep at least this many tokens (0 = no floor)
+    top_n_sigma: float = -1.0  # keep logits within n standard deviations of the largest; <= 0 => disabled
+    xtc_probability: float = 0.0  # XTC: chance per token of removing the likely tokens; 0 => disabled
+    xtc_threshold: float = 0.1  # XTC: tokens at or above this probability (all but the last) go; > 0.5 => off
+    dynatemp_range: float = 0.0  # temperature in [t - range, t + range] by the entropy; 0 => fixed
+    dynatemp_exponent: float = 1.0
+    dry_multiplier: float = 0.0  # DRY (don't repeat yourself) penalty; 0 => disabled
+    dry_base: float = 1.75  # penalty = multiplier * base ** (repeat length - allowed length); < 1 => disabled
+    dry_allowed_length: int = 2  # repeats up to this long go unpenalized
+    dry_penalty_last_n: int = 64  # window scanned for repeats; 0 disables, -1 = whole history
+    dry_sequence_breakers: tuple[str, ...] = ("\n", ":", '"', "*")  # a repeat never runs across these
+    mirostat: int = 0  # 1 or 2: Mirostat (v1, v2) replaces the whole chain but logit bias and temperature
+    mirostat_tau: float = 5.0  # target surprise (bits)
+    mirostat_eta: float = 0.1  # learning rate
 
     def __post_init__(self) -> None:
         if self.logit_bias is not None:  # freeze a private copy so a caller's later edits cannot leak in
             object.__setattr__(self, "logit_bias", types.MappingProxyType(dict(self.logit_bias)))
+        if isinstance(self.dry_sequence_breakers, list):
+            object.__setattr__(self, "dry_sequence_breakers", tuple(self.dry_sequence_breakers))
+
+    @property
+    def dry_on(self) -> bool:
+        """Whether DRY changes anything (llama_sampler_init_dry's test; mirostat replaces it)."""
+        return (
+            self.mirostat == 0
+            and self.dry_multiplier != 0.0
+            and self.dry_base >= 1.0
+            and self.dry_penalty_last_n != 0
+        )
+
+    @property
+    def xtc_on(self) -> bool:
+        return self.mirostat == 0 and self.xtc_probability > 0.0 and self.xtc_threshold <= 0.5
 
     def validate(self, n_vocab: int | None = None) -> None:
         """Raise ValueError naming the first bad field; with `n_vocab`, logit_bias ids must be < n_vocab."""
@@ -54,7 +85,7 @@ class SamplingParams:
 
         Mirrors `common_init_sampler_from_model` (llama.cpp `common/common.cpp`; key names from
         `src/llama-arch.cpp`): a value that does not parse as a number is skipped, as llama.cpp's
-        strtol/strtof do. Keys for samplers edgellm does not implement (mirostat, xtc, sequence) are ignored.
+        strtol/strtof do. `general.sampling.sequence` (a sampler order) is ignored: edgellm runs one order.
         A value that parses but is out of range (a NaN temperature in an untrusted file) raises ValueError
         naming the key.
         """
@@ -82,6 +113,11 @@ GGUF_SAMPLING_KEYS: dict[str, tuple[str, type]] = {
     "general.sampling.temp": ("temperature", float),
     "general.sampling.penalty_last_n": ("repeat_last_n", int),
     "general.sampling.penalty_repeat": ("repeat_penalty", float),
+    "general.sampling.xtc_probability": ("xtc_probability", float),
+    "general.sampling.xtc_threshold": ("xtc_threshold", float),
+    "general.sampling.mirostat": ("mirostat", int),
+    "general.sampling.mirostat_tau": ("mirostat_tau", float),
+    "general.sampling.mirostat_eta": ("mirostat_eta", float),
 }
 
 
@@ -131,6 +167,23 @@ def _field_errors(p: SamplingParams, n_vocab: int | None) -> Iterator[tuple[str,
     yield from real("frequency_penalty", lambda v: True, "a finite number (0 = off)")
     yield from real("presence_penalty", lambda v: True, "a finite number (0 = off)")
     yield from int_("repeat_last_n", -1, "0 = off, -1 = whole history")
+    yield from int_("min_keep", 0, "0 = no floor")
+    yield from real("top_n_sigma", lambda v: True, "a finite number (<= 0 = off)")
+    yield from real("xtc_probability", lambda v: 0 <= v <= 1, "in [0, 1] (0 = off)")
+    yield from real("xtc_threshold", lambda v: True, "a finite number (> 0.5 = off)")
+    yield from real("dynatemp_range", lambda v: v >= 0, "a finite number >= 0 (0 = off)")
+    yield from real("dynatemp_exponent", lambda v: True, "a finite number")
+    yield from real("dry_multiplier", lambda v: v >= 0, "a finite number >= 0 (0 = off)")
+    yield from real("dry_base", lambda v: True, "a finite number (< 1 = off)")
+    yield from int_("dry_allowed_length", 0, "repeats up to this long are free")
+    yield from int_("dry_penalty_last_n", -1, "0 = off, -1 = whole history")
+    breakers = p.dry_sequence_breakers
+    if not isinstance(breakers, tuple) or not all(isinstance(b, str) for b in breakers):
+        yield "dry_sequence_breakers", f"must be a tuple of strings, got {breakers!r}"
+    if p.mirostat not in (0, 1, 2) or not _is_int(p.mirostat):
+        yield "mirostat", f"must be 0 (off), 1 or 2, got {p.mirostat!r}"
+    yield from real("mirostat_tau", lambda v: True, "a finite number")
+    yield from real("mirostat_eta", lambda v: True, "a finite number")
     if p.seed is not None:
         yield from int_("seed", 0, "or None for a random seed")
     for tok, bias in (p.logit_bias or {}).items():
@@ -250,10 +303,11 @@ def top_k(c: Candidates, k: int) -> Candidates:
     return Candidates(c.ids[idx], c.logits[idx], True)
 
 
-def typical_p(c: Candidates, p: float) -> Candidates:
+def typical_p(c: Candidates, p: float, min_keep: int = 0) -> Candidates:
     """Locally typical sampling (llama_sampler_typical_apply): keep the tokens whose surprise is closest to
-    the entropy until their probability mass exceeds p. p >= 1: unchanged. The result is in typicality
-    order (ties by current order). Like top_p, it orders only as many candidates as the cutoff needs.
+    the entropy until their probability mass exceeds p (and at least min_keep). p >= 1: unchanged. The
+    result is in typicality order (ties by current order). Like top_p, it orders only as many candidates as
+    the cutoff needs.
     """
     if p >= 1.0:
         return c
@@ -269,6 +323,7 @@ def typical_p(c: Candidates, p: float) -> Candidates:
         order = _smallest(score, k)
         cum = np.cumsum(probs[order], dtype=np.float32)
         last = int(np.searchsorted(cum, np.float32(p), side="right")) + 1  # first i with cum[i] > p, incl.
+        last = max(last, min_keep)
         if last <= k or k == n:
             break
         k = min(8 * k, n)
@@ -276,9 +331,10 @@ def typical_p(c: Candidates, p: float) -> Candidates:
     return Candidates(c.ids[order], c.logits[order], False)
 
 
-def top_p(c: Candidates, p: float) -> Candidates:
+def top_p(c: Candidates, p: float, min_keep: int = 0) -> Candidates:
     """Nucleus sampling (llama_sampler_top_p_apply): keep the fewest most likely tokens whose probability
-    mass reaches p (at least one; all of them if rounding never reaches p). p >= 1: unchanged.
+    mass reaches p (at least one, and at least min_keep; all of them if rounding never reaches p). p >= 1:
+    unchanged.
 
     Like llama.cpp's adaptive partial sort, unsorted candidates are not fully sorted: the cutoff is found
     on the top 256 probabilities, growing 8x per miss; the cumulative sum runs over probabilities in
@@ -291,12 +347,14 @@ def top_p(c: Candidates, p: float) -> Candidates:
     n = c.logits.size
     if c.sorted:
         last = int(np.searchsorted(np.cumsum(probs, dtype=np.float32), target, side="left")) + 1
+        last = max(last, min_keep)
         return Candidates(c.ids[:last], c.logits[:last], True)
     k = min(n, 256)
     while True:
         top = probs if k == n else np.partition(probs, n - k)[n - k :]
         cum = np.cumsum(np.sort(top)[::-1], dtype=np.float32)
         last = int(np.searchsorted(cum, target, side="left")) + 1  # first i with cum[i] >= p, inclusive
+        last = max(last, min_keep)  # the sum is monotone: the first i meeting both conditions
         if last <= k or k == n:
             break
         k = min(8 * k, n)
@@ -306,14 +364,81 @@ def top_p(c: Candidates, p: float) -> Candidates:
     return Candidates(c.ids[idx], c.logits[idx], ordered)
 
 
-def min_p(c: Candidates, p: float) -> Candidates:
+def min_p(c: Candidates, p: float, min_keep: int = 0) -> Candidates:
     """Keep tokens with probability >= p * max probability, i.e. logit >= max + log(p)
-    (llama_sampler_min_p_apply). Order is preserved. p <= 0: unchanged."""
+    (llama_sampler_min_p_apply). Order is preserved. p <= 0: unchanged. Fewer than min_keep pass: the
+    min_keep most likely are kept, sorted (llama.cpp's sorted fallback)."""
     if p <= 0.0 or c.logits.size == 0:
         return c
     min_logit = c.logits.max() + np.log(np.float32(p))
     keep = np.flatnonzero(c.logits >= min_logit)
+    if keep.size >= min_keep:
+        return Candidates(c.ids[keep], c.logits[keep], c.sorted)
+    idx = _top_indices(c.logits, min(min_keep, c.logits.size))
+    return Candidates(c.ids[idx], c.logits[idx], True)
+
+
+def top_n_sigma(c: Candidates, n: float) -> Candidates:
+    """Top-nσ (llama_sampler_top_n_sigma_apply): logits below max - n * std (over the logits that are not
+    -inf) become -inf; the candidates keep their places. n <= 0 or fewer than 2 candidates: unchanged. The
+    sums run one by one in float32 as llama.cpp's (which adds each square in double before rounding: the
+    cut can differ from its in the last bit)."""
+    x = c.logits
+    if n <= 0.0 or x.size <= 1:
+        return c
+    valid = x[x != -np.inf]
+    if valid.size == 0:
+        return c
+    f32 = np.float32
+    mean = np.cumsum(valid, dtype=f32)[-1] / f32(valid.size)
+    acc = np.cumsum(((valid - mean).astype(np.float64) ** 2).astype(f32), dtype=f32)[-1]
+    cut = valid.max() - f32(n) * np.sqrt(acc / f32(valid.size))
+    return Candidates(c.ids, np.where(x < cut, np.float32(-np.inf), x), c.sorted)
+
+
+def xtc(
+    c: Candidates, probability: float, threshold: float, min_keep: int, rng: np.random.Generator
+) -> Candidates:
+    """Exclude Top Choices (llama_sample_xtc_apply): with chance `probability` (one uniform from `rng`,
+    drawn only when the step is on and 2+ candidates remain), every token at or above `threshold`
+    probability but the least likely of them is removed, unless fewer than min_keep would remain.
+    threshold > 0.5 or probability <= 0: unchanged."""
+    n = c.logits.size
+    if probability <= 0.0 or threshold > 0.5 or n < 2:
+        return c
+    if rng.random() > probability:
+        return c
+    probs = softmax(c.logits)
+    # at most 1/threshold tokens can reach the threshold: order only those (all when it is <= 0)
+    m = n if threshold <= 0 else min(n, int(1.0 / threshold) + 2)
+    order = np.arange(n) if c.sorted else _top_indices(c.logits, m)
+    run = probs[order[:m]] >= np.float32(threshold)
+    pos_last = (m if run.all() else int(np.argmin(run))) - 1  # the last of the leading run
+    if pos_last <= 0 or n - pos_last < min_keep:
+        return c
+    keep = np.ones(n, bool)
+    keep[order[:pos_last]] = False
     return Candidates(c.ids[keep], c.logits[keep], c.sorted)
+
+
+def dynamic_temperature(c: Candidates, t: float, delta: float, exponent: float) -> Candidates:
+    """Entropy-scaled temperature (llama_sampler_temp_ext_apply): delta > 0 maps the candidates'
+    normalized entropy to a temperature in [max(0, t - delta), t + delta] through `** exponent`;
+    delta <= 0 is plain temperature t."""
+    if delta <= 0.0:
+        return temperature(c, t)
+    n = c.logits.size
+    if n <= 1:
+        return c
+    f32 = np.float32
+    lo, hi = f32(max(0.0, t - delta)), f32(t + delta)
+    # llama.cpp sums in float32, one by one, over the candidates sorted by probability: so here
+    e = np.sort(np.exp(c.logits - c.logits.max()))[::-1]
+    p = e / np.cumsum(e, dtype=f32)[-1]
+    p = p[p > 0]
+    entropy = -np.cumsum(p * np.log(p), dtype=f32)[-1]
+    normalized = entropy / -np.log(f32(1.0) / f32(n))
+    return temperature(c, float(lo + (hi - lo) * np.power(normalized, f32(exponent))))
 
 
 def temperature(c: Candidates, t: float) -> Candidates:
@@ -332,6 +457,10 @@ _NO_TOKEN = "no token to sample: every logit is -inf (banned) or the row holds N
 def draw(c: Candidates, rng: np.random.Generator) -> int:
     """Draw one token id from softmax(logits) with one uniform from `rng` (llama_sampler_dist_apply:
     the first candidate whose running sum of exp(logit - max) reaches u * total, summed in double)."""
+    return int(c.ids[_draw_position(c, rng)])
+
+
+def _draw_position(c: Candidates, rng: np.random.Generator) -> int:
     if c.logits.size == 0 or not np.isfinite(c.logits.max()):
         raise ValueError(_NO_TOKEN)
     w = np.exp(c.logits - c.logits.max())
@@ -339,7 +468,185 @@ def draw(c: Candidates, rng: np.random.Generator) -> int:
     i = int(np.searchsorted(cum, cum[-1] * rng.random(), side="left"))  # u < 1, so i < n
     if w[i] == 0:  # only when u == 0 and leading weights are 0: never pick an impossible token
         i = int(np.argmax(w > 0))
-    return int(c.ids[i])
+    return i
+
+
+_INT_MIN = -(1 << 31)
+
+
+def _c_int(v: float) -> int:
+    """C's (int) of a float on x86 (cvttss2si): truncation; NaN and out of range give INT_MIN."""
+    return int(v) if math.isfinite(v) and -(2.0**31) <= v < 2.0**31 else _INT_MIN
+
+
+def mirostat_top(c: Candidates, mu: float, n_vocab: int, m: int = 100) -> Candidates:
+    """Mirostat's truncation (llama_sampler_mirostat_apply): estimate the Zipf exponent s from the m most
+    likely tokens, then keep the k most likely, k from s, the target surprise mu and the vocabulary size."""
+    n = c.logits.size
+    top = _top_indices(c.logits, min(m, n))
+    p = softmax(c.logits)[top]
+    cnt = min(m - 1, n - 1)
+    i = np.arange(cnt, dtype=np.float32)
+    t = np.log((i + 2) / (i + 1))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        b = np.log(p[:cnt] / p[1 : cnt + 1])
+        s_hat = np.float32(np.cumsum(t * b, dtype=np.float32)[-1] if cnt else 0) / np.float32(
+            np.cumsum(t * t, dtype=np.float32)[-1] if cnt else 0
+        )
+        eps = s_hat - np.float32(1)
+        scale = eps * np.power(np.float32(2), np.float32(mu)) / (1 - np.power(np.float32(n_vocab), -eps))
+        k = np.power(scale, np.float32(1) / s_hat)
+    k = max(_c_int(float(k)), 1)
+    if k <= top.size:
+        return Candidates(c.ids[top[:k]], c.logits[top[:k]], True)
+    return top_k(c, k)
+
+
+def mirostat_v2_top(c: Candidates, mu: float) -> Candidates:
+    """Mirostat 2.0's truncation (llama_sampler_mirostat_v2_apply): keep the tokens whose surprise
+    -log2(p) is at most mu (at least the most likely one)."""
+    with np.errstate(divide="ignore"):
+        keep = np.flatnonzero(-np.log2(softmax(c.logits)) <= np.float32(mu))
+    if keep.size == 0:
+        keep = np.array([int(np.argmax(c.logits))])
+    return Candidates(c.ids[keep], c.logits[keep], c.sorted)
+
+
+# ---------------------------------------------------------------------------------------------- DRY
+# Mirrors ggml-org/llama.cpp src/llama-sampler.cpp (llama_sampler_dry_apply and
+# get_overlapping_token_sequences, ported there from koboldcpp PR 982 by pi6am).
+
+DRY_MAX_BREAKER_BYTES = 40  # a longer sequence breaker is cut to this many bytes, as llama.cpp does
+DRY_MAX_TAIL_TOKENS = 20
+
+
+def dry_breakers(
+    pieces: Sequence[bytes], encode: Callable[[str], list[int]], breakers: Sequence[str]
+) -> dict[int, tuple[tuple[int, ...], ...]]:
+    """DRY's restart sequences: token id -> the token tails that complete a breaker after it. A token
+    whose text contains a breaker has the empty tail; one whose text ends with a breaker's beginning has
+    the rest of the breaker, tokenized (`encode`: no special tokens), at most 20 tokens. `pieces`: every
+    token's bytes (special tokens as their text). A tail that is not whole UTF-8 is left out (llama.cpp
+    tokenizes the raw bytes; only a multi-byte breaker split inside a character can give one)."""
+    out: dict[int, list[tuple[int, ...]]] = {}
+    for text in breakers:
+        s = text.encode()[:DRY_MAX_BREAKER_BYTES]
+        if not s:
+            continue
+        head = s[:1]
+        for tok, word in enumerate(pieces):
+            if head not in word:
+                continue
+            if s in word:
+                out.setdefault(tok, []).append(())
+                continue
+            pos = word.find(head)
+            while pos != -1:
+                rest = word[pos:]
+                if s.startswith(rest):  # the word ends with the breaker's first len(rest) bytes
+                    try:
+                        tail = tuple(encode(s[len(rest) :].decode())[:DRY_MAX_TAIL_TOKENS])
+                    except UnicodeDecodeError:
+                        tail = None
+                    if tail is not None and tail not in out.get(tok, ()):
+                        out.setdefault(tok, []).append(tail)
+                pos = word.find(head, pos + 1)
+    return {tok: tuple(tails) for tok, tails in out.items()}
+
+
+_VOCAB_BREAKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def vocab_dry_breakers(tokenizer: Any, breakers: Sequence[str]) -> dict[int, tuple[tuple[int, ...], ...]]:
+    """`dry_breakers` over a tokenizer's vocabulary: each token detokenized alone with special tokens as
+    text (llama.cpp's `vocab.detokenize({id}, true)`), tails encoded without special tokens. Cached per
+    tokenizer and breaker list (the vocabulary's texts once per tokenizer)."""
+    cache = _VOCAB_BREAKERS.setdefault(tokenizer, {})
+    key = tuple(breakers)
+    if key not in cache:
+        if "pieces" not in cache:
+            cache["pieces"] = [tokenizer.detokenize([t], True) for t in range(tokenizer.vocab_size)]
+        cache[key] = dry_breakers(cache["pieces"], lambda s: tokenizer.encode(s, add_special=False), key)
+    return cache[key]
+
+
+def dry_penalties(
+    logits: np.ndarray,
+    history: Sequence[int],
+    *,
+    multiplier: float,
+    base: float,
+    allowed_length: int,
+    last_n: int,
+    breakers: Mapping[int, Sequence[tuple[int, ...]]],
+) -> np.ndarray:
+    """DRY: a token that would extend a repeat of the last tokens (a run seen before in the window of the
+    last `last_n`, -1: all) longer than `allowed_length` loses multiplier * base ** (length - allowed) from
+    its logit. A repeat never reaches back across a sequence breaker; a token that is a breaker on its own
+    is never penalized. Off when multiplier is 0, base < 1 or last_n is 0."""
+    if multiplier == 0.0 or base < 1.0 or last_n == 0:
+        return logits
+    r = list(history[-last_n:] if last_n > 0 else history)[::-1]  # r[i]: i tokens back (ring_buffer.rat)
+    n = len(r)
+    if n <= allowed_length:
+        return logits
+    # 1: the nearest restart sequence limits how far back a repeat may reach
+    rep_limit = n
+    for i in range(n):
+        tails = breakers.get(r[i])
+        if not tails:
+            continue
+        longest = -1
+        for tail in tails:
+            k = len(tail)
+            if longest < k <= i and all(tail[o] == r[i - o - 1] for o in range(k)):
+                longest = k
+        if longest >= 0:
+            rep_limit = i - longest
+            break
+    if rep_limit < allowed_length:
+        return logits
+    # 2: the Z-algorithm backwards: count[last - k] = length of the suffix repeated ending k tokens back
+    count = [0] * n
+    last, lt, rt = n - 1, 0, 0
+    for k in range(1, n):
+        if k > rt:
+            m = 0
+            while m + k < n and r[m] == r[m + k]:
+                m += 1
+            count[last - k] = min(m, rep_limit)
+            if m > 0:
+                lt, rt = k, k + m - 1
+        elif count[last - (k - lt)] < rt - k + 1:
+            count[last - k] = min(count[last - (k - lt)], rep_limit)
+        else:
+            j = rt + 1
+            while j < n and r[j] == r[j - k]:
+                j += 1
+            count[last - k] = min(j - k, rep_limit)
+            lt, rt = k, j - 1
+    # 3: the token after each repeat would extend it; keep the longest repeat per token
+    longest_for: dict[int, int] = {}
+    for i in range(n - 1):
+        length = count[i]
+        if length >= allowed_length:
+            tok = r[n - 2 - i]
+            if longest_for.get(tok, -1) < length:
+                longest_for[tok] = length
+    # 4: penalize (not a token that is a breaker by itself); the exponent is capped so pow stays finite
+    max_exponent = int(np.float32(88.7228391) / np.float32(math.log(base))) if base > 1.000001 else 0
+    out = logits
+    for tok, length in longest_for.items():
+        if not 0 <= tok < logits.size or () in breakers.get(tok, ()):
+            continue
+        e = length - allowed_length
+        if max_exponent > 0 and e > max_exponent:
+            e = max_exponent
+        if out is logits:
+            out = logits.copy()
+        penalty = np.float32(float(np.float32(multiplier)) * float(np.float32(base)) ** e)  # pow in double
+        out[tok] = out[tok] - penalty
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- one row
@@ -352,9 +659,19 @@ def _penalties_active(p: SamplingParams) -> bool:
 
 
 class RowSampler:
-    """One sequence's sampler: the composed chain and its own RNG stream. Call it as `fn(logits, history)`."""
+    """One sequence's sampler: the composed chain and its own RNG stream. Call it as `fn(logits, history)`.
 
-    def __init__(self, params: SamplingParams, rng: np.random.Generator | None = None):
+    `dry_breakers` (from `dry_breakers()` over the model's vocabulary) are DRY's restart sequences; without
+    them DRY still runs, with no breakers. Mirostat keeps its state (mu) here, so a row sampler serves one
+    sequence from its first token to its last."""
+
+    def __init__(
+        self,
+        params: SamplingParams,
+        rng: np.random.Generator | None = None,
+        *,
+        dry_breakers: Mapping[int, Sequence[tuple[int, ...]]] | None = None,
+    ):
         params.validate()
         self.params = params
         # seed None => a fresh one from the OS, kept so a caller can report it (llama.cpp's seed_cur)
@@ -364,11 +681,23 @@ class RowSampler:
                 self.seed = int(np.random.SeedSequence().entropy)
             rng = np.random.Generator(np.random.PCG64(self.seed))
         self.rng = rng
-        self.is_greedy = params.temperature <= 0.0
-        # logit-space steps, then (unless greedy) the candidate filters in common_params_sampling order
+        # temperature 0 is the argmax, unless a step after the filters can still move it (XTC removes the
+        # top tokens; a dynamic temperature may rise above 0)
+        self.is_greedy = params.temperature <= 0.0 and (
+            params.mirostat != 0 or (params.dynatemp_range <= 0.0 and not params.xtc_on)
+        )
+        self.mu = 2.0 * params.mirostat_tau  # mirostat's running target surprise
+        self.last: Candidates | None = None  # what the last token was drawn from (post-sampling logprobs)
+        # logit-space steps, then (unless greedy) the candidate filters in common_params_sampling order;
+        # mirostat's chain is logit bias, temperature, mirostat (common_sampler_init)
         self.pre: list[Callable[[np.ndarray, Sequence[int]], np.ndarray]] = []
         if params.logit_bias:
             self.pre.append(lambda x, h: apply_logit_bias(x, params.logit_bias))
+        self.filters: list[Callable[[Candidates], Candidates]] = []
+        if params.mirostat:
+            if params.temperature != 1.0:
+                self.filters.append(partial(temperature, t=params.temperature))
+            return
         if _penalties_active(params):
             self.pre.append(
                 lambda x, h: apply_penalties(
@@ -380,19 +709,59 @@ class RowSampler:
                     presence=params.presence_penalty,
                 )
             )
-        self.filters: list[Callable[[Candidates], Candidates]] = []
+        if params.dry_on:
+            breakers = dry_breakers or {}
+            self.pre.append(
+                lambda x, h: dry_penalties(
+                    x,
+                    h,
+                    multiplier=params.dry_multiplier,
+                    base=params.dry_base,
+                    allowed_length=params.dry_allowed_length,
+                    last_n=params.dry_penalty_last_n,
+                    breakers=breakers,
+                )
+            )
+        if params.top_n_sigma > 0.0:
+            self.filters.append(partial(top_n_sigma, n=params.top_n_sigma))
         if params.top_k > 0:
             self.filters.append(partial(top_k, k=params.top_k))
+        keep = params.min_keep
         if params.typical_p < 1.0:
-            self.filters.append(partial(typical_p, p=params.typical_p))
+            self.filters.append(partial(typical_p, p=params.typical_p, min_keep=keep))
         if params.top_p < 1.0:
-            self.filters.append(partial(top_p, p=params.top_p))
+            self.filters.append(partial(top_p, p=params.top_p, min_keep=keep))
         if params.min_p > 0.0:
-            self.filters.append(partial(min_p, p=params.min_p))
-        if params.temperature != 1.0:
+            self.filters.append(partial(min_p, p=params.min_p, min_keep=keep))
+        if params.xtc_on:
+            self.filters.append(
+                partial(
+                    xtc,
+                    probability=params.xtc_probability,
+                    threshold=params.xtc_threshold,
+                    min_keep=keep,
+                    rng=self.rng,
+                )  # fmt: skip
+            )
+        if params.dynatemp_range > 0.0:
+            self.filters.append(
+                partial(
+                    dynamic_temperature,
+                    t=params.temperature,
+                    delta=params.dynatemp_range,
+                    exponent=params.dynatemp_exponent,
+                )  # fmt: skip
+            )
+        elif params.temperature != 1.0:
             self.filters.append(partial(temperature, t=params.temperature))
 
-    def __call__(self, logits: np.ndarray, history: Sequence[int] | None = None) -> int:
+    @property
+    def stateful(self) -> bool:
+        """Whether each token changes what the next is drawn from beyond the history (mirostat's mu): such
+        a row cannot take speculative guesses."""
+        return self.params.mirostat != 0 and not self.is_greedy
+
+    def _logits(self, logits: np.ndarray, history: Sequence[int] | None) -> np.ndarray:
         x = np.asarray(logits, dtype=np.float32)
         if x.ndim != 1 or x.size == 0:
             raise ValueError(f"expected one row of logits of shape (V,), got shape {x.shape}")
@@ -401,38 +770,58 @@ class RowSampler:
             x = step(x, hist)
         if not np.isfinite(x.max()):  # one cheap pass; NaN anywhere also lands here
             raise ValueError(_NO_TOKEN)
-        if self.is_greedy:
-            return greedy(x)
-        c = candidates(x)
+        return x
+
+    def _filter(self, c: Candidates) -> Candidates:
+        n_vocab = c.logits.size  # mirostat's chain always starts from the whole row (not top_k_first)
         for step in self.filters:
             c = step(c)
-        return draw(c, self.rng)
+        if self.params.mirostat == 1:
+            c = mirostat_top(c, self.mu, n_vocab)
+        elif self.params.mirostat == 2:
+            c = mirostat_v2_top(c, self.mu)
+        return c
+
+    def _pick(self, c: Candidates) -> int:
+        """Draw from the filtered candidates; mirostat then moves mu toward its target surprise."""
+        self.last = c
+        i = _draw_position(c, self.rng)
+        if self.params.mirostat:
+            p = softmax(c.logits)[i]
+            surprise = -math.log2(float(p)) if p > 0 else math.inf
+            self.mu = float(
+                np.float32(self.mu - self.params.mirostat_eta * (surprise - self.params.mirostat_tau))
+            )
+        return int(c.ids[i])
+
+    def __call__(self, logits: np.ndarray, history: Sequence[int] | None = None) -> int:
+        x = self._logits(logits, history)
+        if self.is_greedy:
+            return greedy(x)
+        return self._pick(self._filter(candidates(x)))
 
     def distribution(
         self, logits: np.ndarray, history: Sequence[int] | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """The distribution __call__ draws from, as (ids, probabilities): after the logit steps and the
         filters, the softmax of what survives (greedy: the argmax with probability 1). Speculative
-        decoding checks drafts against it."""
-        x = np.asarray(logits, dtype=np.float32)
-        hist: Sequence[int] = () if history is None else history
-        for step in self.pre:
-            x = step(x, hist)
-        if not np.isfinite(x.max()):
-            raise ValueError(_NO_TOKEN)
+        decoding checks drafts against it (it takes XTC's chance as __call__ would; mirostat rows do not
+        guess, `stateful`)."""
+        x = self._logits(logits, history)
         if self.is_greedy:
             return np.array([greedy(x)], np.int64), np.ones(1)
-        c = candidates(x)
-        for step in self.filters:
-            c = step(c)
-        w = np.exp((c.logits - c.logits.max()).astype(np.float64))
-        return np.asarray(c.ids, np.int64), w / w.sum()
+        return _probabilities(self._filter(candidates(x)))
+
+    def last_distribution(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The distribution the last sampled token was drawn from (None: greedy or none yet)."""
+        return None if self.last is None else _probabilities(self.last)
 
     @property
     def top_k_first(self) -> bool:
         """Whether the chain can start from the row's top-k candidates (greedy, or top-k is its first
         step and nothing is added to the logits before it): then `from_top` gives __call__'s token."""
-        return not self.pre and (self.is_greedy or self.params.top_k > 0)
+        p = self.params
+        return not self.pre and (self.is_greedy or (p.top_k > 0 and p.mirostat == 0 and p.top_n_sigma <= 0))
 
     def from_top(self, ids: np.ndarray, logits: np.ndarray) -> int:
         """The token __call__ would pick, from the row's largest candidates (at least top_k of them,
@@ -445,16 +834,19 @@ class RowSampler:
             raise ValueError(_NO_TOKEN)
         if self.is_greedy:
             return int(ids[0])
-        c = Candidates(np.asarray(ids, np.int64), x, True)
-        for step in self.filters:
-            c = step(c)
-        return draw(c, self.rng)
+        return self._pick(self._filter(Candidates(np.asarray(ids, np.int64), x, True)))
 
 
-def make_sampler(params: SamplingParams, rng: np.random.Generator | None = None) -> RowSampler:
-    """Compose one row's chain: logit bias -> penalties -> top_k -> typical_p -> top_p -> min_p ->
-    temperature -> softmax -> draw (greedy argmax after penalties when temperature is 0)."""
-    return RowSampler(params, rng)
+def _probabilities(c: Candidates) -> tuple[np.ndarray, np.ndarray]:
+    w = np.exp((c.logits - c.logits.max()).astype(np.float64))
+    return np.asarray(c.ids, np.int64), w / w.sum()
+
+
+def make_sampler(params: SamplingParams, rng: np.random.Generator | None = None, **kwargs: Any) -> RowSampler:
+    """Compose one row's chain: logit bias -> penalties -> DRY -> top_n_sigma -> top_k -> typical_p ->
+    top_p -> min_p -> XTC -> temperature (dynamic or not) -> softmax -> draw (greedy argmax after the
+    logit steps when temperature is 0); with mirostat: logit bias -> temperature -> mirostat."""
+    return RowSampler(params, rng, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------- batch
@@ -520,12 +912,20 @@ __all__ = [
     "apply_penalties",
     "candidates",
     "draw",
+    "dry_breakers",
+    "dry_penalties",
+    "vocab_dry_breakers",
+    "dynamic_temperature",
     "greedy",
     "make_sampler",
     "min_p",
+    "mirostat_top",
+    "mirostat_v2_top",
     "softmax",
     "temperature",
     "top_k",
+    "top_n_sigma",
     "top_p",
     "typical_p",
+    "xtc",
 ]
