@@ -90,6 +90,56 @@ SAMPLING_OPTIONS = {
         help=f"Penalty by how often a token is there; 0 = off (default {_D.frequency_penalty}).",
     ),
     "seed": lambda: typer.Option(None, "--seed", help="RNG seed: same seed, same text (default: random)."),
+    "top_n_sigma": lambda: typer.Option(
+        None,
+        "--top-nsigma",
+        "--top-n-sigma",
+        help="Keep logits within n std devs of the top one; <= 0 = off.",
+    ),
+    "xtc_probability": lambda: typer.Option(
+        None, "--xtc-probability", help="XTC: chance of removing the likeliest tokens; 0 = off (default 0)."
+    ),
+    "xtc_threshold": lambda: typer.Option(
+        None,
+        "--xtc-threshold",
+        help=f"XTC: tokens at or above this probability go; > 0.5 = off ({_D.xtc_threshold}).",
+    ),
+    "dynatemp_range": lambda: typer.Option(
+        None,
+        "--dynatemp-range",
+        help="Dynamic temperature: temp +- range by the entropy; 0 = off (default 0).",
+    ),
+    "dynatemp_exponent": lambda: typer.Option(
+        None, "--dynatemp-exp", help=f"Dynamic temperature exponent (default {_D.dynatemp_exponent})."
+    ),
+    "dry_multiplier": lambda: typer.Option(
+        None, "--dry-multiplier", help="DRY repetition penalty multiplier; 0 = off (default 0)."
+    ),
+    "dry_base": lambda: typer.Option(None, "--dry-base", help=f"DRY penalty base (default {_D.dry_base})."),
+    "dry_allowed_length": lambda: typer.Option(
+        None,
+        "--dry-allowed-length",
+        help=f"DRY: repeats this long are free (default {_D.dry_allowed_length}).",
+    ),
+    "dry_penalty_last_n": lambda: typer.Option(
+        None,
+        "--dry-penalty-last-n",
+        help=f"DRY: tokens scanned for repeats; 0 = off, -1 = all (default {_D.dry_penalty_last_n}).",
+    ),
+    "dry_sequence_breakers": lambda: typer.Option(
+        None,
+        "--dry-sequence-breaker",
+        help='DRY: a repeat never runs across this text (repeatable; replaces \\n : " *; "none": none).',
+    ),
+    "mirostat": lambda: typer.Option(
+        None, "--mirostat", help="Mirostat sampling: 1, 2 (2.0); 0 = off (default 0)."
+    ),
+    "mirostat_eta": lambda: typer.Option(
+        None, "--mirostat-lr", help=f"Mirostat learning rate, eta (default {_D.mirostat_eta})."
+    ),
+    "mirostat_tau": lambda: typer.Option(
+        None, "--mirostat-ent", help=f"Mirostat target entropy, tau (default {_D.mirostat_tau})."
+    ),
 }
 
 
@@ -97,6 +147,8 @@ def sampling_flags(**given: Any) -> dict[str, Any]:
     """The sampling flags set on the command line (SAMPLING_OPTIONS' names), checked: one error line names
     a bad value. A seed of -1 is llama.cpp's random."""
     out = {k: v for k, v in given.items() if v is not None and not (k == "seed" and v == -1)}
+    if "dry_sequence_breakers" in out:  # llama.cpp's: the flag replaces the defaults; "none" clears them
+        out["dry_sequence_breakers"] = tuple(b for b in out["dry_sequence_breakers"] if b != "none")
     for name, v in out.items():
         try:
             replace(_D, **{name: v}).validate()
@@ -223,6 +275,19 @@ def serve(
     presence_penalty: float | None = SAMPLING_OPTIONS["presence_penalty"](),
     frequency_penalty: float | None = SAMPLING_OPTIONS["frequency_penalty"](),
     seed: int | None = SAMPLING_OPTIONS["seed"](),
+    top_n_sigma: float | None = SAMPLING_OPTIONS["top_n_sigma"](),
+    xtc_probability: float | None = SAMPLING_OPTIONS["xtc_probability"](),
+    xtc_threshold: float | None = SAMPLING_OPTIONS["xtc_threshold"](),
+    dynatemp_range: float | None = SAMPLING_OPTIONS["dynatemp_range"](),
+    dynatemp_exponent: float | None = SAMPLING_OPTIONS["dynatemp_exponent"](),
+    dry_multiplier: float | None = SAMPLING_OPTIONS["dry_multiplier"](),
+    dry_base: float | None = SAMPLING_OPTIONS["dry_base"](),
+    dry_allowed_length: int | None = SAMPLING_OPTIONS["dry_allowed_length"](),
+    dry_penalty_last_n: int | None = SAMPLING_OPTIONS["dry_penalty_last_n"](),
+    dry_sequence_breakers: list[str] | None = SAMPLING_OPTIONS["dry_sequence_breakers"](),
+    mirostat: int | None = SAMPLING_OPTIONS["mirostat"](),
+    mirostat_eta: float | None = SAMPLING_OPTIONS["mirostat_eta"](),
+    mirostat_tau: float | None = SAMPLING_OPTIONS["mirostat_tau"](),
     spec_type: str = SPEC_OPTIONS["spec_type"](),
     model_draft: str | None = SPEC_OPTIONS["model_draft"](),
     draft_max: int = SPEC_OPTIONS["draft_max"](),

@@ -30,7 +30,7 @@ import numpy as np
 from edgellm import reasoning, speculative, structured
 from edgellm.generate import StopMatcher
 from edgellm.kvcache import PagedKV
-from edgellm.sampler import RowSampler, Sampler, SamplingParams
+from edgellm.sampler import RowSampler, Sampler, SamplingParams, vocab_dry_breakers
 from edgellm.scheduler import Scheduled, Scheduler, SeqState, StepPlan
 
 DEFAULT_BLOCK_SIZE = 16
@@ -205,7 +205,10 @@ class _Seq(SeqState):
         self.spec: speculative.SeqSpec | None = None  # set by the engine when it may guess for this one
         self.draft: list[int] = []  # this step's guesses, appended to tokens until the step is applied
         self.stream = stream
-        self.sampler = RowSampler(req.params)
+        p = req.params
+        self.sampler = RowSampler(
+            p, dry_breakers=vocab_dry_breakers(tokenizer, p.dry_sequence_breakers) if p.dry_on else None
+        )
         self.detok = tokenizer.stream()
         self.stop = StopMatcher(req.stop)
         self.done = False  # its last event is out
@@ -360,8 +363,12 @@ class Engine:
             guided = structured.guided_tokenizer(self.tokenizer, self.model.config.n_vocab)
         try:
             seq = _Seq(req, stream, self.tokenizer, guided)
-            # (a reasoning budget may write other tokens than those sampled: no guesses to check then)
-            if self.spec is not None and req.speculative and req.logprobs is None and seq.budget is None:
+            # (a reasoning budget may write other tokens than those sampled: no guesses to check then;
+            # mirostat's state moves with each token drawn, which a guess cannot follow)
+            if (
+                self.spec is not None and req.speculative and req.logprobs is None and seq.budget is None
+                and not seq.sampler.stateful
+            ):  # fmt: skip
                 seq.spec = speculative.SeqSpec(self.spec)
             if seq.constraint is not None and req.max_tokens is not None:
                 need = seq.constraint.min_tokens()
@@ -847,8 +854,11 @@ def sampled_logprob(
 ) -> TokenLogprob:
     """`token`'s log-probability and the top k candidates' in the distribution `sampler` drew it from
     (RowSampler.distribution: after the logit steps, filters and temperature; greedy: the argmax alone),
-    as llama-server's post_sampling_probs reports them; tokens the filters removed are not among them."""
-    ids, p = sampler.distribution(logits, history)
+    as llama-server's post_sampling_probs reports them; tokens the filters removed are not among them.
+    The sampler's record of its last draw is used where it has one (XTC's chance and mirostat's state are
+    not taken again)."""
+    last = sampler.last_distribution()
+    ids, p = last if last is not None else sampler.distribution(logits, history)
     hit = p[ids == token]
     top = np.lexsort((ids, -p))[: min(k, ids.size)]  # most likely first; ties by id
     return TokenLogprob(

@@ -126,11 +126,18 @@ def prompt_progress(progress: Any) -> dict[str, float]:
 
 
 def active_samplers(params: Any) -> list[str]:
-    """The steps of the request's chain, under llama-server's names, in order."""
+    """The steps of the request's chain, under llama-server's names, in order (mirostat's chain is the
+    temperature and mirostat alone)."""
+    if params.mirostat:
+        return ["temperature"] * (params.temperature != 1.0) + [
+            "mirostat" if params.mirostat == 1 else "mirostat_v2"
+        ]
     on = {
         "penalties": params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty,
+        "dry": params.dry_on, "top_n_sigma": params.top_n_sigma > 0,
         "top_k": params.top_k > 0, "typ_p": params.typical_p < 1.0, "top_p": params.top_p < 1.0,
-        "min_p": params.min_p > 0.0, "temperature": params.temperature != 1.0,
+        "min_p": params.min_p > 0.0, "xtc": params.xtc_on,
+        "temperature": params.temperature != 1.0 or params.dynatemp_range > 0,
     }  # fmt: skip
     return [n for n in oa.SAMPLER_ORDER if on.get(n)]
 
@@ -149,6 +156,20 @@ def generation_settings(params: Any, n_ctx: int, max_tokens: int | None, stops: 
         "repeat_last_n": params.repeat_last_n,
         "presence_penalty": params.presence_penalty,
         "frequency_penalty": params.frequency_penalty,
+        "dynatemp_range": params.dynatemp_range,
+        "dynatemp_exponent": params.dynatemp_exponent,
+        "top_n_sigma": params.top_n_sigma,
+        "xtc_probability": params.xtc_probability,
+        "xtc_threshold": params.xtc_threshold,
+        "dry_multiplier": params.dry_multiplier,
+        "dry_base": params.dry_base,
+        "dry_allowed_length": params.dry_allowed_length,
+        "dry_penalty_last_n": params.dry_penalty_last_n,
+        "dry_sequence_breakers": list(params.dry_sequence_breakers),
+        "mirostat": params.mirostat,
+        "mirostat_tau": params.mirostat_tau,
+        "mirostat_eta": params.mirostat_eta,
+        "min_keep": params.min_keep,
         "seed": -1 if params.seed is None else params.seed,
         "logit_bias": [  # llama-server's shape: -inf (a ban) is null in JSON
             {"token": t, "bias": None if math.isinf(b) else b} for t, b in (params.logit_bias or {}).items()

@@ -15,6 +15,7 @@ nothing here and are accepted.
 from __future__ import annotations
 
 import json
+import math
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -33,17 +34,21 @@ SAMPLING_OPTIONS: dict[str, tuple[str, float, float]] = {
     "repeat_penalty": ("repeat_penalty", 0.0, 100.0),
     "presence_penalty": ("presence_penalty", -2.0, 2.0),
     "frequency_penalty": ("frequency_penalty", -2.0, 2.0),
+    "mirostat_tau": ("mirostat_tau", -math.inf, math.inf),
+    "mirostat_eta": ("mirostat_eta", -math.inf, math.inf),
 }
-INT_OPTIONS = {"top_k": ("top_k", 0, 1 << 31), "repeat_last_n": ("repeat_last_n", -1, 1 << 31)}
+INT_OPTIONS = {
+    "top_k": ("top_k", 0, 1 << 31),
+    "repeat_last_n": ("repeat_last_n", -1, 1 << 31),
+    "mirostat": ("mirostat", 0, 2),
+}
 # options that tune Ollama's runner (memory, threads, batching): nothing to do here
 RUNNER_OPTIONS = {
     "num_gpu", "main_gpu", "num_thread", "num_batch", "use_mmap", "use_mlock", "numa", "low_vram",
     "f16_kv", "vocab_only", "num_keep",
 }  # fmt: skip
 # options that would change the answer and that edgellm does not implement: refused by name
-UNSUPPORTED_OPTIONS = {
-    "mirostat": 0, "mirostat_tau": None, "mirostat_eta": None, "tfs_z": 1.0, "penalize_newline": None,
-}  # fmt: skip
+UNSUPPORTED_OPTIONS = {"tfs_z": 1.0, "penalize_newline": None}
 
 
 def _dict(body: dict, name: str) -> dict:
@@ -65,7 +70,7 @@ def parse_options(body: dict, n_ctx: int) -> tuple[dict[str, Any], int | None, l
         if name in SAMPLING_OPTIONS:
             key, lo, hi = SAMPLING_OPTIONS[name]
             if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
-                raise oa.bad(f"options.{name}", f"must be a number in [{lo}, {hi}]")
+                raise oa.bad(f"options.{name}", f"must be a finite number in [{lo}, {hi}]")
             sampling[key] = float(value)
         elif name in INT_OPTIONS:
             key, lo, hi = INT_OPTIONS[name]

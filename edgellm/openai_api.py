@@ -10,6 +10,7 @@ llama.cpp's server does.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
@@ -108,11 +109,6 @@ def _refuse_if_set(body: dict, name: str, ok: Callable[[Any], bool], why: str) -
 # (field, "this value is the same as not sending it", why) for llama-server's and vLLM's request fields not
 # honoured
 LLAMA_SERVER_UNSUPPORTED: list[tuple[str, Callable[[Any], bool], str]] = [
-    ("mirostat", lambda v: v == 0, "mirostat sampling is not supported"),
-    ("dynatemp_range", lambda v: v == 0, "dynamic temperature is not supported"),
-    ("dry_multiplier", lambda v: v == 0, "DRY sampling is not supported"),
-    ("xtc_probability", lambda v: v == 0, "XTC sampling is not supported"),
-    ("top_n_sigma", lambda v: v in (-1, 0), "top-n-sigma sampling is not supported"),
     (
         "post_sampling_probs",
         lambda v: v is False,
@@ -123,7 +119,6 @@ LLAMA_SERVER_UNSUPPORTED: list[tuple[str, Callable[[Any], bool], str]] = [
     ("n_cmpl", lambda v: v == 1, "several completions (n_cmpl) are asked with n on this route"),
     ("t_max_predict_ms", lambda v: _is_num(v) and v <= 0, "a generation time limit is not supported"),
     ("t_max_prompt_ms", lambda v: _is_num(v) and v <= 0, "a prompt time limit is not supported"),
-    ("min_keep", lambda v: v == 0, "min_keep is not supported"),
     (
         "response_fields",
         lambda v: v == [],
@@ -230,9 +225,29 @@ def _sampling(body: dict, lim: Limits) -> dict[str, Any]:
         ("frequency_penalty", _number(body, "frequency_penalty", -2.0, 2.0)),
         ("top_k", _integer(body, "top_k", 0, 1 << 31)),
         ("repeat_last_n", _integer(body, "repeat_last_n", -1, 1 << 31)),
+        # llama-server's other samplers (server-schema.cpp's ranges; -1 for dry_penalty_last_n is the
+        # whole conversation, as llama-server's before it took only counts)
+        ("min_keep", _integer(body, "min_keep", 0, 1 << 31)),
+        ("top_n_sigma", _number(body, "top_n_sigma", -math.inf, math.inf)),
+        ("xtc_probability", _number(body, "xtc_probability", 0.0, 1.0)),
+        ("xtc_threshold", _number(body, "xtc_threshold", 0.0, 1.0)),
+        ("dynatemp_range", _number(body, "dynatemp_range", 0.0, math.inf)),
+        ("dynatemp_exponent", _number(body, "dynatemp_exponent", -math.inf, math.inf)),
+        ("dry_multiplier", _number(body, "dry_multiplier", 0.0, math.inf)),
+        ("dry_base", _number(body, "dry_base", -math.inf, math.inf)),
+        ("dry_allowed_length", _integer(body, "dry_allowed_length", 0, 1 << 31)),
+        ("dry_penalty_last_n", _integer(body, "dry_penalty_last_n", -1, 1 << 31)),
+        ("mirostat", _integer(body, "mirostat", 0, 2)),
+        ("mirostat_tau", _number(body, "mirostat_tau", -math.inf, math.inf)),
+        ("mirostat_eta", _number(body, "mirostat_eta", -math.inf, math.inf)),
     ):
         if value is not None:
             out[name] = value
+    if out.get("dry_base", 1.0) < 1.0:
+        del out["dry_base"]  # llama-server's handler: a base under 1 is the default
+    breakers = _dry_breakers(body.get("dry_sequence_breakers"))
+    if breakers is not None:
+        out["dry_sequence_breakers"] = breakers
     chain = samplers(body)
     for name, neutral in _SAMPLER_OFF.items():
         if chain is not None and name not in chain:
@@ -247,6 +262,27 @@ def _sampling(body: dict, lim: Limits) -> dict[str, Any]:
 
 
 MAX_BIAS_TEXT = 256  # characters of a logit_bias text key
+MAX_DRY_BREAKERS = 64
+
+
+def _dry_breakers(v: Any) -> tuple[str, ...] | None:
+    """llama-server's dry_sequence_breakers: a non-empty array of strings. A string holding such an array
+    in JSON (text-generation-webui's, koboldcpp's and SillyTavern's form) is read as the array. Each is
+    cut to its first 40 bytes when used (sampler.DRY_MAX_BREAKER_BYTES), as llama.cpp does."""
+    if v is None:
+        return None
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except ValueError:
+            raise bad(
+                "dry_sequence_breakers", "must be an array of strings (or one in a JSON string)"
+            ) from None
+    if not isinstance(v, list) or not v or not all(isinstance(b, str) and b for b in v):
+        raise bad("dry_sequence_breakers", "must be a non-empty array of non-empty strings")
+    if len(v) > MAX_DRY_BREAKERS:
+        raise bad("dry_sequence_breakers", f"at most {MAX_DRY_BREAKERS} breakers")
+    return tuple(v)
 
 
 def _logit_bias(bias: Any, n_vocab: int) -> dict[int | str, float]:
@@ -287,8 +323,7 @@ def _logit_bias(bias: Any, n_vocab: int) -> dict[int | str, float]:
 
 
 # llama-server's `samplers`: names and one-letter codes (common/sampling.cpp), in the order of edgellm's chain
-# (common_params_sampling's default order). dry, top_n_sigma and xtc do nothing at their defaults (their
-# other values are refused by name), so a list may name them.
+# (common_params_sampling's default order).
 SAMPLER_ORDER = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
 _SAMPLER_CODES = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
                   "m": "min_p", "x": "xtc", "t": "temperature"}  # fmt: skip
@@ -297,7 +332,9 @@ _SAMPLER_ALIASES = {"nucleus": "top_p", "temp": "temperature", "typ": "typ_p", "
 # what leaving a sampler out of the list means: its step is skipped (the request's value for it too)
 _SAMPLER_OFF = {"penalties": {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0},
                 "top_k": {"top_k": 0}, "typ_p": {"typical_p": 1.0}, "top_p": {"top_p": 1.0},
-                "min_p": {"min_p": 0.0}, "temperature": {"temperature": 1.0}}  # fmt: skip
+                "min_p": {"min_p": 0.0}, "temperature": {"temperature": 1.0, "dynatemp_range": 0.0},
+                "dry": {"dry_multiplier": 0.0}, "top_n_sigma": {"top_n_sigma": -1.0},
+                "xtc": {"xtc_probability": 0.0}}  # fmt: skip
 
 
 def samplers(body: dict) -> list[str] | None:

@@ -113,7 +113,11 @@ def test_interactive_chat_commands(capsys, monkeypatch):
         "top_k": "40",
         "top_p": "0.95", "min_p": "0.05", "typical_p": "1.0", "repeat_penalty": "1.0",
         "frequency_penalty": "0.0", "presence_penalty": "0.0", "repeat_last_n": "64", "logit_bias": "none",
-        "seed": "random", "system": "'Be brief.'",
+        "seed": "random", "min_keep": "0", "top_n_sigma": "-1.0", "xtc_probability": "0.0",
+        "xtc_threshold": "0.1", "dynatemp_range": "0.0", "dynatemp_exponent": "1.0", "dry_multiplier": "0.0",
+        "dry_base": "1.75", "dry_allowed_length": "2", "dry_penalty_last_n": "64",
+        "dry_sequence_breakers": repr(("\n", ":", '"', "*")), "mirostat": "0", "mirostat_tau": "5.0",
+        "mirostat_eta": "0.1", "system": "'Be brief.'",
     }  # fmt: skip
     assert "  n_predict          -1 (until the end or the context is full)" in second
     assert "  template           from the file (using the file's own chat template" in out
@@ -523,3 +527,23 @@ def test_prompt_cache_file_is_written_then_read_back_by_the_next_run(capsys, tmp
     assert "from the prefix cache" not in err
     rc, _, err = run(capsys, *args)
     assert rc == 0 and f"({n_prompt - 1} from the prefix cache)" in err  # rewritten whole
+
+
+def test_llama_cpp_sampler_flags_run_and_bad_values_name_the_flag(capsys):
+    """--dry-multiplier etc. (llama.cpp's flags) reach the sampler: DRY breaks greedy's loop, a seeded
+    mirostat run repeats; a bad value is one error line naming the flag."""
+    prompt = ["run", "-p", "one two three one two three one two three one two", "--raw", "-n", "12"]
+    rc, plain, err = run(capsys, *prompt, "--temp", "0")
+    assert rc == 0 and "one two three" in plain, err
+    rc, dry, err = run(capsys, *prompt, "--temp", "0", "--dry-multiplier", "5", "--dry-allowed-length", "1")
+    assert rc == 0 and "one two three" not in dry, err
+    rc, same, _ = run(capsys, *prompt, "--temp", "0", "--dry-multiplier", "5", "--dry-allowed-length", "1",
+                      "--dry-sequence-breaker", "none", "--dry-penalty-last-n", "-1")  # fmt: skip
+    assert rc == 0 and same == dry  # no breakers occur in the prompt: the same answer
+    seeded = [*prompt, "--seed", "3", "--mirostat", "2", "--mirostat-ent", "3", "--mirostat-lr", "0.2",
+              "--xtc-probability", "0", "--top-nsigma", "1.5", "--dynatemp-range", "0.3"]  # fmt: skip
+    a, b = run(capsys, *seeded), run(capsys, *seeded)
+    assert a[0] == 0 and a[1] == b[1], a[2]
+    for flag, value in (("--mirostat", "3"), ("--xtc-probability", "2"), ("--dry-allowed-length", "-1")):
+        rc, out, err = run(capsys, *prompt, flag, value)
+        assert rc != 0 and out == "" and flag in err and len(err.strip().splitlines()) == 1, (flag, err)

@@ -401,7 +401,7 @@ def test_from_gguf_metadata_reads_general_sampling_keys_and_overrides_win():
         "general.sampling.min_p": 0.0,
         "general.sampling.penalty_last_n": 128.0,  # a float for an int key reads as llama.cpp's strtol would
         "general.sampling.penalty_repeat": "1.1",
-        "general.sampling.mirostat": 2,  # not implemented: ignored
+        "general.sampling.sequence": "kt",  # a sampler order: edgellm runs one order, ignored
         "general.architecture": "llama",
     }
     p = SamplingParams.from_gguf_metadata(meta, top_k=50)

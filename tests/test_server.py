@@ -988,7 +988,7 @@ def test_llama_servers_samplers_list_skips_the_steps_it_leaves_out():
     s = oa.parse_completion(dict(body, samplers=["top_k", "temperature"]), lim).sampling
     assert s["top_k"] == 7 and s["top_p"] == 1.0 and s["min_p"] == 0.0 and s["repeat_penalty"] == 1.0
     assert (
-        oa.parse_completion(dict(body, samplers="edkypmxt"), lim).sampling
+        oa.parse_completion(dict(body, samplers="edskypmxt"), lim).sampling
         == oa.parse_completion(body, lim).sampling
     )
     assert oa.parse_completion(dict(body, samplers="pm"), lim).sampling["top_k"] == 0
@@ -998,14 +998,60 @@ def test_llama_servers_samplers_list_skips_the_steps_it_leaves_out():
         assert e.value.param == "samplers"
 
 
+def test_llama_servers_other_samplers_run_and_are_reported(server):
+    """DRY, XTC, top-n-sigma, min_keep, dynamic temperature and mirostat (llama-server's fields) run:
+    DRY breaks a greedy loop, seeded requests repeat, generation_settings reports them; bad values are
+    400s naming the field."""
+    base = {"prompt": "one two three one two three one two three one two", "n_predict": 12, "temperature": 0}
+    plain = _post(server, "/completion", base).json()
+    assert "one two three" in plain["content"]  # greedy continues the loop
+    dry = _post(server, "/completion", {**base, "dry_multiplier": 5.0, "dry_allowed_length": 1}).json()
+    assert "one two three" not in dry["content"]
+    assert (
+        dry["generation_settings"]["dry_multiplier"] == 5.0
+        and "dry" in dry["generation_settings"]["samplers"]
+    )
+    for extra in (
+        {"mirostat": 2, "mirostat_tau": 3.0, "mirostat_eta": 0.2},
+        {"mirostat": 1},
+        {"xtc_probability": 0.5, "xtc_threshold": 0.05},
+        {"top_n_sigma": 1.0, "min_keep": 2},
+        {"dynatemp_range": 0.5, "dynatemp_exponent": 2.0},
+    ):
+        body = {**base, "temperature": 0.9, "seed": 5, **extra}
+        a, b = (_post(server, "/completion", body).json() for _ in range(2))
+        assert a["content"] == b["content"] and a["tokens_predicted"] == 12, extra
+        assert all(a["generation_settings"][k] == v for k, v in extra.items()), a["generation_settings"]
+    sillytavern = '["\\n", ":"]'  # SillyTavern's form: the array in a JSON string
+    r = _post(server, "/completion", {**base, "dry_multiplier": 0.8, "dry_sequence_breakers": sillytavern})
+    assert r.json()["generation_settings"]["dry_sequence_breakers"] == ["\n", ":"]
+    chat = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 3,
+        "mirostat": 2,
+        "xtc_probability": 1,
+    }
+    assert _post(server, "/v1/chat/completions", chat).status_code == 200
+    for field, value in (("mirostat", 3), ("xtc_probability", 1.5), ("dry_sequence_breakers", []),
+                         ("min_keep", -1), ("dry_multiplier", -1), ("dynatemp_range", "x")):  # fmt: skip
+        r = _post(server, "/completion", {**base, field: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, (field, r.text)
+    r = httpx.post(
+        server.url + "/api/generate",
+        json={
+            "prompt": "x",
+            "stream": False,
+            "options": {"mirostat": 2, "mirostat_tau": 4, "num_predict": 2},
+        },
+    )
+    assert r.status_code == 200, r.text  # Ollama's mirostat options
+
+
 @pytest.mark.parametrize(
     "field,value",
     [
-        ("mirostat", 2),
-        ("dry_multiplier", 0.8),
         ("n_indent", 4),
         ("t_max_predict_ms", 500),
-        ("min_keep", 2),
         ("multimodal_data", ["aGk="]),
         ("n_probs", 3),
     ],  # n_probs: the OpenAI routes ask with logprobs
@@ -1333,8 +1379,8 @@ def test_ollama_routes_refuse_what_they_cannot_honour_by_name(server):
     assert httpx.get(url + "/api/version").json()["version"]
     r = httpx.post(url + "/api/generate", json={"model": "", "prompt": "x", "format": "yaml"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "format"
-    r = httpx.post(url + "/api/generate", json={"prompt": "x", "options": {"mirostat": 2}})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "options.mirostat"
+    r = httpx.post(url + "/api/generate", json={"prompt": "x", "options": {"tfs_z": 0.5}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "options.tfs_z"
     tools_ = [{"type": "function", "function": {"name": "f"}}]
     r = httpx.post(url + "/api/chat", json={"messages": [{"role": "user", "content": "x"}], "tools": tools_})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools"  # SmolLM2's template has none
