@@ -75,6 +75,9 @@ class GenRequest:
     # not of the raw logits (llama-server's post_sampling_probs)
     post_sampling: bool = False
     slot: int = -1  # llama-server's id_slot: the slot whose conversation this is (slot_tokens); -1 any
+    # k >= 0: each prompt token's log-probability given those before it, and the top k (OpenAI's echo with
+    # logprobs, vLLM's prompt_logprobs); the prompt is then computed whole (no prefix cache)
+    prompt_logprobs: int | None = None
 
 
 class TokenLogprob(NamedTuple):
@@ -83,6 +86,7 @@ class TokenLogprob(NamedTuple):
 
     logprob: float
     top: list[tuple[int, float]]  # (token id, log-probability), most likely first
+    rank: int = 0  # prompt tokens: 1 + how many tokens the model found likelier (vLLM's rank); 0 unset
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,9 @@ class Event:
     # where the sequence stands (GenRequest.live): on each token's event, and on events of their own
     # (no text, no token) as its prompt is read: one when admitted, one per prompt chunk computed
     progress: Progress | None = None
+    # GenRequest.prompt_logprobs: on an event of its own (no text, no token) before the first token's;
+    # one entry per prompt token, the first None (nothing before it)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class Stream:
@@ -216,6 +223,11 @@ class _Seq(SeqState):
         self.t_first: float | None = None
         self.t_admit: float | None = None  # first admitted: its prompt's reading began
         self.prompt_reported = -1  # live: the prompt positions its last progress event reported
+        # GenRequest.prompt_logprobs: filled as the prompt is computed; it cannot come from the cache
+        self.prompt_lp: list[TokenLogprob | None] | None = None
+        if req.prompt_logprobs is not None:
+            self.prompt_lp = [None] * self.n_prompt
+            self.reuse_prefix = False
 
     def progress(self, prompt_done: int | None = None, now: float | None = None) -> Progress | None:
         """Where it stands, if its request asked (GenRequest.live); prompt_done: its prompt read so far
@@ -347,6 +359,9 @@ class Engine:
         if bad:
             raise RequestRejected(f"token id {bad[0]} is outside the vocabulary of {n_vocab}")
         req.params.validate(n_vocab)
+        k = req.prompt_logprobs
+        if k is not None and not (isinstance(k, int) and k >= 0):
+            raise RequestRejected(f"prompt_logprobs must be None or an int >= 0, got {k!r}")
 
     def compile_grammar(self, grammar: structured.Grammar) -> str:
         """A constraint compiled for this model's vocabulary, for GenRequest.grammar; GrammarError (a
@@ -367,7 +382,7 @@ class Engine:
             # mirostat's state moves with each token drawn, which a guess cannot follow)
             if (
                 self.spec is not None and req.speculative and req.logprobs is None and seq.budget is None
-                and not seq.sampler.stateful
+                and not seq.sampler.stateful and req.prompt_logprobs is None
             ):  # fmt: skip
                 seq.spec = speculative.SeqSpec(self.spec)
             if seq.constraint is not None and req.max_tokens is not None:
@@ -704,6 +719,10 @@ class Engine:
                 for s in new:
                     self._prefill_draft(s)
         self._report_prompts(plan)
+        for s, scored in out.prompt_logprobs.items():
+            if s.prompt_lp is not None:
+                for pos, lp in scored:
+                    s.prompt_lp[pos] = lp
         self._applying = (plan, out)
         try:
             for s, tok in out.sampled.items():
@@ -771,6 +790,8 @@ class Engine:
         """Append a sampled token: stream its text, or end the sequence."""
         if s.t_first is None:
             s.t_first = time.perf_counter()
+            if s.prompt_lp is not None:
+                s.stream._push(Event("", prompt_logprobs=list(s.prompt_lp)))
         if s.req.max_tokens == 0:  # the prompt only, read into the cache: its end is not generated
             self._finish(s, "length")
             return
@@ -821,6 +842,8 @@ class RunnerOutput:
     failed: list[tuple[_Seq, str, int]] = field(default_factory=list)
     logprobs: dict[_Seq, TokenLogprob] = field(default_factory=dict)  # rows whose request asked
     speculated: dict[_Seq, list[int]] = field(default_factory=dict)  # drafted rows: kept guesses + 1
+    # GenRequest.prompt_logprobs: (prompt position, its token's log-probability) for the positions computed
+    prompt_logprobs: dict[_Seq, list[tuple[int, TokenLogprob]]] = field(default_factory=dict)
     n_rows: int = 0  # logits rows the forward produced (tokens generated, sampled or not)
 
 
@@ -835,8 +858,9 @@ def _keeps_logits(model: Any) -> bool:
     return bool(getattr(getattr(model, "backend", None), "keeps_logits", False))
 
 
-def token_logprob(logits: np.ndarray, token: int, k: int) -> TokenLogprob:
-    """`token`'s log-probability under softmax(logits) (float64 log-sum-exp) and the top k tokens'."""
+def token_logprob(logits: np.ndarray, token: int, k: int, rank: bool = False) -> TokenLogprob:
+    """`token`'s log-probability under softmax(logits) (float64 log-sum-exp) and the top k tokens';
+    with `rank`, also 1 + the number of tokens with a larger logit."""
     x = logits.astype(np.float64)
     m = float(np.max(x))
     lse = m + math.log(float(np.sum(np.exp(x - m))))
@@ -846,7 +870,7 @@ def token_logprob(logits: np.ndarray, token: int, k: int) -> TokenLogprob:
         idx = np.argpartition(-x, k - 1)[:k]
         idx = idx[np.lexsort((idx, -x[idx]))]  # most likely first; ties by id
         top = [(int(i), float(x[i] - lse)) for i in idx]
-    return TokenLogprob(float(x[token] - lse), top)
+    return TokenLogprob(float(x[token] - lse), top, int(np.count_nonzero(x > x[token])) + 1 if rank else 0)
 
 
 def sampled_logprob(
@@ -926,7 +950,7 @@ class ModelRunner:
         """One forward over the whole batch; logits for each sequence whose fed tokens reach its end.
         If the forward raises, each sequence is retried alone so only the culprit fails."""
         try:
-            logits_of = self._run(batch)
+            logits_of = self._run(batch, out)
             out.computed.update(s for s, _ in batch)
             return logits_of
         except Exception:  # noqa: BLE001 - isolate below
@@ -936,20 +960,24 @@ class ModelRunner:
         logits_of = {}
         for item in batch:
             try:
-                logits_of.update(self._run([item]))
+                logits_of.update(self._run([item], out))
                 out.computed.add(item.seq)
             except Exception as e:  # noqa: BLE001
                 out.failed.append((item.seq, f"the model failed on this request: {e}", 500))
         return logits_of
 
-    def _run(self, batch: Sequence[Scheduled]) -> dict[_Seq, Any]:
+    def _run(self, batch: Sequence[Scheduled], out: RunnerOutput) -> dict[_Seq, Any]:
         toks, pos, ids, rows, want = [], [], [], [], []
+        scored: list[tuple[_Seq, int, int]] = []  # prompt logprobs: (sequence, first position, its row)
         n = 0
         for s, k in batch:
             start = s.n_computed
             toks.extend(s.tokens[start : start + k])
             pos.append(np.arange(start, start + k))
             ids.append(np.full(k, s.slot))
+            if s.prompt_lp is not None and start < s.n_prompt - 1:  # rows whose next token is the prompt's
+                for p in range(start, min(start + k, s.n_prompt - 1)):
+                    scored.append((s, p, n + p - start))
             n += k
             if start + k == len(s.tokens):
                 d = len(s.draft)
@@ -974,7 +1002,14 @@ class ModelRunner:
                 i += d + 1
             return blocks
 
-        if decode and not full and all(s.sampler.is_greedy and not s.sampler.pre for s in want):
+        if scored:  # prompt rows too: one forward gives every row asked for, the prompt's after the rest
+            extra = [r for _, _, r in scored]
+            x = self.model.forward(*args, logits_rows=np.asarray(rows + extra, np.int64))
+            for (s, p, _), row in zip(scored, x[len(rows) :], strict=True):
+                lp = token_logprob(np.asarray(row), s.tokens[p + 1], s.req.prompt_logprobs, rank=True)
+                out.prompt_logprobs.setdefault(s, []).append((p + 1, lp))
+            logits = split(x[: len(rows)])
+        elif decode and not full and all(s.sampler.is_greedy and not s.sampler.pre for s in want):
             # all decode, all plain greedy: only the argmax ids leave the backend (a device keeps logits)
             picked = np.asarray(self.model.decode_greedy(*args), np.int64)
             logits = [v if isinstance(v, np.ndarray) else int(v) for v in split(picked)]

@@ -313,16 +313,17 @@ class PagedKV:
         return len(self.prefix.match(tokens, (len(tokens) - 1) // self.block_size)) * self.block_size
 
     # -- sequences -------------------------------------------------------------------------------------
-    def open(self, tokens: Sequence[int]) -> tuple[int, int]:
+    def open(self, tokens: Sequence[int], reuse: bool = True) -> tuple[int, int]:
         """Give a new sequence a slot and the cached blocks of its longest cached prefix (never all of
-        tokens: the last token must be computed for its logits). Returns (slot, positions served)."""
+        tokens: the last token must be computed for its logits; none if not `reuse`). Returns (slot,
+        positions served)."""
         if not self._free_slots:
             raise OutOfBlocks("no free sequence slot")
         slot = self._free_slots.pop()
         path: list[_Node] = []
         blocks: list[int] = []
         served = 0
-        if self.prefix is not None:
+        if self.prefix is not None and reuse:
             path = self.prefix.match(tokens, (len(tokens) - 1) // self.block_size)
             blocks = self.prefix.acquire(path, len(tokens))
             served = len(blocks) * self.block_size

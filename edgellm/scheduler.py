@@ -36,6 +36,7 @@ class SeqState:
         self.n_generated = 0
         self.slot = -1  # block table row while admitted
         self.admitted = False  # ever admitted (its prompt is counted once)
+        self.reuse_prefix = True  # False: computed whole, nothing served by the prefix cache
 
     @property
     def pending(self) -> int:
@@ -153,14 +154,14 @@ class Scheduler:
         blocks with a prompt being computed waits for them, to read them from the cache next step."""
         reserve = len(self.running)  # one block of headroom per running sequence for its decoding
         for s in list(self.waiting):
-            cached = self.kv.cached_prefix(s.tokens)
-            if self._shares_pending_prefix(s, cached):
+            cached = self.kv.cached_prefix(s.tokens) if s.reuse_prefix else 0
+            if s.reuse_prefix and self._shares_pending_prefix(s, cached):
                 continue
             need = self.kv.blocks_for(len(s.tokens)) - cached // self.kv.block_size
             if need > self.kv.n_available() - reserve and self.running:
                 return None  # FIFO: later requests do not overtake one that waits for memory
             self.waiting.remove(s)
-            s.slot, s.n_cached = self.kv.open(s.tokens)
+            s.slot, s.n_cached = self.kv.open(s.tokens, reuse=s.reuse_prefix)
             s.n_computed = s.n_cached
             self.running.append(s)
             return s

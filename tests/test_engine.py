@@ -291,3 +291,35 @@ def test_the_llm_api_steps_its_engine_or_waits_on_a_server_thread_running_it(llm
     finally:
         eng.shutdown()
         llm.open_engine()  # a stepped engine again for the other tests
+
+
+def test_prompt_logprobs_score_every_prompt_token_even_when_its_prefix_is_cached(llm):
+    """GenRequest.prompt_logprobs: each prompt token's log-probability given those before it, the top k
+    and its rank equal a log-softmax over LLM.logits (the prompt's teacher-forced logits), across
+    prefill chunks of 16 and in a batch with another sequence; a cached prefix does not skip any; they
+    arrive before the first token."""
+    import numpy as np
+
+    from edgellm.perplexity import log_softmax
+
+    prompt = llm.tokenize(PROMPTS[3] + " and the unicorns spoke perfect English.")
+    ref = log_softmax(llm.logits(prompt))
+    eng = _engine(llm)
+    try:
+        _tokens(eng.submit(GenRequest(prompt, GREEDY, 2)))  # the prompt's blocks go to the prefix cache
+        other = eng.submit(GenRequest(llm.tokenize(PROMPTS[0]), GREEDY, 6))
+        evs = list(eng.submit(GenRequest(prompt, GREEDY, 2, prompt_logprobs=3)))
+        _tokens(other)
+    finally:
+        eng.shutdown()
+    scored = [i for i, e in enumerate(evs) if e.prompt_logprobs is not None]
+    assert len(scored) == 1 and scored[0] < next(i for i, e in enumerate(evs) if e.token is not None)
+    lps = evs[scored[0]].prompt_logprobs
+    assert len(lps) == len(prompt) > 20 and lps[0] is None
+    assert evs[-1].usage.cached_tokens == 0
+    for i in range(1, len(prompt)):
+        row = ref[i - 1]
+        assert lps[i].logprob == pytest.approx(row[prompt[i]], abs=2e-3)
+        assert [t for t, _ in lps[i].top] == np.argsort(-row, kind="stable")[:3].tolist()
+        v = row[prompt[i]]  # rank: 1 + the tokens likelier (near-ties either way: the logits differ slightly)
+        assert 1 + np.count_nonzero(row > v + 1e-3) <= lps[i].rank <= 1 + np.count_nonzero(row > v - 1e-3)
