@@ -145,7 +145,6 @@ LLAMA_SERVER_UNSUPPORTED: list[tuple[str, Callable[[Any], bool], str]] = [
     ("skip_special_tokens", lambda v: v is True, "special tokens are always left out of the text"),
     ("spaces_between_special_tokens", lambda v: v is True, "spaces_between_special_tokens is not supported"),
     ("include_stop_str_in_output", lambda v: v is False, "the stop string is never part of the output"),
-    ("prompt_logprobs", lambda v: v == 0, "prompt logprobs are not supported"),
     ("allowed_token_ids", lambda v: False, "allowed_token_ids is not supported"),
     ("bad_words", lambda v: v == [], "bad_words is not supported"),
     ("truncate_prompt_tokens", lambda v: False, "truncate_prompt_tokens is not supported"),
@@ -211,6 +210,10 @@ class GenerationParams:
     post_sampling_probs: bool = False
     response_fields: list[str] = field(default_factory=list)
     id_slot: int = -1  # llama-server's: the slot whose conversation this is (its save / restore); -1 any
+    # completions: the prompt comes back before the answer (OpenAI's echo; with logprobs, its tokens'
+    # too), and vLLM's prompt_logprobs (each prompt token's log-probability, rank and the top k)
+    echo: bool = False
+    prompt_logprobs: int | None = None
 
 
 def _sampling(body: dict, lim: Limits) -> dict[str, Any]:
@@ -418,7 +421,10 @@ def _common(
         if not isinstance(opts, dict):
             raise bad("stream_options", "must be an object")
         include_usage = _boolean(opts, "include_usage")
-    _refuse_if_set(body, "echo", lambda v: v is False, "echo is not supported")
+    if logprobs != "completion":  # the completions route echoes its prompt (parse_completion)
+        _refuse_if_set(body, "echo", lambda v: v is False, "echo is only supported on completions")
+        _refuse_if_set(body, "prompt_logprobs", lambda v: False, "prompt_logprobs is only supported on "
+                       "/v1/completions")  # fmt: skip
     _refuse_if_set(body, "best_of", lambda v: v == 1, "best_of is not supported")
     if logprobs != "chat":  # the chat route reads tools (tools.py) and reasoning_format
         _refuse_if_set(body, "tools", lambda v: v == [], "tools are only supported on chat completions")
@@ -621,7 +627,30 @@ def parse_completion(body: Any, lim: Limits) -> GenerationParams:
         raise bad("suffix", "an insertion needs text prompts")
     p.suffix = suffix or ""
     p.prompts = prompts
+    p.echo = _boolean(body, "echo")
+    p.prompt_logprobs = _integer(body, "prompt_logprobs", 0, MAX_LOGPROBS)
+    if p.suffix and (p.echo or p.prompt_logprobs is not None):
+        raise bad("echo" if p.echo else "prompt_logprobs", "cannot be combined with suffix (an insertion)")
     return p
+
+
+def scored_prompt(p: GenerationParams) -> int | None:
+    """How many alternatives each prompt token's log-probability needs (GenRequest.prompt_logprobs): for
+    vLLM's prompt_logprobs, and for echo with logprobs; None: the prompt is not scored."""
+    wants = [k for k in (p.prompt_logprobs, p.logprobs if p.echo else None) if k is not None]
+    return max(wants) if wants else None
+
+
+def prompt_logprobs_body(ids: list[int], lps: list[Any], piece: Callable[[int], bytes]) -> list[Any]:
+    """vLLM's `prompt_logprobs`: None for the first token, then for each prompt token a map of token id
+    (a string) to {logprob, rank, decoded_token}, for the token itself and the top k."""
+    out: list[Any] = [None]
+    for tok, lp in zip(ids[1:], lps[1:], strict=True):
+        entry = {str(tok): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": _token_text(piece(tok))}}
+        for rank, (t, v) in enumerate(lp.top, 1):
+            entry.setdefault(str(t), {"logprob": v, "rank": rank, "decoded_token": _token_text(piece(t))})
+        out.append(entry)
+    return out
 
 
 # OpenAI chat fields for what a local text model cannot give: refused by name, as OpenAI refuses them for
@@ -779,11 +808,11 @@ def chat_logprobs(items: list[tuple[int, Any]], piece: Callable[[int], bytes]) -
 def completion_logprobs(items: list[tuple[int, Any]], piece: Callable[[int], bytes], offset: int = 0) -> dict:
     """Legacy completions' `logprobs` object (tokens, token_logprobs, top_logprobs, text_offset)."""
     tokens, lps, tops, offsets = [], [], [], []
-    for t, x in items:
+    for t, x in items:  # x None: an echoed prompt's first token (nothing before it), null as OpenAI's
         text = _token_text(piece(t))
         tokens.append(text)
-        lps.append(x.logprob)
-        tops.append({_token_text(piece(i)): v for i, v in x.top})
+        lps.append(None if x is None else x.logprob)
+        tops.append(None if x is None else {_token_text(piece(i)): v for i, v in x.top})
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
@@ -804,6 +833,12 @@ class Shaper:
     tool_names: list[str] | None = None  # chat with tools: <tool_call> blocks become tool_calls
     one_call: bool = False  # parallel_tool_calls false: the first call only
     live_calls: bool = False  # the calls are held to their schemas: streamed as they are written
+    # completions' echo: choice index -> (the prompt's text, its token ids); prompt_piece set when vLLM's
+    # prompt_logprobs are asked for
+    echo: dict[int, tuple[str, list[int]]] = field(default_factory=dict)
+    echo_text: bool = False  # OpenAI's echo: the prompt's text (and tokens) come back; else only scored
+    scored: bool = False  # the prompt's tokens are scored (GenRequest.prompt_logprobs)
+    prompt_piece: Callable[[int], bytes] | None = None
     reasoning: bool = False  # chat: a <think> reasoning goes apart, as reasoning_content (reasoning.py)
     inside: bool = False  # the prompt opened the reasoning: the answer starts inside it
 
@@ -850,6 +885,21 @@ class Shaper:
         choice = {"index": index, "text": text or "", "logprobs": lp, "finish_reason": finish}
         return {**self._head("text_completion"), "choices": [choice]}
 
+    def prompt_chunk(self, index: int, lps: list | None) -> dict[str, Any]:
+        """A completion choice's first chunk when its prompt is echoed or scored: the prompt's text (echo),
+        with its tokens' log-probabilities (echo with logprobs), and vLLM's prompt_logprobs."""
+        text, ids = self.echo[index]
+        c = self.chunk(index, text if self.echo_text else "", None, logprobs=self._prompt_items(ids, lps))
+        if self.prompt_piece is not None and lps is not None:
+            c["choices"][0]["prompt_logprobs"] = prompt_logprobs_body(ids, lps, self.prompt_piece)
+        return c
+
+    def _prompt_items(self, ids: list[int], lps: list | None) -> list | None:
+        """The echoed prompt's (token, log-probability) pairs, when the request asked for logprobs."""
+        if self.piece is None or not self.echo_text or lps is None:
+            return None
+        return list(zip(ids, lps, strict=True))
+
     def call_chunk(self, index: int, k: int, call: dict, args: str | None = None) -> dict[str, Any]:
         """A streamed tool call's delta as OpenAI sends them: the call's id, type and name as it begins
         (`args` None), then its arguments' text in pieces."""
@@ -866,8 +916,23 @@ class Shaper:
         return {**head, "choices": [], "usage": usage}
 
     def whole(
-        self, texts: list[str], finishes: list[str], usage: dict[str, Any], logprobs: list | None = None
+        self,
+        texts: list[str],
+        finishes: list[str],
+        usage: dict[str, Any],
+        logprobs: list | None = None,
+        prompt_lps: list | None = None,
     ) -> dict[str, Any]:
+        extra: dict[int, dict[str, Any]] = {}
+        for i, (text, ids) in self.echo.items():  # an echoed prompt comes first, its tokens too
+            scored = prompt_lps[i] if prompt_lps else None
+            items = self._prompt_items(ids, scored)
+            if self.echo_text:
+                texts[i] = text + texts[i]
+            if items is not None and logprobs:
+                logprobs[i] = items + logprobs[i]
+            if self.prompt_piece is not None and scored is not None:
+                extra[i] = {"prompt_logprobs": prompt_logprobs_body(ids, scored, self.prompt_piece)}
         lps = [self._logprobs(i, logprobs[i] if logprobs else None) for i in range(len(texts))]
         if self.chat:
             choices = []
@@ -888,7 +953,7 @@ class Shaper:
                 choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": f})
             return {**self._head("chat.completion"), "choices": choices, "usage": usage}
         choices = [
-            {"index": i, "text": t, "logprobs": lp, "finish_reason": f}
+            {"index": i, "text": t, "logprobs": lp, "finish_reason": f, **extra.get(i, {})}
             for i, (t, f, lp) in enumerate(zip(texts, finishes, lps))
         ]
         return {**self._head("text_completion"), "choices": choices, "usage": usage}

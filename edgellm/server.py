@@ -896,7 +896,8 @@ async def _generate(state: State, request: Request, chat: bool):
             if q.seed is not None and (len(prompts) > 1 or p.n > 1):
                 q = replace(q, seed=(q.seed + i * p.n + j) % (1 << 64))  # distinct, reproducible choices
             reqs.append(GenRequest(ids, q, p.max_tokens, tuple(p.stop), p.logprobs, grammar, p.speculative,
-                                   live=_live(p), reasoning_budget=budget, slot=p.id_slot))  # fmt: skip
+                                   live=_live(p), reasoning_budget=budget, slot=p.id_slot,
+                                   prompt_logprobs=None if chat else oa.scored_prompt(p)))  # fmt: skip
     streams = _submit(engine, reqs)
     tok = llm.tokenizer
     shaper = oa.Shaper(
@@ -908,6 +909,13 @@ async def _generate(state: State, request: Request, chat: bool):
         one_call=p.tools is not None and not p.tools.parallel,
         live_calls=constraint is not p.grammar,  # the tools' grammar holds the calls
     )
+    if not chat and (p.echo or p.prompt_logprobs is not None):  # choice i * n + j is prompt i's
+        texts = [x if isinstance(x, str) else tok.decode(ids) for x, ids in zip(p.prompts, prompts)]
+        shaper.echo = {i * p.n + j: (texts[i], ids) for i, ids in enumerate(prompts) for j in range(p.n)}
+        shaper.echo_text = p.echo
+        shaper.scored = oa.scored_prompt(p) is not None
+        if p.prompt_logprobs is not None:
+            shaper.prompt_piece = lambda t: tok.token_to_piece(t, special=True)
     think = _thinks(state, llm, p, prompts[0]) if chat else None
     shaper.reasoning, shaper.inside = think is not None, bool(think)
     usage = request.state.edgellm_usage = [0, 0, 0]  # prompt, completion, cached: the access log reads it
@@ -1891,11 +1899,18 @@ async def _sse(
         if shaper.chat:
             for i in range(len(streams)):
                 yield _sse_line(shaper.chunk(i, None, None, first=True))  # content null, as llama-server
+        if not shaper.scored:  # an echo without scores goes first; a scored one as its scores come
+            for i in shaper.echo:
+                yield _sse_line(shaper.prompt_chunk(i, None))
         failed = None
         left = len(streams)
         async for i, ev in _merged(streams):
             if ev.finish_reason == "error":
                 failed = failed or ev
+                continue
+            if ev.prompt_logprobs is not None:
+                if i in shaper.echo:
+                    yield _sse_line(shaper.prompt_chunk(i, ev.prompt_logprobs))
                 continue
             if _progress_only(ev):
                 if progress:  # a role chunk, as llama-server's, that says how far the prompt is read
@@ -1958,6 +1973,7 @@ async def _whole(request: Request, streams: list, shaper: oa.Shaper, usage: list
     """Collect every choice; cancel them if the client disconnects while waiting."""
     texts = [[] for _ in streams]
     logprobs: list[list] = [[] for _ in streams]
+    prompt_lps: list[Any] = [None] * len(streams)  # GenRequest.prompt_logprobs, per choice
     finishes = ["length"] * len(streams)
     failed: Event | None = None
     timings = _Timings()
@@ -1966,6 +1982,8 @@ async def _whole(request: Request, streams: list, shaper: oa.Shaper, usage: list
         nonlocal failed
         async for i, ev in _merged(streams):
             texts[i].append(ev.text)
+            if ev.prompt_logprobs is not None:
+                prompt_lps[i] = ev.prompt_logprobs
             if ev.logprob is not None and ev.token is not None:
                 logprobs[i].append((ev.token, ev.logprob))
             if ev.finish_reason == "error":
@@ -1984,7 +2002,11 @@ async def _whole(request: Request, streams: list, shaper: oa.Shaper, usage: list
         kind = {400: "invalid_request_error", 503: "unavailable_error"}.get(failed.status, "server_error")
         raise APIError(failed.status, failed.error or "generation failed", kind)
     body = shaper.whole(
-        ["".join(t) for t in texts], finishes, oa.usage_body(*usage), logprobs if shaper.piece else None
+        ["".join(t) for t in texts],
+        finishes,
+        oa.usage_body(*usage),
+        logprobs if shaper.piece else None,
+        prompt_lps,
     )
     return {**body, "timings": timings.body()}
 

@@ -1047,6 +1047,56 @@ def test_llama_servers_other_samplers_run_and_are_reported(server):
     assert r.status_code == 200, r.text  # Ollama's mirostat options
 
 
+def test_completions_echo_scores_the_prompt_as_lm_eval_harness_asks(server):
+    """lm-evaluation-harness's loglikelihood request (token ids, echo, logprobs 1, max_tokens 1): the
+    prompt comes back with every token's log-probability (the first null) and its top one, text offsets
+    from 0; a continuation the model itself chose scores as it did when generated, each token the top one.
+    vLLM's prompt_logprobs gives ids, ranks and decoded tokens; echo streams the prompt first."""
+    ctx = httpx.post(server.url + "/tokenize", json={"content": "The capital of France is"}).json()["tokens"]
+    gen = _post(server, "/completion", {"prompt": ctx, "n_predict": 4, "temperature": 0, "n_probs": 1}).json()
+    cont = [t["id"] for t in gen["completion_probabilities"]]
+    assert len(cont) == 4
+    ids = ctx + cont
+    body = {"prompt": ids, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0, "seed": 1234}
+    choice = _post(server, "/v1/completions", body).json()["choices"][0]
+    lp = choice["logprobs"]
+    assert (
+        len(lp["tokens"]) == len(ids) + 1
+        and lp["token_logprobs"][0] is None
+        and lp["top_logprobs"][0] is None
+    )
+    assert choice["text"].startswith("The capital of France is" + gen["content"])
+    assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"])
+    scored = lp["token_logprobs"][len(ctx) : -1]
+    assert scored == pytest.approx([t["logprob"] for t in gen["completion_probabilities"]], abs=2e-3)
+    for tok, top in zip(lp["token_logprobs"][len(ctx) : -1], lp["top_logprobs"][len(ctx) : -1], strict=True):
+        assert len(top) == 1 and tok == pytest.approx(max(top.values()), abs=1e-6)  # lm-eval's is_greedy
+    # vLLM's prompt_logprobs, text prompt, no echo
+    v = _post(server, "/v1/completions", {"prompt": "The capital of France is", "prompt_logprobs": 2,
+                                          "max_tokens": 1}).json()["choices"][0]  # fmt: skip
+    assert not v["text"].startswith("The capital") and v["prompt_logprobs"][0] is None
+    assert len(v["prompt_logprobs"]) == len(ctx)
+    for tok, entry in zip(ctx[1:], v["prompt_logprobs"][1:], strict=True):
+        assert str(tok) in entry and entry[str(tok)]["rank"] >= 1
+        assert {1, 2} <= {e["rank"] for e in entry.values()} and len(entry) in (2, 3)  # the token, the top 2
+        assert all(isinstance(e["decoded_token"], str) for e in entry.values())
+    # streamed: the prompt's text first, with its scores; then the answer's
+    chunks = _data_lines(server.url, "/v1/completions", {**body, "stream": True, "max_tokens": 2})
+    assert chunks[0]["choices"][0]["text"] == choice["text"][: len(chunks[0]["choices"][0]["text"])]
+    assert chunks[0]["choices"][0]["logprobs"]["token_logprobs"][1:] == pytest.approx(
+        lp["token_logprobs"][1:-1]
+    )
+    plain = _data_lines(server.url, "/v1/completions", {"prompt": "Hi there", "echo": True, "max_tokens": 2,
+                                                        "stream": True})  # fmt: skip
+    assert plain[0]["choices"][0]["text"] == "Hi there"
+    refused = [("/v1/chat/completions", {"echo": True}), ("/v1/chat/completions", {"prompt_logprobs": 1}),
+               ("/v1/completions", {"echo": True, "suffix": "x"})]  # fmt: skip
+    for route, extra in refused:
+        b = {"messages": [{"role": "user", "content": "hi"}]} if "chat" in route else {"prompt": "def f("}
+        r = _post(server, route, {**b, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] in extra, r.text
+
+
 @pytest.mark.parametrize(
     "field,value",
     [
