@@ -78,6 +78,9 @@ class GenRequest:
     # k >= 0: each prompt token's log-probability given those before it, and the top k (OpenAI's echo with
     # logprobs, vLLM's prompt_logprobs); the prompt is then computed whole (no prefix cache)
     prompt_logprobs: int | None = None
+    # vLLM's min_tokens: until this many are generated, end-of-generation tokens are banned and stop
+    # strings not looked for
+    min_tokens: int = 0
 
 
 class TokenLogprob(NamedTuple):
@@ -326,6 +329,7 @@ class Engine:
         self.slot_tokens: dict[int, list[int]] = {}
         self.sched = Scheduler(self.kv, self.max_batch_tokens)
         self.runner = ModelRunner(model, self.kv.cache)
+        self.runner.eog = np.asarray(sorted(self.eog), np.int64)
         self._accepting = True
         self._stop_at: float | None = None  # shutdown: cancel what still runs at this time
         self._thread: threading.Thread | None = None
@@ -362,6 +366,8 @@ class Engine:
         k = req.prompt_logprobs
         if k is not None and not (isinstance(k, int) and k >= 0):
             raise RequestRejected(f"prompt_logprobs must be None or an int >= 0, got {k!r}")
+        if not (isinstance(req.min_tokens, int) and req.min_tokens >= 0):
+            raise RequestRejected(f"min_tokens must be an int >= 0, got {req.min_tokens!r}")
 
     def compile_grammar(self, grammar: structured.Grammar) -> str:
         """A constraint compiled for this model's vocabulary, for GenRequest.grammar; GrammarError (a
@@ -382,7 +388,7 @@ class Engine:
             # mirostat's state moves with each token drawn, which a guess cannot follow)
             if (
                 self.spec is not None and req.speculative and req.logprobs is None and seq.budget is None
-                and not seq.sampler.stateful and req.prompt_logprobs is None
+                and not seq.sampler.stateful and req.prompt_logprobs is None and not req.min_tokens
             ):  # fmt: skip
                 seq.spec = speculative.SeqSpec(self.spec)
             if seq.constraint is not None and req.max_tokens is not None:
@@ -814,7 +820,7 @@ class Engine:
             except structured.GrammarError as e:
                 self._finish(s, "error", f"internal error: {e}")
                 return
-        text, hit = s.stop.push(s.detok.push(tok))
+        text, hit = s.stop.push(s.detok.push(tok), check=s.n_generated >= s.req.min_tokens)
         if hit:
             s.stream._push(Event(text, tok, logprob=lp, progress=s.progress()))
             self._finish(s, "stop", flush=False)  # what follows the stop string is dropped
@@ -845,6 +851,11 @@ class RunnerOutput:
     # GenRequest.prompt_logprobs: (prompt position, its token's log-probability) for the positions computed
     prompt_logprobs: dict[_Seq, list[tuple[int, TokenLogprob]]] = field(default_factory=dict)
     n_rows: int = 0  # logits rows the forward produced (tokens generated, sampled or not)
+
+
+def _short(s: _Seq) -> bool:
+    """Whether the sequence has not yet generated its request's min_tokens."""
+    return s.n_generated < s.req.min_tokens
 
 
 class _TopK(NamedTuple):
@@ -899,6 +910,7 @@ class ModelRunner:
     def __init__(self, model: Any, cache: Any):
         self.model = model
         self.cache = cache
+        self.eog = np.zeros(0, np.int64)  # end-of-generation ids, banned while a min_tokens is not reached
         self._masker: concurrent.futures.ThreadPoolExecutor | None = None
 
     def _masks(self, batch: Sequence[Scheduled]) -> dict[_Seq, concurrent.futures.Future]:
@@ -989,8 +1001,8 @@ class ModelRunner:
             np.concatenate(ids).astype(np.int64),
             self.cache,
         )
-        # log-probabilities and constraints need whole rows
-        full = any(s.req.logprobs is not None or s.constraint is not None for s in want)
+        # log-probabilities, constraints and a min_tokens not yet reached need whole rows
+        full = any(s.req.logprobs is not None or s.constraint is not None or _short(s) for s in want)
         decode = len(rows) == n  # every fed token needs its logits: a decode step (drafted rows too)
         drafted = any(s.draft for s in want)
 
@@ -1051,6 +1063,8 @@ class ModelRunner:
             return
         x = np.stack([logits_of[s] for s in seqs])
         for i, s in enumerate(seqs):
+            if _short(s) and self.eog.size:  # vLLM's min_tokens: no end yet
+                x[i, self.eog[self.eog < x.shape[1]]] = -np.inf
             if masks and s in masks:
                 try:
                     allowed = masks[s].result()

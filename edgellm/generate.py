@@ -52,10 +52,11 @@ class StopMatcher:
         self.stops = [s for s in stops if s]
         self.buf = ""
 
-    def push(self, text: str) -> tuple[str, bool]:
-        """Add text; return (text safe to emit, whether a stop string was hit)."""
+    def push(self, text: str, check: bool = True) -> tuple[str, bool]:
+        """Add text; return (text safe to emit, whether a stop string was hit). check=False: the text is
+        not searched (vLLM's min_tokens), only emitted with what was held back."""
         self.buf += text
-        if not self.stops:
+        if not self.stops or not check:
             out, self.buf = self.buf, ""
             return out, False
         hits = [i for i in (self.buf.find(s) for s in self.stops) if i >= 0]

@@ -135,19 +135,9 @@ LLAMA_SERVER_UNSUPPORTED: list[tuple[str, Callable[[Any], bool], str]] = [
     # vLLM's sampling extras
     ("use_beam_search", lambda v: v is False, "beam search is not supported"),
     ("length_penalty", lambda v: v == 1, "length_penalty (beam search) is not supported"),
-    ("min_tokens", lambda v: v == 0, "min_tokens is not supported"),
-    (
-        "repetition_penalty",
-        lambda v: v == 1,
-        "vLLM's repetition_penalty is not supported: use repeat_penalty "
-        "(llama.cpp's, over the last repeat_last_n tokens)",
-    ),
     ("skip_special_tokens", lambda v: v is True, "special tokens are always left out of the text"),
     ("spaces_between_special_tokens", lambda v: v is True, "spaces_between_special_tokens is not supported"),
     ("include_stop_str_in_output", lambda v: v is False, "the stop string is never part of the output"),
-    ("allowed_token_ids", lambda v: False, "allowed_token_ids is not supported"),
-    ("bad_words", lambda v: v == [], "bad_words is not supported"),
-    ("truncate_prompt_tokens", lambda v: False, "truncate_prompt_tokens is not supported"),
     ("guided_whitespace_pattern", lambda v: False, "guided_whitespace_pattern is not supported"),
 ]
 
@@ -214,6 +204,11 @@ class GenerationParams:
     # too), and vLLM's prompt_logprobs (each prompt token's log-probability, rank and the top k)
     echo: bool = False
     prompt_logprobs: int | None = None
+    # vLLM's: tokens generated before an end or a stop string may come; words never generated (tokenized
+    # by the server); the prompt cut to its last so many tokens
+    min_tokens: int = 0
+    bad_words: list[str] = field(default_factory=list)
+    truncate_prompt_tokens: int | None = None
 
 
 def _sampling(body: dict, lim: Limits) -> dict[str, Any]:
@@ -248,6 +243,19 @@ def _sampling(body: dict, lim: Limits) -> dict[str, Any]:
             out[name] = value
     if out.get("dry_base", 1.0) < 1.0:
         del out["dry_base"]  # llama-server's handler: a base under 1 is the default
+    # vLLM's: repetition_penalty is llama.cpp's repeat_penalty over the whole prompt and answer
+    rep = _number(body, "repetition_penalty", 0.0, 100.0, lo_open=True)
+    if rep is not None and rep != 1.0:
+        if out.get("repeat_penalty", rep) != rep:
+            raise bad("repetition_penalty", "differs from repeat_penalty: give one of them")
+        out["repeat_penalty"] = rep
+        out.setdefault("repeat_last_n", -1)
+    allowed = body.get("allowed_token_ids")
+    if allowed is not None:
+        ok = isinstance(allowed, list) and all(_is_int(t) and 0 <= t < lim.n_vocab for t in allowed)
+        if not ok or not allowed:
+            raise bad("allowed_token_ids", f"must be a non-empty list of token ids in [0, {lim.n_vocab})")
+        out["allowed_token_ids"] = tuple(allowed)
     breakers = _dry_breakers(body.get("dry_sequence_breakers"))
     if breakers is not None:
         out["dry_sequence_breakers"] = breakers
@@ -266,6 +274,7 @@ def _sampling(body: dict, lim: Limits) -> dict[str, Any]:
 
 MAX_BIAS_TEXT = 256  # characters of a logit_bias text key
 MAX_DRY_BREAKERS = 64
+MAX_BAD_WORDS = 256
 
 
 def _dry_breakers(v: Any) -> tuple[str, ...] | None:
@@ -437,6 +446,19 @@ def _common(
     _refuse_if_set(body, "functions", lambda v: v == [], "functions are not supported")
     grammar, grammar_field = constraint(body)
     slot = _integer(body, "id_slot", -1, lim.n_slots - 1)
+    min_tokens = _integer(body, "min_tokens", 0, lim.n_ctx) or 0
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise bad("min_tokens", f"must not exceed the token limit ({max_tokens})")
+    bad_words = body.get("bad_words") or []
+    if isinstance(bad_words, str):
+        bad_words = [bad_words]
+    if not isinstance(bad_words, list) or not all(isinstance(w, str) and w.strip() for w in bad_words):
+        raise bad("bad_words", "must be a list of non-empty strings")
+    if len(bad_words) > MAX_BAD_WORDS or any(len(w) > MAX_BIAS_TEXT for w in bad_words):
+        raise bad("bad_words", f"at most {MAX_BAD_WORDS} words of {MAX_BIAS_TEXT} characters")
+    truncate = _integer(body, "truncate_prompt_tokens", -1, lim.n_ctx)
+    if truncate == 0:
+        raise bad("truncate_prompt_tokens", "must be at least 1 (the prompt's last tokens kept), or -1 (all)")
     return GenerationParams(
         prompts=[],
         n=n,
@@ -460,6 +482,9 @@ def _common(
         post_sampling_probs=_boolean(body, "post_sampling_probs") and logprobs == "native",
         response_fields=_response_fields(body) if logprobs == "native" else [],
         id_slot=-1 if slot is None else slot,
+        min_tokens=min_tokens,
+        bad_words=bad_words,
+        truncate_prompt_tokens=None if truncate in (None, -1) else truncate,
     )
 
 

@@ -53,12 +53,21 @@ class SamplingParams:
     mirostat: int = 0  # 1 or 2: Mirostat (v1, v2) replaces the whole chain but logit bias and temperature
     mirostat_tau: float = 5.0  # target surprise (bits)
     mirostat_eta: float = 0.1  # learning rate
+    allowed_token_ids: tuple[int, ...] | None = None  # vLLM's: only these may be sampled (None: all)
+    # vLLM's bad_words as token ids: a sequence's last token is banned where the history ends with the rest
+    banned_sequences: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if self.logit_bias is not None:  # freeze a private copy so a caller's later edits cannot leak in
             object.__setattr__(self, "logit_bias", types.MappingProxyType(dict(self.logit_bias)))
         if isinstance(self.dry_sequence_breakers, list):
             object.__setattr__(self, "dry_sequence_breakers", tuple(self.dry_sequence_breakers))
+        if self.allowed_token_ids is not None and not isinstance(self.allowed_token_ids, tuple):
+            object.__setattr__(self, "allowed_token_ids", tuple(self.allowed_token_ids))
+        if not isinstance(self.banned_sequences, tuple) or not all(
+            type(b) is tuple for b in self.banned_sequences
+        ):
+            object.__setattr__(self, "banned_sequences", tuple(tuple(b) for b in self.banned_sequences))
 
     @property
     def dry_on(self) -> bool:
@@ -184,6 +193,15 @@ def _field_errors(p: SamplingParams, n_vocab: int | None) -> Iterator[tuple[str,
         yield "mirostat", f"must be 0 (off), 1 or 2, got {p.mirostat!r}"
     yield from real("mirostat_tau", lambda v: True, "a finite number")
     yield from real("mirostat_eta", lambda v: True, "a finite number")
+    limit = f" < {n_vocab}" if n_vocab is not None else ""
+
+    def ids_ok(ids: Any) -> bool:
+        return all(_is_int(t) and 0 <= t < (n_vocab if n_vocab is not None else 1 << 62) for t in ids)
+
+    if p.allowed_token_ids is not None and not (p.allowed_token_ids and ids_ok(p.allowed_token_ids)):
+        yield "allowed_token_ids", f"must be a non-empty list of token ids >= 0{limit}"
+    if not all(b and ids_ok(b) for b in p.banned_sequences):
+        yield "banned_sequences", f"must hold non-empty sequences of token ids >= 0{limit}"
     if p.seed is not None:
         yield from int_("seed", 0, "or None for a random seed")
     for tok, bias in (p.logit_bias or {}).items():
@@ -252,6 +270,30 @@ def apply_penalties(
     x -= counts.astype(np.float32) * np.float32(frequency) + np.float32(presence)
     out = logits.copy()
     out[ids] = x
+    return out
+
+
+def allow_only(logits: np.ndarray, ids: Sequence[int]) -> np.ndarray:
+    """vLLM's allowed_token_ids: every other token's logit is -inf (ids outside the row are ignored)."""
+    keep = np.asarray(ids, np.int64)
+    keep = keep[(keep >= 0) & (keep < logits.size)]
+    out = np.full_like(logits, -np.inf)
+    out[keep] = logits[keep]
+    return out
+
+
+def ban_sequences(
+    logits: np.ndarray, history: Sequence[int], banned: Sequence[tuple[int, ...]]
+) -> np.ndarray:
+    """vLLM's bad_words (NoBadWordsLogitsProcessor) as token ids: a one-token sequence is banned always, a
+    longer one's last token where the history ends with the rest. (vLLM matches the generated tokens
+    only; here the prompt's end counts too, so a banned word cannot straddle it.)"""
+    ban = [b[-1] for b in banned if len(b) == 1 or tuple(history[len(history) - len(b) + 1 :]) == b[:-1]]
+    ban = [t for t in ban if 0 <= t < logits.size]
+    if not ban:
+        return logits
+    out = logits.copy()
+    out[ban] = -np.inf
     return out
 
 
@@ -693,6 +735,10 @@ class RowSampler:
         self.pre: list[Callable[[np.ndarray, Sequence[int]], np.ndarray]] = []
         if params.logit_bias:
             self.pre.append(lambda x, h: apply_logit_bias(x, params.logit_bias))
+        if params.allowed_token_ids is not None:  # vLLM's logits processors, before its sampler
+            self.pre.append(lambda x, h: allow_only(x, params.allowed_token_ids))
+        if params.banned_sequences:
+            self.pre.append(lambda x, h: ban_sequences(x, h, params.banned_sequences))
         self.filters: list[Callable[[Candidates], Candidates]] = []
         if params.mirostat:
             if params.temperature != 1.0:
@@ -908,8 +954,10 @@ __all__ = [
     "RowSampler",
     "Sampler",
     "SamplingParams",
+    "allow_only",
     "apply_logit_bias",
     "apply_penalties",
+    "ban_sequences",
     "candidates",
     "draw",
     "dry_breakers",

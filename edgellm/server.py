@@ -885,6 +885,7 @@ async def _generate(state: State, request: Request, chat: bool):
     body = await _json(request, state.config.max_body)
     p = oa.parse_chat(body, limits) if chat else oa.parse_completion(body, limits)
     prompts = await run_in_threadpool(_prompt_ids, llm, p, chat, state.config)
+    prompts = [_truncated(p, ids) for ids in prompts]
     params = _params(llm, p)
     constraint = tools.grammar(p.tools, p.grammar) if chat and p.tools is not None else p.grammar
     grammar = await _compile(engine, constraint, p.grammar_field if constraint is p.grammar else "tools")
@@ -897,7 +898,8 @@ async def _generate(state: State, request: Request, chat: bool):
                 q = replace(q, seed=(q.seed + i * p.n + j) % (1 << 64))  # distinct, reproducible choices
             reqs.append(GenRequest(ids, q, p.max_tokens, tuple(p.stop), p.logprobs, grammar, p.speculative,
                                    live=_live(p), reasoning_budget=budget, slot=p.id_slot,
-                                   prompt_logprobs=None if chat else oa.scored_prompt(p)))  # fmt: skip
+                                   prompt_logprobs=None if chat else oa.scored_prompt(p),
+                                   min_tokens=p.min_tokens))  # fmt: skip
     streams = _submit(engine, reqs)
     tok = llm.tokenizer
     shaper = oa.Shaper(
@@ -910,7 +912,8 @@ async def _generate(state: State, request: Request, chat: bool):
         live_calls=constraint is not p.grammar,  # the tools' grammar holds the calls
     )
     if not chat and (p.echo or p.prompt_logprobs is not None):  # choice i * n + j is prompt i's
-        texts = [x if isinstance(x, str) else tok.decode(ids) for x, ids in zip(p.prompts, prompts)]
+        whole = p.truncate_prompt_tokens is None  # else the text of the tokens kept
+        texts = [x if isinstance(x, str) and whole else tok.decode(ids) for x, ids in zip(p.prompts, prompts)]
         shaper.echo = {i * p.n + j: (texts[i], ids) for i, ids in enumerate(prompts) for j in range(p.n)}
         shaper.echo_text = p.echo
         shaper.scored = oa.scored_prompt(p) is not None
@@ -1086,6 +1089,24 @@ def _limits(state: State) -> oa.Limits:
     return oa.Limits(llm.n_ctx, llm.model.config.n_vocab, state.config.n_predict, state.config.parallel)
 
 
+def _truncated(p: oa.GenerationParams, ids: list[int]) -> list[int]:
+    """vLLM's truncate_prompt_tokens: the prompt's last so many tokens."""
+    return ids if p.truncate_prompt_tokens is None else ids[-p.truncate_prompt_tokens :]
+
+
+def bad_word_ids(tok: Any, words: list[str]) -> list[list[int]]:
+    """vLLM's bad_words as token sequences (vllm/logits_process.py): each word's tokens, and those of the
+    word after a space where that is another first token of the same length (the word inside a text)."""
+    out: list[list[int]] = []
+    for word in words:
+        plain = tok.encode(word.lstrip(), add_special=False)
+        out.append(plain)
+        spaced = tok.encode(" " + word.lstrip(), add_special=False)
+        if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+            out.append(spaced)
+    return out
+
+
 def _params(llm: Any, p: oa.GenerationParams) -> Any:
     """The request's SamplingParams: the model's defaults, the request's fields, and for ignore_eos a
     ban on every end-of-generation token (llama-server's way)."""
@@ -1098,6 +1119,8 @@ def _params(llm: Any, p: oa.GenerationParams) -> Any:
             keys = [k] if isinstance(k, int) else tok.encode(k, add_special=False, parse_special=False)
             ids.update(dict.fromkeys(keys, v))
         sampling["logit_bias"] = ids
+    if p.bad_words:
+        sampling["banned_sequences"] = bad_word_ids(llm.tokenizer, p.bad_words)
     if p.ignore_eos:
         sampling["logit_bias"] = {
             **(sampling.get("logit_bias") or {}),
@@ -1157,8 +1180,9 @@ async def _responses(state: State, request: Request):
     p, echo, convo, ids = await _responses_prompt(state, await _json(request, state.config.max_body))
     constraint = tools.grammar(p.tools, p.grammar) if p.tools is not None else p.grammar
     grammar = await _compile(engine, constraint, p.grammar_field if constraint is p.grammar else "tools")
+    ids = _truncated(p, ids)
     req = GenRequest(ids, _params(llm, p), p.max_tokens, tuple(p.stop), None, grammar, live=_live(p),
-                     reasoning_budget=_budget(state, p, ids))  # fmt: skip
+                     reasoning_budget=_budget(state, p, ids), min_tokens=p.min_tokens)  # fmt: skip
     streams = _submit(engine, [req])
     rid, mid, created = oa.new_id("resp", "_"), oa.new_id("msg", "_"), ra.now()
     usage = request.state.edgellm_usage = [0, 0, 0]
@@ -1255,11 +1279,13 @@ async def _anthropic(state: State, request: Request):
     body = await _json(request, state.config.max_body)
     p = oa.parse_chat(an.to_openai(body, llm.n_ctx), _limits(state))
     [ids] = await run_in_threadpool(_prompt_ids, llm, p, True, state.config)
+    ids = _truncated(p, ids)
     constraint = tools.grammar(p.tools, p.grammar) if p.tools is not None else p.grammar
     grammar = await _compile(engine, constraint, p.grammar_field if constraint is p.grammar else "tools")
     budget = _budget(state, p, ids)  # Anthropic's thinking budget_tokens, or the server's
     params = _params(llm, p)
-    req = GenRequest(ids, params, p.max_tokens, tuple(p.stop), None, grammar, reasoning_budget=budget)
+    req = GenRequest(ids, params, p.max_tokens, tuple(p.stop), None, grammar, reasoning_budget=budget,
+                     min_tokens=p.min_tokens)  # fmt: skip
     streams = _submit(engine, [req])
     mid = oa.new_id("msg", "_")
     usage = request.state.edgellm_usage = [0, 0, 0]
@@ -1395,6 +1421,7 @@ async def _native(state: State, request: Request):
         prompts = await run_in_threadpool(lambda: [la.prompt_ids(llm.tokenizer, x) for x in pieces])
     except (ValueError, TypeError) as e:
         raise oa.bad("prompt", str(e)) from None
+    prompts = [_truncated(p, ids) for ids in prompts]
     params = _params(llm, p)
     return await _native_answer(state, request, engine, p, prompts, params)
 
@@ -1441,7 +1468,7 @@ async def _native_answer(
     choices = [(ids, seeded(j)) for ids in prompts for j in range(p.n)]
     reqs = [
         GenRequest(ids, q, p.max_tokens, stop, p.logprobs, grammar, p.speculative, _live(p),
-                   post_sampling=p.post_sampling_probs, slot=p.id_slot)
+                   post_sampling=p.post_sampling_probs, slot=p.id_slot, min_tokens=p.min_tokens)
         for ids, q in choices
     ]  # fmt: skip
     streams = _submit(engine, reqs)

@@ -460,3 +460,19 @@ def test_a_row_with_penalties_or_no_top_k_needs_the_whole_row():
         assert not s.top_k_first
         with pytest.raises(ValueError, match="whole row"):
             s.from_top(np.array([1]), np.array([0.0], np.float32))
+
+
+def test_vllm_allowed_token_ids_and_banned_sequences():
+    from edgellm.sampler import RowSampler, allow_only, ban_sequences
+
+    x = np.array([3.0, 2.0, 1.0, 0.0, -1.0], np.float32)
+    assert allow_only(x, [4, 2, 99]).tolist() == [-np.inf, -np.inf, 1.0, -np.inf, -1.0]
+    assert RowSampler(SamplingParams(temperature=0.0, allowed_token_ids=[3, 4]))(x) == 3
+    banned = ((0,), (2, 1))  # token 0 always; token 1 right after a 2
+    assert ban_sequences(x, [4], banned).tolist() == [-np.inf, 2.0, 1.0, 0.0, -1.0]
+    assert ban_sequences(x, [3, 2], banned).tolist() == [-np.inf, -np.inf, 1.0, 0.0, -1.0]
+    row = RowSampler(SamplingParams(temperature=0.0, banned_sequences=[[0], [2, 1]]))
+    assert row(x, [2]) == 2 and row(x, [3]) == 1
+    for bad in (dict(allowed_token_ids=[]), dict(allowed_token_ids=[5]), dict(banned_sequences=[[]])):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            SamplingParams(**bad).validate(n_vocab=5)

@@ -1097,6 +1097,39 @@ def test_completions_echo_scores_the_prompt_as_lm_eval_harness_asks(server):
         assert r.status_code == 400 and r.json()["error"]["param"] in extra, r.text
 
 
+def test_vllms_sampling_extras(server):
+    """vLLM's min_tokens (no end, no stop string before), allowed_token_ids, bad_words, repetition_penalty
+    (llama.cpp's repeat_penalty over the whole conversation) and truncate_prompt_tokens."""
+    url = "/v1/completions"
+    base = {"prompt": "The capital of France is", "max_tokens": 16, "temperature": 0}
+    short = _post(server, url, {**base, "stop": ["."]}).json()
+    assert short["choices"][0]["finish_reason"] == "stop" and short["usage"]["completion_tokens"] < 8
+    long = _post(server, url, {**base, "stop": ["."], "min_tokens": 12}).json()
+    assert long["usage"]["completion_tokens"] >= 12 and long["choices"][0]["text"].startswith(
+        short["choices"][0]["text"]
+    )
+    ids = httpx.post(server.url + "/tokenize", json={"content": " Paris London"}).json()["tokens"]
+    only = _post(server, url, {**base, "max_tokens": 4, "allowed_token_ids": ids}).json()["choices"][0][
+        "text"
+    ]
+    assert only and set(only.split()) <= {"Paris", "London"}, only
+    assert "Paris" in short["choices"][0]["text"]
+    banned = _post(server, url, {**base, "bad_words": ["Paris"]}).json()["choices"][0]["text"]
+    assert "Paris" not in banned
+    rep = {**base, "prompt": "one two three one two three one two", "max_tokens": 12}
+    a = _post(server, url, {**rep, "repetition_penalty": 1.5}).json()["choices"][0]["text"]
+    b = _post(server, url, {**rep, "repeat_penalty": 1.5, "repeat_last_n": -1}).json()["choices"][0]["text"]
+    assert a == b != _post(server, url, rep).json()["choices"][0]["text"]
+    cut = _post(server, url, {**base, "max_tokens": 1, "truncate_prompt_tokens": 2}).json()
+    assert cut["usage"]["prompt_tokens"] == 2
+    refused = [{"repetition_penalty": 1.2, "repeat_penalty": 1.1}, {"allowed_token_ids": []},
+               {"bad_words": [""]},
+               {"min_tokens": 20}, {"truncate_prompt_tokens": 0}]  # fmt: skip
+    for extra in refused:
+        r = _post(server, url, {**base, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == next(iter(extra)), (extra, r.text)
+
+
 @pytest.mark.parametrize(
     "field,value",
     [
@@ -1165,8 +1198,6 @@ def test_vllms_structured_output_fields_are_constraints_and_its_other_extras_are
         ({"structured_outputs": {"structural_tag": "x"}}, "structured_outputs"),
         ({"structured_outputs": "x"}, "structured_outputs"),
         ({"use_beam_search": True}, "use_beam_search"),
-        ({"min_tokens": 3}, "min_tokens"),
-        ({"repetition_penalty": 1.2}, "repetition_penalty"),
         ({"skip_special_tokens": False}, "skip_special_tokens"),
         ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
     ]
