@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from edgellm import reasoning, speculative, structured
-from edgellm.generate import StopMatcher
+from edgellm.generate import IndentLimit, StopMatcher
 from edgellm.kvcache import PagedKV
 from edgellm.sampler import RowSampler, Sampler, SamplingParams, vocab_dry_breakers
 from edgellm.scheduler import Scheduled, Scheduler, SeqState, StepPlan
@@ -81,6 +81,10 @@ class GenRequest:
     # vLLM's min_tokens: until this many are generated, end-of-generation tokens are banned and stop
     # strings not looked for
     min_tokens: int = 0
+    # llama-server's for code completion: a new line indented less than n_indent ends the answer (the line
+    # left out); after t_max_predict_ms since the first token, a token with a new line ends it
+    n_indent: int = 0
+    t_max_predict_ms: int = 0
 
 
 class TokenLogprob(NamedTuple):
@@ -217,10 +221,13 @@ class _Seq(SeqState):
         self.stream = stream
         p = req.params
         self.sampler = RowSampler(
-            p, dry_breakers=vocab_dry_breakers(tokenizer, p.dry_sequence_breakers) if p.dry_on else None
+            p,
+            dry_breakers=vocab_dry_breakers(tokenizer, p.dry_sequence_breakers) if p.dry_on else None,
+            vocab=tokenizer,
         )
         self.detok = tokenizer.stream()
         self.stop = StopMatcher(req.stop)
+        self.indent = IndentLimit(req.n_indent) if req.n_indent > 0 else None
         self.done = False  # its last event is out
         self.t_arrival = time.perf_counter()
         self.t_first: float | None = None
@@ -366,8 +373,10 @@ class Engine:
         k = req.prompt_logprobs
         if k is not None and not (isinstance(k, int) and k >= 0):
             raise RequestRejected(f"prompt_logprobs must be None or an int >= 0, got {k!r}")
-        if not (isinstance(req.min_tokens, int) and req.min_tokens >= 0):
-            raise RequestRejected(f"min_tokens must be an int >= 0, got {req.min_tokens!r}")
+        for name in ("min_tokens", "n_indent", "t_max_predict_ms"):
+            v = getattr(req, name)
+            if not (isinstance(v, int) and v >= 0):
+                raise RequestRejected(f"{name} must be an int >= 0, got {v!r}")
 
     def compile_grammar(self, grammar: structured.Grammar) -> str:
         """A constraint compiled for this model's vocabulary, for GenRequest.grammar; GrammarError (a
@@ -565,7 +574,9 @@ class Engine:
         s.done = True
         if self.draft is not None:
             self.draft.forget(s)
-        text = s.stop.flush() + s.detok.flush() if flush and reason in ("stop", "length") else ""
+        text = ""
+        if flush and reason in ("stop", "length"):
+            text = (s.indent.flush() if s.indent is not None else "") + s.stop.flush() + s.detok.flush()
         keep = reason in ("stop", "length", "cancelled")
         if keep and s.slot >= 0:
             self.slot_tokens[s.req.slot if s.req.slot >= 0 else s.slot] = list(s.tokens)
@@ -821,6 +832,12 @@ class Engine:
                 self._finish(s, "error", f"internal error: {e}")
                 return
         text, hit = s.stop.push(s.detok.push(tok), check=s.n_generated >= s.req.min_tokens)
+        if s.indent is not None:
+            text, short = s.indent.push(text)
+            if short:  # a line less indented than n_indent: the answer ends before it
+                s.stream._push(Event(text, tok, logprob=lp, progress=s.progress()))
+                self._finish(s, "length", flush=False)
+                return
         if hit:
             s.stream._push(Event(text, tok, logprob=lp, progress=s.progress()))
             self._finish(s, "stop", flush=False)  # what follows the stop string is dropped
@@ -830,6 +847,8 @@ class Engine:
             self._finish(s, "stop")
             return
         limit = s.req.max_tokens is not None and s.n_generated >= s.req.max_tokens
+        if s.req.t_max_predict_ms > 0 and "\n" in text:  # llama-server's generation time limit
+            limit = limit or (time.perf_counter() - s.t_first) * 1e3 > s.req.t_max_predict_ms
         if limit or len(s.tokens) >= self.n_ctx:
             s.stream._push(Event(text, tok, logprob=lp, progress=s.progress()))
             self._finish(s, "length")

@@ -75,3 +75,38 @@ class StopMatcher:
     def flush(self) -> str:
         out, self.buf = self.buf, ""
         return out
+
+
+class IndentLimit:
+    """llama-server's n_indent (server-context.cpp, process_token): after a new line, a line that starts
+    (its first character other than a space or a tab, a new line included) less indented than `n` ends
+    the answer there, keeping that line's indentation as llama-server's cut does. The first line, which
+    goes on from the prompt, is not checked. Indentation is held back until it is known to pass."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.col: int | None = None  # spaces and tabs so far at the start of a line; None: inside a line
+        self.held = ""
+
+    def push(self, text: str) -> tuple[str, bool]:
+        """Add text; return (text safe to emit, whether a line fell short and the answer ends)."""
+        out = []
+        for ch in text:
+            if self.col is not None:
+                if ch in " \t":
+                    self.col += 1
+                    self.held += ch
+                    continue
+                out.append(self.held)
+                self.held = ""
+                if self.col < self.n:
+                    return "".join(out), True
+                self.col = None
+            out.append(ch)
+            if ch == "\n":
+                self.col = 0
+        return "".join(out), False
+
+    def flush(self) -> str:
+        out, self.held = self.held, ""
+        return out

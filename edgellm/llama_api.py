@@ -136,7 +136,7 @@ def active_samplers(params: Any) -> list[str]:
         "penalties": params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty,
         "dry": params.dry_on, "top_n_sigma": params.top_n_sigma > 0,
         "top_k": params.top_k > 0, "typ_p": params.typical_p < 1.0, "top_p": params.top_p < 1.0,
-        "min_p": params.min_p > 0.0, "xtc": params.xtc_on,
+        "min_p": params.min_p > 0.0, "xtc": params.xtc_on, "infill": params.infill,
         "temperature": params.temperature != 1.0 or params.dynatemp_range > 0,
     }  # fmt: skip
     return [n for n in oa.SAMPLER_ORDER if on.get(n)]

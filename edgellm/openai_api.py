@@ -115,10 +115,7 @@ LLAMA_SERVER_UNSUPPORTED: list[tuple[str, Callable[[Any], bool], str]] = [
         "post-sampling probabilities are only given by the "
         "native routes (/completion, /infill): use n_probs there",
     ),
-    ("n_indent", lambda v: v == 0, "the indentation limit (n_indent) is not supported"),
     ("n_cmpl", lambda v: v == 1, "several completions (n_cmpl) are asked with n on this route"),
-    ("t_max_predict_ms", lambda v: _is_num(v) and v <= 0, "a generation time limit is not supported"),
-    ("t_max_prompt_ms", lambda v: _is_num(v) and v <= 0, "a prompt time limit is not supported"),
     (
         "response_fields",
         lambda v: v == [],
@@ -209,6 +206,10 @@ class GenerationParams:
     min_tokens: int = 0
     bad_words: list[str] = field(default_factory=list)
     truncate_prompt_tokens: int | None = None
+    # llama-server's, for code completion (llama.vim, llama.vscode): a new line indented less than n_indent
+    # ends the answer (the line left out); after t_max_predict_ms of generation the next new line ends it
+    n_indent: int = 0
+    t_max_predict_ms: int = 0
 
 
 def _sampling(body: dict, lim: Limits) -> dict[str, Any]:
@@ -263,6 +264,8 @@ def _sampling(body: dict, lim: Limits) -> dict[str, Any]:
     for name, neutral in _SAMPLER_OFF.items():
         if chain is not None and name not in chain:
             out.update(neutral)
+    if chain is not None and "infill" in chain:  # off unless named (no default turns it on)
+        out["infill"] = True
     seed = _integer(body, "seed", -(1 << 63), (1 << 64) - 1)
     if seed is not None:
         out["seed"] = None if seed == -1 else seed % (1 << 64)  # -1: random, as llama.cpp's server
@@ -336,9 +339,12 @@ def _logit_bias(bias: Any, n_vocab: int) -> dict[int | str, float]:
 
 # llama-server's `samplers`: names and one-letter codes (common/sampling.cpp), in the order of edgellm's chain
 # (common_params_sampling's default order).
-SAMPLER_ORDER = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
+# infill, not in llama.cpp's default order, sits where llama.vim's and llama.vscode's lists put it (after
+# top_k and top_p); naming it turns it on.
+SAMPLER_ORDER = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "infill",
+                 "temperature"]  # fmt: skip
 _SAMPLER_CODES = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
-                  "m": "min_p", "x": "xtc", "t": "temperature"}  # fmt: skip
+                  "m": "min_p", "x": "xtc", "i": "infill", "t": "temperature"}  # fmt: skip
 _SAMPLER_ALIASES = {"nucleus": "top_p", "temp": "temperature", "typ": "typ_p", "typical_p": "typ_p",
                     "top-k": "top_k", "top-p": "top_p", "min-p": "min_p"}  # fmt: skip
 # what leaving a sampler out of the list means: its step is skipped (the request's value for it too)
@@ -456,6 +462,11 @@ def _common(
         raise bad("bad_words", "must be a list of non-empty strings")
     if len(bad_words) > MAX_BAD_WORDS or any(len(w) > MAX_BIAS_TEXT for w in bad_words):
         raise bad("bad_words", f"at most {MAX_BAD_WORDS} words of {MAX_BIAS_TEXT} characters")
+    n_indent = _integer(body, "n_indent", 0, 1 << 31) or 0
+    t_max_predict_ms = _integer(body, "t_max_predict_ms", -1, 1 << 62) or 0
+    # t_max_prompt_ms: llama-server reads it but sets no limit (server-schema.cpp: "TODO: implement"):
+    # taken and checked the same way, with no effect, so that llama.vim's requests (which send it) run
+    _integer(body, "t_max_prompt_ms", -1, 1 << 62)
     truncate = _integer(body, "truncate_prompt_tokens", -1, lim.n_ctx)
     if truncate == 0:
         raise bad("truncate_prompt_tokens", "must be at least 1 (the prompt's last tokens kept), or -1 (all)")
@@ -485,6 +496,8 @@ def _common(
         min_tokens=min_tokens,
         bad_words=bad_words,
         truncate_prompt_tokens=None if truncate in (None, -1) else truncate,
+        n_indent=n_indent,
+        t_max_predict_ms=max(0, t_max_predict_ms),
     )
 
 

@@ -10,6 +10,7 @@ row and `Sampler` runs one such row sampler per sequence of a batch.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import types
@@ -56,6 +57,9 @@ class SamplingParams:
     allowed_token_ids: tuple[int, ...] | None = None  # vLLM's: only these may be sampled (None: all)
     # vLLM's bad_words as token ids: a sequence's last token is banned where the history ends with the rest
     banned_sequences: tuple[tuple[int, ...], ...] = ()
+    infill: bool = (
+        False  # llama.cpp's infill sampler (after top_k/top_p, before temperature): code completion
+    )
 
     def __post_init__(self) -> None:
         if self.logit_bias is not None:  # freeze a private copy so a caller's later edits cannot leak in
@@ -200,6 +204,8 @@ def _field_errors(p: SamplingParams, n_vocab: int | None) -> Iterator[tuple[str,
 
     if p.allowed_token_ids is not None and not (p.allowed_token_ids and ids_ok(p.allowed_token_ids)):
         yield "allowed_token_ids", f"must be a non-empty list of token ids >= 0{limit}"
+    if p.infill and not 0 < p.top_k <= INFILL_MAX_CANDIDATES:
+        yield "infill", f"needs a top_k in [1, {INFILL_MAX_CANDIDATES}] before it (it compares every pair)"
     if not all(b and ids_ok(b) for b in p.banned_sequences):
         yield "banned_sequences", f"must hold non-empty sequences of token ids >= 0{limit}"
     if p.seed is not None:
@@ -463,6 +469,51 @@ def xtc(
     return Candidates(c.ids[keep], c.logits[keep], c.sorted)
 
 
+INFILL_MAX_CANDIDATES = 1024  # the infill step compares every pair of candidates: a top_k must come first
+
+
+def infill(c: Candidates, eog: frozenset[int], piece: Callable[[int], bytes], eot: int) -> Candidates:
+    """llama.cpp's infill sampler (llama_sampler_infill_apply), for code completion: when end-of-generation
+    tokens hold enough of the mass (3 * p_eog * n > p_text) only they remain; else a token whose text
+    begins another's gives its probability to the likelier of the two and leaves; then tokens under 0.2
+    go (end-of-generation ones stay; none left but those: the end-of-turn token alone), and of the rest
+    those under 1 / (kept + 1). The draw after it reads the logits, so it is the set that counts here."""
+    n = c.logits.size
+    if n > INFILL_MAX_CANDIDATES:
+        raise ValueError(
+            f"the infill sampler needs at most {INFILL_MAX_CANDIDATES} candidates: put top_k first"
+        )
+    order = np.arange(n) if c.sorted else _top_indices(c.logits, n)
+    ids, logits = c.ids[order], c.logits[order].copy()
+    e = np.exp(logits - logits[0])
+    p = e / np.cumsum(e, dtype=np.float32)[-1]
+    is_eog = np.fromiter((int(t) in eog for t in ids), bool, n)
+    p_eog = np.cumsum(p[is_eog], dtype=np.float32)[-1] if is_eog.any() else np.float32(0)
+    p_txt = np.cumsum(p[~is_eog], dtype=np.float32)[-1] if (~is_eog).any() else np.float32(0)
+    if 3 * p_eog * n > p_txt:
+        return Candidates(ids[is_eog], logits[is_eog], True)
+    pieces = [piece(int(t)) for t in ids]
+    for i0 in range(n):  # a token whose text begins another's: merged into the likelier (llama.cpp's order)
+        for i1 in range(n):
+            if logits[i0] == -np.inf:
+                break
+            if i0 == i1 or logits[i1] == -np.inf:
+                continue
+            a, b = pieces[i0], pieces[i1]
+            if a and b.startswith(a):
+                dst, src = (i1, i0) if p[i1] > p[i0] else (i0, i1)
+                p[dst] += p[src]
+                logits[src], p[src] = -np.inf, 0.0
+    keep = (p >= np.float32(0.2)) | is_eog
+    n_text = int(np.count_nonzero(keep & ~is_eog))
+    if n_text == 0:
+        return Candidates(np.array([eot], np.int64), np.array([1.0], np.float32), True)
+    ids, logits, p, is_eog = ids[keep], logits[keep], p[keep], is_eog[keep]
+    p = p / np.cumsum(p, dtype=np.float32)[-1]
+    keep = (p >= np.float32(1.0 / (n_text + 1))) | is_eog
+    return Candidates(ids[keep], logits[keep], True)
+
+
 def dynamic_temperature(c: Candidates, t: float, delta: float, exponent: float) -> Candidates:
     """Entropy-scaled temperature (llama_sampler_temp_ext_apply): delta > 0 maps the candidates'
     normalized entropy to a temperature in [max(0, t - delta), t + delta] through `** exponent`;
@@ -704,8 +755,9 @@ class RowSampler:
     """One sequence's sampler: the composed chain and its own RNG stream. Call it as `fn(logits, history)`.
 
     `dry_breakers` (from `dry_breakers()` over the model's vocabulary) are DRY's restart sequences; without
-    them DRY still runs, with no breakers. Mirostat keeps its state (mu) here, so a row sampler serves one
-    sequence from its first token to its last."""
+    them DRY still runs, with no breakers. `vocab` (the model's tokenizer: eog_ids, eot_id, eos_id,
+    token_to_piece) is needed by the infill step. Mirostat keeps its state (mu) here, so a row sampler
+    serves one sequence from its first token to its last."""
 
     def __init__(
         self,
@@ -713,6 +765,7 @@ class RowSampler:
         rng: np.random.Generator | None = None,
         *,
         dry_breakers: Mapping[int, Sequence[tuple[int, ...]]] | None = None,
+        vocab: Any = None,
     ):
         params.validate()
         self.params = params
@@ -726,7 +779,7 @@ class RowSampler:
         # temperature 0 is the argmax, unless a step after the filters can still move it (XTC removes the
         # top tokens; a dynamic temperature may rise above 0)
         self.is_greedy = params.temperature <= 0.0 and (
-            params.mirostat != 0 or (params.dynatemp_range <= 0.0 and not params.xtc_on)
+            params.mirostat != 0 or (params.dynatemp_range <= 0.0 and not params.xtc_on and not params.infill)
         )
         self.mu = 2.0 * params.mirostat_tau  # mirostat's running target surprise
         self.last: Candidates | None = None  # what the last token was drawn from (post-sampling logprobs)
@@ -779,6 +832,14 @@ class RowSampler:
             self.filters.append(partial(top_p, p=params.top_p, min_keep=keep))
         if params.min_p > 0.0:
             self.filters.append(partial(min_p, p=params.min_p, min_keep=keep))
+        if params.infill:
+            if vocab is None:
+                raise ValueError("the infill sampler needs the model's vocabulary")
+            eot = vocab.eot_id if vocab.eot_id is not None else vocab.eos_id
+            if eot is None:
+                raise ValueError("the infill sampler needs an end-of-turn or end-of-sequence token")
+            piece = functools.lru_cache(maxsize=4096)(lambda t: vocab.token_to_piece(t, False))
+            self.filters.append(partial(infill, eog=vocab.eog_ids, piece=piece, eot=eot))
         if params.xtc_on:
             self.filters.append(
                 partial(
@@ -965,6 +1026,7 @@ __all__ = [
     "vocab_dry_breakers",
     "dynamic_temperature",
     "greedy",
+    "infill",
     "make_sampler",
     "min_p",
     "mirostat_top",

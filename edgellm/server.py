@@ -899,7 +899,8 @@ async def _generate(state: State, request: Request, chat: bool):
             reqs.append(GenRequest(ids, q, p.max_tokens, tuple(p.stop), p.logprobs, grammar, p.speculative,
                                    live=_live(p), reasoning_budget=budget, slot=p.id_slot,
                                    prompt_logprobs=None if chat else oa.scored_prompt(p),
-                                   min_tokens=p.min_tokens))  # fmt: skip
+                                   min_tokens=p.min_tokens, n_indent=p.n_indent,
+                                   t_max_predict_ms=p.t_max_predict_ms))  # fmt: skip
     streams = _submit(engine, reqs)
     tok = llm.tokenizer
     shaper = oa.Shaper(
@@ -1468,7 +1469,8 @@ async def _native_answer(
     choices = [(ids, seeded(j)) for ids in prompts for j in range(p.n)]
     reqs = [
         GenRequest(ids, q, p.max_tokens, stop, p.logprobs, grammar, p.speculative, _live(p),
-                   post_sampling=p.post_sampling_probs, slot=p.id_slot, min_tokens=p.min_tokens)
+                   post_sampling=p.post_sampling_probs, slot=p.id_slot, min_tokens=p.min_tokens,
+                   n_indent=p.n_indent, t_max_predict_ms=p.t_max_predict_ms)
         for ids, q in choices
     ]  # fmt: skip
     streams = _submit(engine, reqs)

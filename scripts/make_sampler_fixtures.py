@@ -1,5 +1,5 @@
 """Build tests/fixtures/sampler/*.json: llama.cpp's samplers (DRY, top-n-sigma, XTC, min_keep, dynamic
-temperature, mirostat 1 and 2) applied to seeded logits over a real model's vocabulary.
+temperature, mirostat 1 and 2, infill) applied to seeded logits over a real model's vocabulary.
 
     LLAMA_CPP_LIB_PATH=build/bin PYTHONPATH=llama_cpp_python-0.3.36 \
         python scripts/make_sampler_fixtures.py [NAME=GGUF ...]
@@ -159,6 +159,23 @@ def fixture(name: str, path: Path) -> dict:
                                     "ids": res["id"][order][:50].tolist(),
                                     "logits": [float(v) for v in res["logit"][order][:50]],
                                     "n": int(res.size)})  # fmt: skip
+
+    out["infill"] = []
+    words = ["return", " return", " ret", " re", "re", " retur", "\n", "\n    ", " x", " x1", ")", "):"]
+    boost_ids = sorted({t for w in words for t in ll.tokenize(w)[:1]})
+    eog = [t for t in (L.llama_vocab_eos(ll.vocab), L.llama_vocab_eot(ll.vocab)) if t >= 0]
+    for seed in range(8):
+        rng = np.random.default_rng(300 + seed)
+        x = logits(300 + seed, n, 1.0)
+        x[boost_ids] += rng.uniform(5.0, 9.0, len(boost_ids)).astype(np.float32)
+        if seed % 3 == 0:
+            x[eog] += np.float32(6.0 + seed)  # end-of-generation likely: only those stay
+        top_k = (10, 40)[seed % 2]
+        res, _, _ = ll.apply([L.llama_sampler_init_top_k(top_k), L.llama_sampler_init_infill(ll.vocab)], x)
+        order = np.argsort(res["id"])
+        out["infill"].append({"seed": 300 + seed, "boost": boost_ids, "eog": eog, "top_k": top_k,
+                              "kept": res["id"][order].tolist(),
+                              "logits": [float(v) for v in res["logit"][order]]})  # fmt: skip
 
     for version, temp, tau, eta in (
         (1, 1.0, 5.0, 0.1),

@@ -117,7 +117,8 @@ def test_interactive_chat_commands(capsys, monkeypatch):
         "xtc_threshold": "0.1", "dynatemp_range": "0.0", "dynatemp_exponent": "1.0", "dry_multiplier": "0.0",
         "dry_base": "1.75", "dry_allowed_length": "2", "dry_penalty_last_n": "64",
         "dry_sequence_breakers": repr(("\n", ":", '"', "*")), "mirostat": "0", "mirostat_tau": "5.0",
-        "mirostat_eta": "0.1", "system": "'Be brief.'",
+        "mirostat_eta": "0.1", "allowed_token_ids": "none", "banned_sequences": "()", "infill": "False",
+        "system": "'Be brief.'",
     }  # fmt: skip
     assert "  n_predict          -1 (until the end or the context is full)" in second
     assert "  template           from the file (using the file's own chat template" in out

@@ -39,3 +39,18 @@ def test_no_stop_strings_passes_text_through():
 
 def test_stop_at_very_start_yields_empty_text():
     assert feed(StopMatcher(["<"]), ["<tag>"]) == ("", True)
+
+
+def test_indent_limit_ends_at_a_line_less_indented_keeping_its_indentation():
+    from edgellm.generate import IndentLimit
+
+    lim = IndentLimit(4)
+    assert lim.push("x = 1\n") == ("x = 1\n", False)  # the first line is never checked
+    assert lim.push("    y") == ("    y", False)
+    assert lim.push(" = 2\n  ") == (" = 2\n", False)  # indentation held until it is known
+    assert lim.push("  z\n") == ("    z\n", False)
+    assert lim.push("  w") == ("  ", True)  # two spaces: short; the line's indentation is kept
+    blank = IndentLimit(4)
+    assert blank.push("a\n\n") == ("a\n", True)  # an empty line is short too, as llama-server's
+    tail = IndentLimit(2)
+    assert tail.push("a\n\t") == ("a\n", False) and tail.flush() == "\t"

@@ -21,6 +21,7 @@ from edgellm.sampler import (
     candidates,
     dry_penalties,
     dynamic_temperature,
+    infill,
     min_p,
     mirostat_top,
     mirostat_v2_top,
@@ -223,3 +224,22 @@ def test_gguf_sampling_keys_for_mirostat_and_xtc():
     assert (p.mirostat, p.mirostat_tau, p.xtc_probability) == (2, 4.5, 0.25)
     with pytest.raises(ValueError, match="general.sampling.mirostat"):
         SamplingParams.from_gguf_metadata({"general.sampling.mirostat": 5})
+
+
+def test_infill_matches_llamacpp(case):
+    """llama.cpp's infill sampler after top_k, on logits where code-like tokens (some the beginning of
+    others) and, in some cases, the end of generation are likely: the same tokens remain."""
+    fx, tok = case
+    n = fx["n_vocab"]
+    eot = tok.eot_id if tok.eot_id is not None else tok.eos_id
+    piece = lambda t: tok.token_to_piece(t, False)  # noqa: E731
+    for c in fx["infill"]:
+        rng = np.random.default_rng(c["seed"])
+        x = logits(c["seed"], n, 1.0)
+        x[c["boost"]] += rng.uniform(5.0, 9.0, len(c["boost"])).astype(np.float32)
+        if (c["seed"] - 300) % 3 == 0:
+            x[c["eog"]] += np.float32(6.0 + c["seed"] - 300)
+        out = infill(top_k(candidates(x), c["top_k"]), tok.eog_ids, piece, eot)
+        order = np.argsort(out.ids)
+        assert out.ids[order].tolist() == c["kept"], c["seed"]
+        np.testing.assert_array_equal(out.logits[order], np.asarray(c["logits"], np.float32))

@@ -992,7 +992,7 @@ def test_llama_servers_samplers_list_skips_the_steps_it_leaves_out():
         == oa.parse_completion(body, lim).sampling
     )
     assert oa.parse_completion(dict(body, samplers="pm"), lim).sampling["top_k"] == 0
-    for bad in (["temperature", "top_k"], ["top_k", "top_k"], ["mirostat"], "kq", 5, ["infill"]):
+    for bad in (["temperature", "top_k"], ["top_k", "top_k"], ["mirostat"], "kq", 5, ["adaptive_p"]):
         with pytest.raises(oa.APIError) as e:
             oa.parse_completion(dict(body, samplers=bad), lim)
         assert e.value.param == "samplers"
@@ -1097,6 +1097,16 @@ def test_completions_echo_scores_the_prompt_as_lm_eval_harness_asks(server):
         assert r.status_code == 400 and r.json()["error"]["param"] in extra, r.text
 
 
+def test_llama_servers_generation_time_limit_ends_at_a_new_line(server):
+    """t_max_predict_ms: once that long since the first token, a token with a new line ends the answer
+    (stop_type limit); t_max_prompt_ms is taken with no effect, as llama-server takes it."""
+    base = {"prompt": "A list of ten fruits, one per line:\n1.", "n_predict": 48, "temperature": 0}
+    free = _post(server, "/completion", {**base, "t_max_prompt_ms": 500}).json()
+    fast = _post(server, "/completion", {**base, "t_max_predict_ms": 1}).json()
+    assert free["content"].count("\n") > 1 and free["content"].startswith(fast["content"])
+    assert fast["stop_type"] == "limit" and fast["content"].count("\n") == 1 and fast["tokens_predicted"] < 48
+
+
 def test_vllms_sampling_extras(server):
     """vLLM's min_tokens (no end, no stop string before), allowed_token_ids, bad_words, repetition_penalty
     (llama.cpp's repeat_penalty over the whole conversation) and truncate_prompt_tokens."""
@@ -1133,8 +1143,6 @@ def test_vllms_sampling_extras(server):
 @pytest.mark.parametrize(
     "field,value",
     [
-        ("n_indent", 4),
-        ("t_max_predict_ms", 500),
         ("multimodal_data", ["aGk="]),
         ("n_probs", 3),
     ],  # n_probs: the OpenAI routes ask with logprobs
@@ -2315,6 +2323,47 @@ def qwen_server(qwen_coder_path, tmp_path_factory):
         "--spec-type", "ngram-simple",
     ) as s:  # fmt: skip
         yield s
+
+
+# llama.vim's code-completion request (autoload/llama.vim, its fim function): the fields it sends
+LLAMA_VIM = {
+    "input_prefix": "def fib(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "input_suffix": "\n\nprint(fib(10))\n", "input_extra": [{"filename": "util.py", "text": "import math\n"}],
+    "prompt": "    ", "n_predict": 64,
+    "n_indent": 4, "top_k": 40, "top_p": 0.90, "samplers": ["top_k", "top_p", "infill"], "stream": False,
+    "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": 1000,
+    "response_fields": ["content", "timings/prompt_n", "timings/predicted_n", "timings/predicted_ms",
+                        "truncated", "tokens_cached"],
+}  # fmt: skip
+
+
+def test_llama_vim_code_completion_on_qwen(qwen_server):
+    """What llama.vim sends for a completion runs: llama.cpp's infill sampler, n_indent (no line after the
+    first is indented less than 4: one that would be ends the answer), t_max_predict_ms, the
+    response_fields it reads; seeded, it repeats."""
+    r = _post(qwen_server, "/infill", {**LLAMA_VIM, "seed": 1}, timeout=120)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert set(body) == {"content", "timings/prompt_n", "timings/predicted_n", "timings/predicted_ms",
+                         "truncated", "tokens_cached"}  # fmt: skip
+    text = "    " + body["content"]
+    assert body["content"].strip() and all(
+        line.startswith("    ") or not line for line in text.split("\n")[1:-1]
+    ), text
+    again = _post(qwen_server, "/infill", {**LLAMA_VIM, "seed": 1}, timeout=120).json()
+    assert again["content"] == body["content"]
+    # n_indent ends the answer at a line less indented: here the first line at column 0 after the body
+    free = _post(qwen_server, "/infill", {**LLAMA_VIM, "seed": 1, "n_indent": 0, "input_suffix": "",
+                                          "n_predict": 48}, timeout=120).json()  # fmt: skip
+    held = _post(qwen_server, "/infill", {**LLAMA_VIM, "seed": 1, "input_suffix": "", "n_predict": 48},
+                 timeout=120).json()  # fmt: skip
+    assert free["content"].startswith(held["content"]) and free["content"] != held["content"]
+    last = held["content"].split("\n")[
+        -1
+    ]  # the line that fell short: its indentation kept, as llama-server's
+    assert held["content"].count("\n") >= 1 and last.strip(" \t") == "" and len(last) < 4
+    r = _post(qwen_server, "/infill", {**LLAMA_VIM, "samplers": ["infill"], "top_k": 0})
+    assert r.status_code == 400 and "infill" in r.text  # it compares every pair: a top_k first
 
 
 WEATHER = {"type": "function", "function": {
