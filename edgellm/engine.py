@@ -21,7 +21,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -335,8 +335,7 @@ class Engine:
         # own): what llama-server's slot save writes, read on the engine thread (call())
         self.slot_tokens: dict[int, list[int]] = {}
         self.sched = Scheduler(self.kv, self.max_batch_tokens)
-        self.runner = ModelRunner(model, self.kv.cache)
-        self.runner.eog = np.asarray(sorted(self.eog), np.int64)
+        self.runner = ModelRunner(model, self.kv.cache, self.eog)
         self._accepting = True
         self._stop_at: float | None = None  # shutdown: cancel what still runs at this time
         self._thread: threading.Thread | None = None
@@ -926,10 +925,10 @@ class ModelRunner:
     fast decode paths when every row decodes), then one batched sampling pass. It reads the sequences and
     never changes them: the Engine applies its output."""
 
-    def __init__(self, model: Any, cache: Any):
+    def __init__(self, model: Any, cache: Any, eog: Iterable[int] = ()):
         self.model = model
         self.cache = cache
-        self.eog = np.zeros(0, np.int64)  # end-of-generation ids, banned while a min_tokens is not reached
+        self.eog = np.asarray(sorted(eog), np.int64)  # end-of-generation ids: banned before a min_tokens
         self._masker: concurrent.futures.ThreadPoolExecutor | None = None
 
     def _masks(self, batch: Sequence[Scheduled]) -> dict[_Seq, concurrent.futures.Future]:

@@ -5,7 +5,11 @@ Mirrors ggml-org/llama.cpp `src/llama-sampler.cpp` (the `llama_sampler_*_apply` 
 the chain in the order of `common_params_sampling::samplers` in `common/common.h`), as vendored in
 llama-cpp-python 0.3.36. Promise: same params, seed, logits and history -> same tokens, in any process.
 Each step is a small pure function (like mlx-lm's `sample_utils`); `make_sampler` composes them for one
-row and `Sampler` runs one such row sampler per sequence of a batch.
+row and `Sampler` runs one such row sampler per sequence of a batch. Beyond the default chain: DRY,
+top-n-sigma, XTC, min_keep, dynamic temperature, mirostat 1 and 2 and the infill step, each checked
+against libllama's on real vocabularies (scripts/make_sampler_fixtures.py), and vLLM's allowed_token_ids
+and bad_words. The draws come from numpy's PCG64, not llama.cpp's mt19937: the same distributions, not
+the same tokens as llama.cpp for a given seed.
 """
 
 from __future__ import annotations
