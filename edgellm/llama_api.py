@@ -138,6 +138,7 @@ def active_samplers(params: Any) -> list[str]:
         "top_k": params.top_k > 0, "typ_p": params.typical_p < 1.0, "top_p": params.top_p < 1.0,
         "min_p": params.min_p > 0.0, "xtc": params.xtc_on, "infill": params.infill,
         "temperature": params.temperature != 1.0 or params.dynatemp_range > 0,
+        "adaptive_p": params.adaptive_p,
     }  # fmt: skip
     return [n for n in oa.SAMPLER_ORDER if on.get(n)]
 
@@ -170,6 +171,8 @@ def generation_settings(params: Any, n_ctx: int, max_tokens: int | None, stops: 
         "mirostat_tau": params.mirostat_tau,
         "mirostat_eta": params.mirostat_eta,
         "min_keep": params.min_keep,
+        "adaptive_target": params.adaptive_target,
+        "adaptive_decay": params.adaptive_decay,
         "seed": -1 if params.seed is None else params.seed,
         "logit_bias": [  # llama-server's shape: -inf (a ban) is null in JSON
             {"token": t, "bias": None if math.isinf(b) else b} for t, b in (params.logit_bias or {}).items()

@@ -121,7 +121,6 @@ LLAMA_SERVER_UNSUPPORTED: list[tuple[str, Callable[[Any], bool], str]] = [
         lambda v: v == [],
         "response_fields is only taken by the native routes (/completion, /infill)",
     ),
-    ("adaptive_target", lambda v: _is_num(v) and v < 0, "adaptive-p sampling is not supported"),
     ("parse_tool_calls", lambda v: v is False, "tool calls are not supported"),
     ("grammar_lazy", lambda v: v is False, "lazy grammars (triggered by a word) are not supported"),
     ("grammar_triggers", lambda v: v == [], "lazy grammars (triggered by a word) are not supported"),
@@ -239,6 +238,8 @@ def _sampling(body: dict, lim: Limits) -> dict[str, Any]:
         ("mirostat", _integer(body, "mirostat", 0, 2)),
         ("mirostat_tau", _number(body, "mirostat_tau", -math.inf, math.inf)),
         ("mirostat_eta", _number(body, "mirostat_eta", -math.inf, math.inf)),
+        ("adaptive_target", _number(body, "adaptive_target", -math.inf, 1.0)),
+        ("adaptive_decay", _number(body, "adaptive_decay", 0.0, 0.99)),
     ):
         if value is not None:
             out[name] = value
@@ -264,8 +265,9 @@ def _sampling(body: dict, lim: Limits) -> dict[str, Any]:
     for name, neutral in _SAMPLER_OFF.items():
         if chain is not None and name not in chain:
             out.update(neutral)
-    if chain is not None and "infill" in chain:  # off unless named (no default turns it on)
-        out["infill"] = True
+    for name in ("infill", "adaptive_p"):  # off unless named (no default turns them on)
+        if chain is not None and name in chain:
+            out[name] = True
     seed = _integer(body, "seed", -(1 << 63), (1 << 64) - 1)
     if seed is not None:
         out["seed"] = None if seed == -1 else seed % (1 << 64)  # -1: random, as llama.cpp's server
@@ -341,10 +343,11 @@ def _logit_bias(bias: Any, n_vocab: int) -> dict[int | str, float]:
 # (common_params_sampling's default order).
 # infill, not in llama.cpp's default order, sits where llama.vim's and llama.vscode's lists put it (after
 # top_k and top_p); naming it turns it on.
+# adaptive_p, a draw of its own, comes last and is on only when named (as in llama.cpp).
 SAMPLER_ORDER = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "infill",
-                 "temperature"]  # fmt: skip
+                 "temperature", "adaptive_p"]  # fmt: skip
 _SAMPLER_CODES = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
-                  "m": "min_p", "x": "xtc", "i": "infill", "t": "temperature"}  # fmt: skip
+                  "m": "min_p", "x": "xtc", "i": "infill", "t": "temperature", "a": "adaptive_p"}  # fmt: skip
 _SAMPLER_ALIASES = {"nucleus": "top_p", "temp": "temperature", "typ": "typ_p", "typical_p": "typ_p",
                     "top-k": "top_k", "top-p": "top_p", "min-p": "min_p"}  # fmt: skip
 # what leaving a sampler out of the list means: its step is skipped (the request's value for it too)
@@ -358,7 +361,7 @@ _SAMPLER_OFF = {"penalties": {"repeat_penalty": 1.0, "presence_penalty": 0.0, "f
 def samplers(body: dict) -> list[str] | None:
     """llama-server's `samplers` (a list of names or a string of codes such as "edkypmxt") as canonical
     names, or None when not given. A list in another order than edgellm's chain, or naming a sampler
-    edgellm lacks (infill, adaptive_p), is refused."""
+    edgellm lacks, is refused."""
     v = body.get("samplers")
     if v is None:
         return None

@@ -6,10 +6,10 @@ the chain in the order of `common_params_sampling::samplers` in `common/common.h
 llama-cpp-python 0.3.36. Promise: same params, seed, logits and history -> same tokens, in any process.
 Each step is a small pure function (like mlx-lm's `sample_utils`); `make_sampler` composes them for one
 row and `Sampler` runs one such row sampler per sequence of a batch. Beyond the default chain: DRY,
-top-n-sigma, XTC, min_keep, dynamic temperature, mirostat 1 and 2 and the infill step, each checked
-against libllama's on real vocabularies (scripts/make_sampler_fixtures.py), and vLLM's allowed_token_ids
-and bad_words. The draws come from numpy's PCG64, not llama.cpp's mt19937: the same distributions, not
-the same tokens as llama.cpp for a given seed.
+top-n-sigma, XTC, min_keep, dynamic temperature, mirostat 1 and 2, the infill step and adaptive-p, each
+checked against libllama's on real vocabularies (scripts/make_sampler_fixtures.py), and vLLM's
+allowed_token_ids and bad_words. The draws come from numpy's PCG64, not llama.cpp's mt19937: the same
+distributions, not the same tokens as llama.cpp for a given seed.
 """
 
 from __future__ import annotations
@@ -61,9 +61,12 @@ class SamplingParams:
     allowed_token_ids: tuple[int, ...] | None = None  # vLLM's: only these may be sampled (None: all)
     # vLLM's bad_words as token ids: a sequence's last token is banned where the history ends with the rest
     banned_sequences: tuple[tuple[int, ...], ...] = ()
-    infill: bool = (
-        False  # llama.cpp's infill sampler (after top_k/top_p, before temperature): code completion
-    )
+    infill: bool = False  # llama.cpp's infill sampler (after top_p, before temperature): code completion
+    # llama.cpp's adaptive-p: the draw favours tokens near a target probability, adapted to what was drawn
+    # (an exponential moving average); on only when named in a samplers list, as llama.cpp's
+    adaptive_p: bool = False
+    adaptive_target: float = -1.0  # < 0: a plain draw
+    adaptive_decay: float = 0.9  # clamped to [0, 0.99]
 
     def __post_init__(self) -> None:
         if self.logit_bias is not None:  # freeze a private copy so a caller's later edits cannot leak in
@@ -208,6 +211,8 @@ def _field_errors(p: SamplingParams, n_vocab: int | None) -> Iterator[tuple[str,
 
     if p.allowed_token_ids is not None and not (p.allowed_token_ids and ids_ok(p.allowed_token_ids)):
         yield "allowed_token_ids", f"must be a non-empty list of token ids >= 0{limit}"
+    yield from real("adaptive_target", lambda v: v <= 1, "a finite number <= 1 (< 0 = a plain draw)")
+    yield from real("adaptive_decay", lambda v: True, "a finite number (clamped to [0, 0.99])")
     if p.infill and not 0 < p.top_k <= INFILL_MAX_CANDIDATES:
         yield "infill", f"needs a top_k in [1, {INFILL_MAX_CANDIDATES}] before it (it compares every pair)"
     if not all(b and ids_ok(b) for b in p.banned_sequences):
@@ -557,6 +562,32 @@ def draw(c: Candidates, rng: np.random.Generator) -> int:
     return int(c.ids[_draw_position(c, rng)])
 
 
+ADAPTIVE_WIDTH, ADAPTIVE_PEAK, ADAPTIVE_SHARPNESS = np.float32(0.3), np.float32(5.0), np.float32(10.0)
+
+
+def _probs_in_order(c: Candidates) -> np.ndarray:
+    """llama_sampler_softmax_impl without sorting: float32, summed one by one in the candidates' order;
+    exp in float64 rounded to float32 (glibc's expf is correctly rounded; numpy's float32 exp can be 1 ulp
+    off, which the adaptive-p transform shows)."""
+    e = np.exp((c.logits - c.logits.max()).astype(np.float64)).astype(np.float32)
+    return e / np.cumsum(e, dtype=np.float32)[-1]
+
+
+def adaptive_p(c: Candidates, target: float, weighted_sum: float, total_weight: float) -> Candidates:
+    """llama.cpp's adaptive-p transform (llama_sampler_adaptive_p_apply): the target moved against the
+    moving average of the drawn tokens' probabilities, each finite logit becomes 5 - 10 d^2 / (1 + d) with
+    d = |p - target| / 0.3, p its probability before."""
+    f32 = np.float32
+    p = _probs_in_order(c)
+    t = f32(min(max(target, 0.0), 1.0))
+    if total_weight != 0:
+        t = f32(2) * t - f32(weighted_sum) / f32(total_weight)
+    t = f32(min(max(float(t), 0.0), 1.0))
+    d = np.abs((p - t) * (f32(1) / ADAPTIVE_WIDTH))
+    y = ADAPTIVE_PEAK - ADAPTIVE_SHARPNESS * d * d / (f32(1) + d)
+    return Candidates(c.ids, np.where(c.logits == -np.inf, c.logits, y).astype(f32), False)
+
+
 def _draw_position(c: Candidates, rng: np.random.Generator) -> int:
     if c.logits.size == 0 or not np.isfinite(c.logits.max()):
         raise ValueError(_NO_TOKEN)
@@ -786,6 +817,13 @@ class RowSampler:
             params.mirostat != 0 or (params.dynatemp_range <= 0.0 and not params.xtc_on and not params.infill)
         )
         self.mu = 2.0 * params.mirostat_tau  # mirostat's running target surprise
+        # adaptive-p's moving average of the drawn tokens' probabilities (llama_sampler_init_adaptive_p)
+        self.adaptive = params.adaptive_p and params.adaptive_target >= 0 and params.mirostat == 0
+        decay = np.float32(min(max(params.adaptive_decay, 0.0), 0.99))
+        self.decay = float(decay)
+        self.weighted_sum = float(np.float32(params.adaptive_target) / (np.float32(1) - decay))
+        self.total_weight = float(np.float32(1) / (np.float32(1) - decay))
+        self._before: Candidates | None = None  # adaptive-p: the candidates before its transform
         self.last: Candidates | None = None  # what the last token was drawn from (post-sampling logprobs)
         # logit-space steps, then (unless greedy) the candidate filters in common_params_sampling order;
         # mirostat's chain is logit bias, temperature, mirostat (common_sampler_init)
@@ -868,9 +906,9 @@ class RowSampler:
 
     @property
     def stateful(self) -> bool:
-        """Whether each token changes what the next is drawn from beyond the history (mirostat's mu): such
-        a row cannot take speculative guesses."""
-        return self.params.mirostat != 0 and not self.is_greedy
+        """Whether each token changes what the next is drawn from beyond the history (mirostat's mu,
+        adaptive-p's average): such a row cannot take speculative guesses."""
+        return (self.params.mirostat != 0 or self.adaptive) and not self.is_greedy
 
     def _logits(self, logits: np.ndarray, history: Sequence[int] | None) -> np.ndarray:
         x = np.asarray(logits, dtype=np.float32)
@@ -891,12 +929,22 @@ class RowSampler:
             c = mirostat_top(c, self.mu, n_vocab)
         elif self.params.mirostat == 2:
             c = mirostat_v2_top(c, self.mu)
+        elif self.adaptive:
+            self._before = c  # its probabilities feed the average once a token is drawn
+            c = adaptive_p(c, self.params.adaptive_target, self.weighted_sum, self.total_weight)
         return c
 
     def _pick(self, c: Candidates) -> int:
-        """Draw from the filtered candidates; mirostat then moves mu toward its target surprise."""
+        """Draw from the filtered candidates; mirostat then moves mu toward its target surprise, adaptive-p
+        its average by the drawn token's probability before the transform (llama.cpp's accept)."""
         self.last = c
         i = _draw_position(c, self.rng)
+        if self.adaptive and self._before is not None:
+            f32 = np.float32
+            self.weighted_sum = float(
+                _probs_in_order(self._before)[i] + f32(self.decay) * f32(self.weighted_sum)
+            )
+            self.total_weight = float(f32(1) + f32(self.decay) * f32(self.total_weight))
         if self.params.mirostat:
             p = softmax(c.logits)[i]
             surprise = -math.log2(float(p)) if p > 0 else math.inf
@@ -1019,6 +1067,7 @@ __all__ = [
     "RowSampler",
     "Sampler",
     "SamplingParams",
+    "adaptive_p",
     "allow_only",
     "apply_logit_bias",
     "apply_penalties",

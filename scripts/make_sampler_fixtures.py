@@ -1,5 +1,5 @@
 """Build tests/fixtures/sampler/*.json: llama.cpp's samplers (DRY, top-n-sigma, XTC, min_keep, dynamic
-temperature, mirostat 1 and 2, infill) applied to seeded logits over a real model's vocabulary.
+temperature, mirostat 1 and 2, infill, adaptive-p) applied to seeded logits over a real model's vocabulary.
 
     LLAMA_CPP_LIB_PATH=build/bin PYTHONPATH=llama_cpp_python-0.3.36 \
         python scripts/make_sampler_fixtures.py [NAME=GGUF ...]
@@ -176,6 +176,21 @@ def fixture(name: str, path: Path) -> dict:
         out["infill"].append({"seed": 300 + seed, "boost": boost_ids, "eog": eog, "top_k": top_k,
                               "kept": res["id"][order].tolist(),
                               "logits": [float(v) for v in res["logit"][order]]})  # fmt: skip
+
+    out["adaptive_p"] = []
+    for target, decay, top_k in ((0.3, 0.9, 40), (0.05, 0.5, 200), (0.8, 0.99, 0), (0.5, 1.5, 20)):
+        s = L.llama_sampler_init_adaptive_p(target, decay, 7)
+        steps = []
+        for step in range(5):
+            seed = 400 + step
+            x = logits(seed, n, 2.5)
+            chain = [L.llama_sampler_init_top_k(top_k)] if top_k else []
+            res, sel, _ = ll.apply(chain + [s], x)
+            L.llama_sampler_accept(s, int(res["id"][sel]))  # the moving average takes the drawn token
+            order = np.argsort(res["id"])[:60]
+            steps.append({"seed": seed, "selected": int(res["id"][sel]), "ids": res["id"][order].tolist(),
+                          "logits": [float(v) for v in res["logit"][order]]})  # fmt: skip
+        out["adaptive_p"].append({"target": target, "decay": decay, "top_k": top_k, "steps": steps})
 
     for version, temp, tau, eta in (
         (1, 1.0, 5.0, 0.1),

@@ -118,6 +118,7 @@ def test_interactive_chat_commands(capsys, monkeypatch):
         "dry_base": "1.75", "dry_allowed_length": "2", "dry_penalty_last_n": "64",
         "dry_sequence_breakers": repr(("\n", ":", '"', "*")), "mirostat": "0", "mirostat_tau": "5.0",
         "mirostat_eta": "0.1", "allowed_token_ids": "none", "banned_sequences": "()", "infill": "False",
+        "adaptive_p": "False", "adaptive_target": "-1.0", "adaptive_decay": "0.9",
         "system": "'Be brief.'",
     }  # fmt: skip
     assert "  n_predict          -1 (until the end or the context is full)" in second

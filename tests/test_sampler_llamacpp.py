@@ -243,3 +243,36 @@ def test_infill_matches_llamacpp(case):
         order = np.argsort(out.ids)
         assert out.ids[order].tolist() == c["kept"], c["seed"]
         np.testing.assert_array_equal(out.logits[order], np.asarray(c["logits"], np.float32))
+
+
+def test_adaptive_p_matches_llamacpp(case):
+    """llama.cpp's adaptive-p over 5 draws: the transformed logits equal libllama's, with the moving
+    average following llama.cpp's picks (its RNG is not ours), decay clamped to 0.99."""
+    from edgellm.sampler import _probs_in_order, adaptive_p
+
+    fx, _ = case
+    n = fx["n_vocab"]
+    for run in fx["adaptive_p"]:
+        decay = np.float32(min(max(run["decay"], 0.0), 0.99))
+        ws = float(np.float32(run["target"]) / (np.float32(1) - decay))
+        tw = float(np.float32(1) / (np.float32(1) - decay))
+        for s in run["steps"]:
+            c = candidates(logits(s["seed"], n, 2.5))
+            c = top_k(c, run["top_k"]) if run["top_k"] else c
+            out = adaptive_p(c, run["target"], ws, tw)
+            got = dict(zip(out.ids.tolist(), out.logits.tolist(), strict=True))
+            assert [got[i] for i in s["ids"]] == [float(np.float32(v)) for v in s["logits"]], (run, s["seed"])
+            p = _probs_in_order(c)[c.ids.tolist().index(s["selected"])]
+            ws = float(p + decay * np.float32(ws))
+            tw = float(np.float32(1) + decay * np.float32(tw))
+
+
+def test_adaptive_p_row_is_stateful_and_off_unless_named():
+    x = logits(12, 3000, 2.0)
+    assert not RowSampler(SamplingParams(adaptive_target=0.3, seed=1)).stateful  # not in the chain: off
+    row = RowSampler(SamplingParams(adaptive_p=True, adaptive_target=0.3, top_k=0, seed=1))
+    assert row.stateful and not row.top_k_first
+    before = row.weighted_sum
+    tok = row(x)
+    ids, _ = row.last_distribution()
+    assert tok in ids and row.weighted_sum != before  # the drawn token's probability moved the average

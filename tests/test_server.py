@@ -992,7 +992,7 @@ def test_llama_servers_samplers_list_skips_the_steps_it_leaves_out():
         == oa.parse_completion(body, lim).sampling
     )
     assert oa.parse_completion(dict(body, samplers="pm"), lim).sampling["top_k"] == 0
-    for bad in (["temperature", "top_k"], ["top_k", "top_k"], ["mirostat"], "kq", 5, ["adaptive_p"]):
+    for bad in (["temperature", "top_k"], ["top_k", "top_k"], ["mirostat"], "kq", 5, ["beam"]):
         with pytest.raises(oa.APIError) as e:
             oa.parse_completion(dict(body, samplers=bad), lim)
         assert e.value.param == "samplers"
@@ -1022,6 +1022,11 @@ def test_llama_servers_other_samplers_run_and_are_reported(server):
         a, b = (_post(server, "/completion", body).json() for _ in range(2))
         assert a["content"] == b["content"] and a["tokens_predicted"] == 12, extra
         assert all(a["generation_settings"][k] == v for k, v in extra.items()), a["generation_settings"]
+    adaptive = {**base, "temperature": 0.9, "seed": 5, "adaptive_target": 0.3, "adaptive_decay": 0.5,
+                "samplers": ["top_k", "temperature", "adaptive_p"]}  # fmt: skip
+    a, b = (_post(server, "/completion", adaptive).json() for _ in range(2))
+    assert a["content"] == b["content"] and a["generation_settings"]["samplers"][-1] == "adaptive_p"
+    assert a["generation_settings"]["adaptive_target"] == 0.3
     sillytavern = '["\\n", ":"]'  # SillyTavern's form: the array in a JSON string
     r = _post(server, "/completion", {**base, "dry_multiplier": 0.8, "dry_sequence_breakers": sillytavern})
     assert r.json()["generation_settings"]["dry_sequence_breakers"] == ["\n", ":"]
