@@ -494,7 +494,7 @@ def infill(c: Candidates, eog: frozenset[int], piece: Callable[[int], bytes], eo
         )
     order = np.arange(n) if c.sorted else _top_indices(c.logits, n)
     ids, logits = c.ids[order], c.logits[order].copy()
-    e = np.exp(logits - logits[0])
+    e = _f32_of(np.exp, logits - logits[0])
     p = e / np.cumsum(e, dtype=np.float32)[-1]
     is_eog = np.fromiter((int(t) in eog for t in ids), bool, n)
     p_eog = np.cumsum(p[is_eog], dtype=np.float32)[-1] if is_eog.any() else np.float32(0)
@@ -534,13 +534,21 @@ def dynamic_temperature(c: Candidates, t: float, delta: float, exponent: float) 
         return c
     f32 = np.float32
     lo, hi = f32(max(0.0, t - delta)), f32(t + delta)
-    # llama.cpp sums in float32, one by one, over the candidates sorted by probability: so here
-    e = np.sort(np.exp(c.logits - c.logits.max()))[::-1]
+    # llama.cpp sums in float32, one by one, over the candidates sorted by probability: so here. Its expf,
+    # logf and powf are (almost always) correctly rounded: float64 rounded to float32 gives the same on any
+    # CPU, where numpy's float32 exp and log differ by an ulp between its SIMD paths
+    e = np.sort(_f32_of(np.exp, c.logits - c.logits.max()))[::-1]
     p = e / np.cumsum(e, dtype=f32)[-1]
     p = p[p > 0]
-    entropy = -np.cumsum(p * np.log(p), dtype=f32)[-1]
-    normalized = entropy / -np.log(f32(1.0) / f32(n))
-    return temperature(c, float(lo + (hi - lo) * np.power(normalized, f32(exponent))))
+    entropy = -np.cumsum(p * _f32_of(np.log, p), dtype=f32)[-1]
+    normalized = entropy / -_f32_of(np.log, f32(1.0) / f32(n))
+    scale = f32(np.power(np.float64(normalized), np.float64(f32(exponent))))
+    return temperature(c, float(lo + (hi - lo) * scale))
+
+
+def _f32_of(fn: Callable[[np.ndarray], np.ndarray], x: Any) -> np.ndarray:
+    """fn in float64, rounded to float32: a correctly rounded float32 result on every CPU."""
+    return np.asarray(fn(np.asarray(x, np.float64)), np.float64).astype(np.float32)
 
 
 def temperature(c: Candidates, t: float) -> Candidates:
@@ -569,7 +577,7 @@ def _probs_in_order(c: Candidates) -> np.ndarray:
     """llama_sampler_softmax_impl without sorting: float32, summed one by one in the candidates' order;
     exp in float64 rounded to float32 (glibc's expf is correctly rounded; numpy's float32 exp can be 1 ulp
     off, which the adaptive-p transform shows)."""
-    e = np.exp((c.logits - c.logits.max()).astype(np.float64)).astype(np.float32)
+    e = _f32_of(np.exp, c.logits - c.logits.max())
     return e / np.cumsum(e, dtype=np.float32)[-1]
 
 
