@@ -14,7 +14,6 @@ distributions, not the same tokens as llama.cpp for a given seed.
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 import types
@@ -888,7 +887,7 @@ class RowSampler:
             eot = vocab.eot_id if vocab.eot_id is not None else vocab.eos_id
             if eot is None:
                 raise ValueError("the infill sampler needs an end-of-turn or end-of-sequence token")
-            piece = functools.lru_cache(maxsize=4096)(lambda t: vocab.token_to_piece(t, False))
+            piece = lru_cache(maxsize=4096)(lambda t: vocab.token_to_piece(t, False))
             self.filters.append(partial(infill, eog=vocab.eog_ids, piece=piece, eot=eot))
         if params.xtc_on:
             self.filters.append(
