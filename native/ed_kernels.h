@@ -154,6 +154,12 @@ int ed_cpu_has_amx(void);
 int ed_cpu_has_avxvnni(void);
 /* The CPU's vendor is Intel (CPUID leaf 0): tunings measured per vendor, e.g. x16 Q4_K's prefetch. */
 int ed_cpu_is_intel(void);
+/* CPUID's display family on x86 (base + extended: AMD's Zen 3 and Zen 4 are 0x19, Zen 5 0x1A), else 0. */
+int ed_cpu_family(void);
+/* $name as a byte count (decimal, at most 1 MiB), else fallback: the decode prefetch distances can be
+ * set from the environment (EDGELLM_PF_Q4K, EDGELLM_PF_Q6K, EDGELLM_PF_AVX2, EDGELLM_PF_AVX2_Q4K) to
+ * measure them on a new CPU. */
+size_t ed_env_bytes(const char *name, size_t fallback);
 /* The kernel table for a level, or NULL when that level was not compiled into this build or the CPU
  * cannot run it. Each level's functions live in their own translation unit or carry
  * __attribute__((target(...))) so one x86 build carries scalar, AVX2 and AVX-512 without -march flags. */

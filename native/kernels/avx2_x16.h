@@ -13,8 +13,13 @@
  * Sapphire Rapids-class Xeon held to this level (weights in huge pages) 8 KiB is too far: Qwen2.5-Coder-1.5B
  * Q4_K_M decode (`EDGELLM_NATIVE_LEVEL=avx2 edgellm bench -p 0 -n 64 -r 2`, 5-6 interleaved runs each) read
  * 20.9-21.5 GB/s at 8 KiB, 22.0-23.3 at 2 KiB, 20.8-21.6 at 4 KiB, 21.0-22.0 at 1 KiB; a Q4_K prefetch
- * (0.25-1 KiB ahead) added nothing, as the AVX-512 kernels found on AMD. So Intel 2 KiB, AMD 8 KiB. */
+ * (0.25-1 KiB ahead) added nothing, as the AVX-512 kernels found on AMD. So Intel 2 KiB, AMD 8 KiB.
+ * A Zen 5 (AMD family 0x1A) held to this level wants Q4_K's decode prefetched too (x16a_pf_q4_K): the same
+ * bench, 6 interleaved rounds (EDGELLM_PF_AVX2_Q4K, EDGELLM_PF_AVX2), 2 KiB 43.4-45.3 tok/s, 4 KiB 43.2-55.1,
+ * none 33.3-39.6 (8 KiB far; 2 KiB far alike). So 2 KiB there; on the Zen 3 and Zen 4 (0x19), unmeasured
+ * with the weights in huge pages, none as before. */
 static size_t x16a_pf_far;
+static size_t x16a_pf_q4_K; /* Q4_K's decode prefetch: set_x16_avx2 */
 
 /* avx2.c has included avx2_x16_legacy.h: the helpers, x16a_legacy_nc and ED_X16A_ENTRY */
 #define X16A_Q4_0(NC) x16a_legacy_nc(ED_Q4_0, n, s, bs, vx, nr, y, by, sd, side_row, NC)
@@ -81,8 +86,9 @@ ED_ALWAYS_INLINE void x16a_k_1(int n, float *s, const uint8_t *vx, int nr, const
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *g = vx + (size_t)b * group;
-        if (q5)
-            for (size_t off = 0; off < group; off += 64) __builtin_prefetch(g + x16a_pf_far + off);
+        const size_t ahead = q5 ? x16a_pf_far : x16a_pf_q4_K;
+        if (ahead)
+            for (size_t off = 0; off < group; off += 64) __builtin_prefetch(g + ahead + off);
         __m256i isum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
 #pragma GCC unroll 4
         for (int p = 0; p < 4; p++) {
@@ -390,7 +396,8 @@ ED_X16A_ENTRY(x16a_gemm_q3_K, X16A_Q3_K)
  * time, for decode too) decoded at 0.6-0.7x the file layout. The legacy blocks gain in both (SmolLM2
  * Q4_0: pp128 394 -> 832, tg 141 -> 215). */
 static void set_x16_avx2(ed_kernel_table *t) {
-    x16a_pf_far = ed_cpu_is_intel() ? 2048 : 8192;
+    x16a_pf_far = ed_env_bytes("EDGELLM_PF_AVX2", ed_cpu_is_intel() ? 2048 : 8192);
+    x16a_pf_q4_K = ed_env_bytes("EDGELLM_PF_AVX2_Q4K", !ed_cpu_is_intel() && ed_cpu_family() >= 0x1A ? 2048 : 0);
     t->types[ED_Q4_0].x16_gemm = x16a_gemm_q4_0;
     t->types[ED_Q4_1].x16_gemm = x16a_gemm_q4_1;
     t->types[ED_Q5_0].x16_gemm = x16a_gemm_q5_0;

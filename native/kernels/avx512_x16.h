@@ -30,7 +30,11 @@
  * against 25.0-25.8 and 21.4-23.3 (Q4_K), 22.9-24.5 and 24.3-25.6 against 22.2-23.2 and 20.2-22.3 (Q6_K);
  * Qwen2.5-Coder-1.5B Q4_K_M decode (`edgellm bench -p 0 -n 64`, 3 interleaved rounds) 25.4-25.6 against
  * 22.5-22.9 tok/s; 0.5-2 KiB all gave 24-25 and no Q4_K prefetch 22.8. So on Intel Q4_K, Q5_K and Q6_K
- * prefetch 1 KiB ahead; AMD keeps the Zen 4 figures (set_x16). */
+ * prefetch 1 KiB ahead; AMD keeps the Zen 4 figures (set_x16). A Zen 5 (EPYC, family 0x1A, 2 vCPU, weights
+ * in huge pages) wants a Q4_K prefetch too: Qwen2.5-Coder-1.5B Q4_K_M decode (`edgellm bench -p 0 -n 64 -r 3`,
+ * 8 interleaved rounds, EDGELLM_PF_Q4K) at 2 KiB 43.3-61.7 tok/s (median 46.3), 4 KiB 44.4-62.8 (45.8),
+ * none 35.6-46.9 (38.8); 0.5-1 KiB as 2 KiB, Q6_K 1-8 KiB all alike. So AMD from family 0x1A on takes
+ * 2 KiB; the Zen 3 and Zen 4 (0x19) keep none until measured again with the weights in huge pages. */
 #define ED_X16_PF 2048
 static size_t x16_pf_q4_K; /* 0 on AMD, 1024 on Intel: set_x16 */
 static size_t x16_pf_q6_K; /* Q6_K and Q5_K: 8192 on AMD, 1024 on Intel */
@@ -469,8 +473,8 @@ ED_ALWAYS_INLINE void x16_q3_K_nc(int n, float *s, size_t bs, const uint8_t *vx,
 ED_X16_ENTRY(x16_gemm_q3_K, x16_q3_K_nc)
 
 static void set_x16(ed_kernel_table *t) {
-    x16_pf_q4_K = ed_cpu_is_intel() ? 1024 : 0;
-    x16_pf_q6_K = ed_cpu_is_intel() ? 1024 : 8192;
+    x16_pf_q4_K = ed_env_bytes("EDGELLM_PF_Q4K", ed_cpu_is_intel() ? 1024 : ed_cpu_family() >= 0x1A ? 2048 : 0);
+    x16_pf_q6_K = ed_env_bytes("EDGELLM_PF_Q6K", ed_cpu_is_intel() ? 1024 : 8192);
     t->types[ED_Q6_K].x16_gemm = x16_gemm_q6_K;
     t->types[ED_Q2_K].x16_gemm = x16_gemm_q2_K;
     t->types[ED_Q3_K].x16_gemm = x16_gemm_q3_K;

@@ -7,9 +7,10 @@
 #define _GNU_SOURCE /* syscall() */
 #include "ed_blocks.h"
 
+#include <stdlib.h>
+
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
-#include <stdlib.h>
 #if defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -129,6 +130,25 @@ int ed_cpu_has_avxvnni(void) { return (features() & F_AVXVNNI) != 0; }
 int ed_cpu_has_avx512bf16(void) { return (features() & F_AVX512BF16) != 0; }
 
 int ed_cpu_is_intel(void) { return (features() & F_INTEL) != 0; }
+
+int ed_cpu_family(void) {
+#if defined(__x86_64__) || defined(_M_X64)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    const int base = (a >> 8) & 0xF;
+    return base == 0xF ? base + (int)((a >> 20) & 0xFF) : base;
+#else
+    return 0;
+#endif
+}
+
+size_t ed_env_bytes(const char *name, size_t fallback) {
+    const char *v = getenv(name);
+    if (!v || !*v) return fallback;
+    char *end;
+    const unsigned long long n = strtoull(v, &end, 10);
+    return *end == '\0' && n <= (1u << 20) ? (size_t)n : fallback;
+}
 
 /* ------------------------------------------------------------------------------------- tables */
 
