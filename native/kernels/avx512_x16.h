@@ -36,7 +36,7 @@
  * none 35.6-46.9 (38.8); 0.5-1 KiB as 2 KiB, Q6_K 1-8 KiB all alike. So AMD from family 0x1A on takes
  * 2 KiB; the Zen 3 and Zen 4 (0x19) keep none until measured again with the weights in huge pages. */
 #define ED_X16_PF 2048
-static size_t x16_pf_q4_K; /* 0 on AMD, 1024 on Intel: set_x16 */
+static size_t x16_pf_q4_K; /* 1024 on Intel, 2048 on AMD from family 0x1A (Zen 5), else 0: set_x16 */
 static size_t x16_pf_q6_K; /* Q6_K and Q5_K: 8192 on AMD, 1024 on Intel */
 ED_ALWAYS_INLINE void x16_prefetch_next(const uint8_t *g, size_t ahead, size_t block_bytes, int nc) {
     if (ahead && nc <= 2)
