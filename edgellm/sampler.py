@@ -580,12 +580,14 @@ def _probs_in_order(c: Candidates) -> np.ndarray:
     return e / np.cumsum(e, dtype=np.float32)[-1]
 
 
-def adaptive_p(c: Candidates, target: float, weighted_sum: float, total_weight: float) -> Candidates:
+def adaptive_p(
+    c: Candidates, target: float, weighted_sum: float, total_weight: float, p: np.ndarray | None = None
+) -> Candidates:
     """llama.cpp's adaptive-p transform (llama_sampler_adaptive_p_apply): the target moved against the
     moving average of the drawn tokens' probabilities, each finite logit becomes 5 - 10 d^2 / (1 + d) with
-    d = |p - target| / 0.3, p its probability before."""
+    d = |p - target| / 0.3, p its probability before (`_probs_in_order(c)`, computed here unless given)."""
     f32 = np.float32
-    p = _probs_in_order(c)
+    p = _probs_in_order(c) if p is None else p
     t = f32(min(max(target, 0.0), 1.0))
     if total_weight != 0:
         t = f32(2) * t - f32(weighted_sum) / f32(total_weight)
@@ -830,7 +832,7 @@ class RowSampler:
         self.decay = float(decay)
         self.weighted_sum = float(np.float32(params.adaptive_target) / (np.float32(1) - decay))
         self.total_weight = float(np.float32(1) / (np.float32(1) - decay))
-        self._before: Candidates | None = None  # adaptive-p: the candidates before its transform
+        self._before_p: np.ndarray | None = None  # adaptive-p: the probabilities before its transform
         self.last: Candidates | None = None  # what the last token was drawn from (post-sampling logprobs)
         # logit-space steps, then (unless greedy) the candidate filters in common_params_sampling order;
         # mirostat's chain is logit bias, temperature, mirostat (common_sampler_init)
@@ -937,8 +939,8 @@ class RowSampler:
         elif self.params.mirostat == 2:
             c = mirostat_v2_top(c, self.mu)
         elif self.adaptive:
-            self._before = c  # its probabilities feed the average once a token is drawn
-            c = adaptive_p(c, self.params.adaptive_target, self.weighted_sum, self.total_weight)
+            self._before_p = p = _probs_in_order(c)  # the drawn token's feeds the average (_pick)
+            c = adaptive_p(c, self.params.adaptive_target, self.weighted_sum, self.total_weight, p)
         return c
 
     def _pick(self, c: Candidates) -> int:
@@ -946,11 +948,9 @@ class RowSampler:
         its average by the drawn token's probability before the transform (llama.cpp's accept)."""
         self.last = c
         i = _draw_position(c, self.rng)
-        if self.adaptive and self._before is not None:
+        if self.adaptive and self._before_p is not None:
             f32 = np.float32
-            self.weighted_sum = float(
-                _probs_in_order(self._before)[i] + f32(self.decay) * f32(self.weighted_sum)
-            )
+            self.weighted_sum = float(self._before_p[i] + f32(self.decay) * f32(self.weighted_sum))
             self.total_weight = float(f32(1) + f32(self.decay) * f32(self.total_weight))
         if self.params.mirostat:
             p = softmax(c.logits)[i]
