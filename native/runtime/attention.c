@@ -53,10 +53,13 @@ typedef struct { uint16_t d; int8_t qs[32]; } kv_q8; /* ggml's block_q8_0 */
  * inside f32's range) and a fused multiply-add rounds once, as the add alone does: the same bits as
  * multiply then add, in half the floating-point instructions. The NEON loops fuse those (llvm-mca's
  * Cortex-A72 model, the Pi 4's core: a values tile of 4 heads x 16 columns 62 -> 32 cycles a key, qk's 4
- * heads 29 -> 15 cycles per 8 elements). The x86 loops multiply then add: fused they measured no faster
- * on the Sapphire Rapids-class Xeon (scripts/bench_attention.py, 2048 keys, the AVX2 level 0-20% slower
- * where a tile's 8 sums then wait on the FMA's latency, AVX-512 within noise). q8_0 products (unrounded
- * weights times d * q, or d_k * d_q times an integer sum) are not exact and are never fused. */
+ * heads 29 -> 15 cycles per 8 elements). The AVX-512 loops fuse them too: on the Zen 5 a layer 2048 keys
+ * deep on 2 threads (scripts/bench_attention.py --depth 2048 --layers 28 -r 9, 4 interleaved rounds) took
+ * 84-96 us against 97-102 (Qwen2.5-1.5B's 2 x 6 x 128), 66-76 against 73-100 (gemma3's 1 x 4 x 256), SmolLM2's
+ * 3 x 3 x 64 the same (59-67); on the Sapphire Rapids-class Xeon fused measured within noise. The AVX2
+ * loops multiply then add: fused they were 0-20% slower there, a tile's 8 sums then waiting on the
+ * FMA's latency. q8_0 products (unrounded weights times d * q, or d_k * d_q times an integer sum) are not
+ * exact and are never fused. */
 typedef struct {
     void (*qk)(const float *q, int64_t group, int64_t dh, const uint16_t *krow, float *row, float *s);
     void (*pv)(float *out, const float *w, int64_t wstride, int64_t group, int64_t dh, const uint16_t *vrow,
@@ -335,7 +338,7 @@ ED_AVX static void scores_avx(const float *q, int64_t group, int64_t dh, const u
  * --depth 2048 --layers 28, two interleaved rounds) takes 102-103 us against 117-132 with 256-bit vectors
  * (gemma3's 1 kv head x 4 x 256), 131-137 against 148-151 (Qwen2.5-1.5B's 2 x 6 x 128), 94-97 against
  * 103-105 (2 x 7 x 64), the same for SmolLM2's 3 x 3 x 64 (82-86). */
-#define ED_AVX512 __attribute__((target("avx512f,avx512vl,avx,f16c")))
+#define ED_AVX512 __attribute__((target("avx512f,avx512vl,avx,f16c,fma")))
 ED_AVX512 static inline __attribute__((always_inline)) __m512 kv2_avx512(const uint16_t *a, const uint16_t *b) {
     const __m128i lo = _mm_loadu_si128((const __m128i *)a), hi = _mm_loadu_si128((const __m128i *)b);
     return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
@@ -353,7 +356,7 @@ ED_AVX512 static inline __attribute__((always_inline)) void scores8_avx512(const
 #pragma GCC unroll 4
         for (int p = 0; p < 4; p++) {
             const __m512 kv = kv2_avx512(rows[2 * p] + d, rows[2 * p + 1] + d);
-            for (int h = 0; h < nh; h++) acc[h][p] = _mm512_add_ps(acc[h][p], _mm512_mul_ps(qv[h], kv));
+            for (int h = 0; h < nh; h++) acc[h][p] = _mm512_fmadd_ps(qv[h], kv, acc[h][p]); /* exact products */
         }
     }
     for (int h = 0; h < nh; h++) {
@@ -552,7 +555,8 @@ ED_AVX512 static inline __attribute__((always_inline)) void values_tile_avx512(f
             } else {
                 x = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + d + 16 * v)));
             }
-            for (int h = 0; h < nh; h++) acc[h][v] = _mm512_add_ps(acc[h][v], _mm512_mul_ps(wj[h], x));
+            for (int h = 0; h < nh; h++) /* f16 weights times f16 values: exact products, fused (above) */
+                acc[h][v] = q8 ? _mm512_add_ps(acc[h][v], _mm512_mul_ps(wj[h], x)) : _mm512_fmadd_ps(wj[h], x, acc[h][v]);
         }
     }
     for (int h = 0; h < nh; h++)
