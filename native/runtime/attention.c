@@ -57,8 +57,9 @@ typedef struct { uint16_t d; int8_t qs[32]; } kv_q8; /* ggml's block_q8_0 */
  * deep on 2 threads (scripts/bench_attention.py --depth 2048 --layers 28 -r 9, 4 interleaved rounds) took
  * 84-96 us against 97-102 (Qwen2.5-1.5B's 2 x 6 x 128), 66-76 against 73-100 (gemma3's 1 x 4 x 256), SmolLM2's
  * 3 x 3 x 64 the same (59-67); on the Sapphire Rapids-class Xeon fused measured within noise. The AVX2
- * loops multiply then add: fused they were 0-20% slower there, a tile's 8 sums then waiting on the
- * FMA's latency. q8_0 products (unrounded weights times d * q, or d_k * d_q times an integer sum) are not
+ * loops fuse them on AMD CPUs (the Zen 5 held to the AVX2 level, same runs: 104-111 us against 124-129,
+ * 81-85 against 91-94, 68-71 against 71-73) and multiply then add on Intel's: fused they were 0-20% slower
+ * on that Xeon, a tile's 8 sums then waiting on the FMA's latency. q8_0 products (unrounded weights times d * q, or d_k * d_q times an integer sum) are not
  * exact and are never fused. */
 typedef struct {
     void (*qk)(const float *q, int64_t group, int64_t dh, const uint16_t *krow, float *row, float *s);
@@ -214,7 +215,7 @@ static const attn_loops loops_c = {qk_c,     pv_c,  round_f16_c, scores_c, value
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-#define ED_AVX __attribute__((target("avx,f16c")))
+#define ED_AVX __attribute__((target("avx,f16c,fma")))
 
 ED_AVX static void qk_avx(const float *q, int64_t group, int64_t dh, const uint16_t *krow, float *row, float *s) {
     (void)row;
@@ -268,10 +269,10 @@ ED_AVX static __m256 combine8(const __m256 *a) {
 
 /* nh heads x nk keys (nh * nk <= 8, constants where inlined) of 8-lane sums held over d: each key vector
  * converted from f16 once per d for the nh heads, each q vector loaded once per d for the nk keys; the
- * sums go to acc[h][k0 + k] */
+ * sums go to acc[h][k0 + k]. `fuse` (a constant): the exact products added by FMAs (the same bits) */
 ED_AVX static inline __attribute__((always_inline)) void scores_tile_avx(const float *q, const int nh, const int nk,
                                                                        int64_t dh, const uint16_t *const *rows,
-                                                                       __m256 (*acc)[8], int k0) {
+                                                                       __m256 (*acc)[8], int k0, const int fuse) {
     __m256 a[4][8];
     for (int h = 0; h < nh; h++)
         for (int k = 0; k < nk; k++) a[h][k] = _mm256_setzero_ps();
@@ -280,7 +281,8 @@ ED_AVX static inline __attribute__((always_inline)) void scores_tile_avx(const f
         for (int h = 0; h < nh; h++) qv[h] = _mm256_loadu_ps(q + h * dh + d);
         for (int k = 0; k < nk; k++) {
             const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rows[k] + d)));
-            for (int h = 0; h < nh; h++) a[h][k] = _mm256_add_ps(a[h][k], _mm256_mul_ps(qv[h], x));
+            for (int h = 0; h < nh; h++)
+                a[h][k] = fuse ? _mm256_fmadd_ps(qv[h], x, a[h][k]) : _mm256_add_ps(a[h][k], _mm256_mul_ps(qv[h], x));
         }
     }
     for (int h = 0; h < nh; h++)
@@ -293,9 +295,10 @@ ED_AVX static inline __attribute__((always_inline)) void scores_tile_avx(const f
  * (combine8). Keys past t repeat the last one (their sums are not stored). On a Zen 3, 2048 keys of
  * gemma3's 4 heads x 256 on 2 threads: 10-15% less time a layer than converting 8 keys into kbuf first
  * and reading them back for every head (9 loads per 8 products instead of 6; scripts/bench_attention.py). */
-ED_AVX static void scores_avx(const float *q, int64_t group, int64_t dh, const uint16_t *kv, int64_t stride,
-                              const int64_t *slots, int64_t t, float *kbuf, float *sc, int64_t ldsc) {
-    (void)kbuf;
+ED_AVX static inline __attribute__((always_inline)) void scores_body_avx(const float *q, int64_t group, int64_t dh,
+                                                                       const uint16_t *kv, int64_t stride,
+                                                                       const int64_t *slots, int64_t t, float *sc,
+                                                                       int64_t ldsc, const int fuse) {
     for (int64_t j0 = 0; j0 < t; j0 += 8) {
         const int nk = t - j0 < 8 ? (int)(t - j0) : 8;
         const uint16_t *rows[8];
@@ -313,10 +316,10 @@ ED_AVX static void scores_avx(const float *q, int64_t group, int64_t dh, const u
                     continue;
                 }
                 switch (nh) {
-                case 4: scores_tile_avx(qh, 4, 2, dh, rows + k, acc, k); break;
-                case 3: scores_tile_avx(qh, 3, 2, dh, rows + k, acc, k); break;
-                case 2: scores_tile_avx(qh, 2, 4, dh, rows + k, acc, k); break;
-                default: scores_tile_avx(qh, 1, 8, dh, rows + k, acc, k); break;
+                case 4: scores_tile_avx(qh, 4, 2, dh, rows + k, acc, k, fuse); break;
+                case 3: scores_tile_avx(qh, 3, 2, dh, rows + k, acc, k, fuse); break;
+                case 2: scores_tile_avx(qh, 2, 4, dh, rows + k, acc, k, fuse); break;
+                default: scores_tile_avx(qh, 1, 8, dh, rows + k, acc, k, fuse); break;
                 }
             }
             for (int h = 0; h < nh; h++) {
@@ -326,6 +329,18 @@ ED_AVX static void scores_avx(const float *q, int64_t group, int64_t dh, const u
             }
         }
     }
+}
+
+ED_AVX static void scores_avx(const float *q, int64_t group, int64_t dh, const uint16_t *kv, int64_t stride,
+                              const int64_t *slots, int64_t t, float *kbuf, float *sc, int64_t ldsc) {
+    (void)kbuf;
+    scores_body_avx(q, group, dh, kv, stride, slots, t, sc, ldsc, 0);
+}
+
+ED_AVX static void scores_avx_fma(const float *q, int64_t group, int64_t dh, const uint16_t *kv, int64_t stride,
+                                  const int64_t *slots, int64_t t, float *kbuf, float *sc, int64_t ldsc) {
+    (void)kbuf;
+    scores_body_avx(q, group, dh, kv, stride, slots, t, sc, ldsc, 1);
 }
 
 /* scores_avx's bits in AVX-512's 512-bit registers: a vector holds two keys' 8-lane sums (key 2p in its
@@ -402,13 +417,13 @@ ED_AVX512 static void scores_avx512(const float *q, int64_t group, int64_t dh, c
  * registers), j in order: nh * nv independent sums, each value vector converted once per key for all nh
  * heads. Value rows at kv + slots[j] * stride bytes, f16 or (q8, a constant where inlined) q8_0 blocks, a
  * value then being d * q (exact). At key j it also prefetches lines[j], lines[j + t], ... (below npf). */
-#define ED_AVX2 __attribute__((target("avx2,f16c")))
+#define ED_AVX2 __attribute__((target("avx2,f16c,fma")))
 ED_AVX2 static inline __attribute__((always_inline)) void values_tile_avx(float *out, int64_t ldo, const float *w,
                                                                         int64_t ldw, const int nh, const int nv,
-                                                                        const int q8, int64_t d, const char *kv,
-                                                                        int64_t stride, const int64_t *slots,
-                                                                        int64_t t, const char *const *lines,
-                                                                        int64_t npf) {
+                                                                        const int q8, const int fuse, int64_t d,
+                                                                        const char *kv, int64_t stride,
+                                                                        const int64_t *slots, int64_t t,
+                                                                        const char *const *lines, int64_t npf) {
     __m256 acc[8][4]; /* nh * nv <= 12 */
     for (int h = 0; h < nh; h++)
         for (int v = 0; v < nv; v++) acc[h][v] = _mm256_loadu_ps(out + h * ldo + d + 8 * v);
@@ -427,14 +442,15 @@ ED_AVX2 static inline __attribute__((always_inline)) void values_tile_avx(float 
         }
         for (int h = 0; h < nh; h++) {
             const __m256 wj = _mm256_set1_ps(w[h * ldw + j]);
-            for (int v = 0; v < nv; v++) acc[h][v] = _mm256_add_ps(acc[h][v], _mm256_mul_ps(wj, x[v]));
+            for (int v = 0; v < nv; v++) /* fused only over f16 values (exact products) */
+                acc[h][v] = fuse && !q8 ? _mm256_fmadd_ps(wj, x[v], acc[h][v]) : _mm256_add_ps(acc[h][v], _mm256_mul_ps(wj, x[v]));
         }
     }
     for (int h = 0; h < nh; h++)
         for (int v = 0; v < nv; v++) _mm256_storeu_ps(out + h * ldo + d + 8 * v, acc[h][v]);
 }
 
-#define ED_VT(NH, NV) values_tile_avx(o, ldo, wh, ldw, NH, NV, q8, d, kv, stride, sl, nj, pf, npf)
+#define ED_VT(NH, NV) values_tile_avx(o, ldo, wh, ldw, NH, NV, q8, fuse, d, kv, stride, sl, nj, pf, npf)
 #define ED_VT2(NH) /* NH heads x up to 2 vectors */                                                          \
     if (nv == 2) ED_VT(NH, 2);                                                                                \
     else ED_VT(NH, 1);
@@ -463,7 +479,7 @@ static inline int64_t values_vectors(int64_t nh, int64_t n8) {
  * blocks), the rows' bytes [pf_begin, pf_end) prefetched a block ahead (past t, up to key t_pf) */
 ED_AVX2 static inline __attribute__((always_inline)) void values_blocks(float *out, int64_t ldo, const float *w,
                                                                       int64_t ldw, int64_t group, const int q8,
-                                                                      int64_t d0, int64_t d1, const char *kv,
+                                                                      const int fuse, int64_t d0, int64_t d1, const char *kv,
                                                                       int64_t stride, int64_t pf_begin,
                                                                       int64_t pf_end, const int64_t *slots, int64_t t,
                                                                       int64_t t_pf) {
@@ -517,7 +533,13 @@ ED_AVX2 static inline __attribute__((always_inline)) void values_blocks(float *o
 ED_AVX2 static void values_avx(float *out, const float *w, int64_t ldw, int64_t group, int64_t dh, int64_t d0,
                                int64_t d1, const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t,
                                int64_t t_pf) {
-    values_blocks(out, dh, w, ldw, group, 0, d0, d1, (const char *)kv, 2 * stride, 2 * d0, 2 * d1, slots, t, t_pf);
+    values_blocks(out, dh, w, ldw, group, 0, 0, d0, d1, (const char *)kv, 2 * stride, 2 * d0, 2 * d1, slots, t, t_pf);
+}
+
+ED_AVX2 static void values_avx_fma(float *out, const float *w, int64_t ldw, int64_t group, int64_t dh, int64_t d0,
+                                   int64_t d1, const uint16_t *kv, int64_t stride, const int64_t *slots, int64_t t,
+                                   int64_t t_pf) {
+    values_blocks(out, dh, w, ldw, group, 0, 1, d0, d1, (const char *)kv, 2 * stride, 2 * d0, 2 * d1, slots, t, t_pf);
 }
 
 #define ED_VPF 8 /* the AVX-512 value tiles prefetch the rows this many keys ahead */
@@ -788,7 +810,7 @@ ED_AVX512VNNI static void q8_scores_all_vnni(const kv_q8 *q, int64_t group, int6
 ED_AVX2 static void q8_values_all_avx2(float *out, int64_t ldo, const float *w, int64_t ldw, int64_t group, int64_t nb,
                                        const char *base, int64_t stride, const int64_t *slots, int64_t t,
                                        int64_t t_pf) {
-    values_blocks(out, ldo, w, ldw, group, 1, 0, nb * 32, base, stride, 0, nb * (int64_t)sizeof(kv_q8), slots, t,
+    values_blocks(out, ldo, w, ldw, group, 1, 0, 0, nb * 32, base, stride, 0, nb * (int64_t)sizeof(kv_q8), slots, t,
                   t_pf);
 }
 
@@ -825,6 +847,10 @@ ED_AVX static void mul_avx(float *x, int64_t n, float s) {
 static const attn_loops loops_avx = {qk_avx,       pv_avx,     round_f16_avx,      scores_avx,         values_avx,
                                      q8_scores_all_avx2, q8_values_all_avx2, max_of_avx,
                                      sub_avx,      div_avx,    mul_avx};
+/* the AVX2 level on AMD: the f16 products fused (the file's note) */
+static const attn_loops loops_avx_fma = {qk_avx,       pv_avx,     round_f16_avx,      scores_avx_fma,  values_avx_fma,
+                                         q8_scores_all_avx2, q8_values_all_avx2, max_of_avx,
+                                         sub_avx,      div_avx,    mul_avx};
 static const attn_loops loops_avx512 = {qk_avx,        pv_avx,  round_f16_avx, scores_avx512,
                                         values_avx512, q8_scores_all_avx2, q8_values_all_avx512, max_of_avx,
                                         sub_avx,       div_avx, mul_avx};
@@ -970,7 +996,7 @@ static const attn_loops loops_neon = {qk_neon,  pv_neon, round_f16_neon, scores_
 static const attn_loops *loops(const ed_kernel_table *kt) {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (kt->level == ED_LEVEL_AVX512) return ed_cpu_has_avx512vnni() ? &loops_avx512_vnni : &loops_avx512;
-    if (kt->level == ED_LEVEL_AVX2) return &loops_avx;
+    if (kt->level == ED_LEVEL_AVX2) return ed_cpu_is_intel() ? &loops_avx : &loops_avx_fma;
 #endif
 #if defined(__aarch64__)
     if (kt->level == ED_LEVEL_NEON) return &loops_neon;

@@ -4,7 +4,8 @@
  * chunks and their even shares) and head sizes with and without a tail
  * past a multiple of 8, scores and values over keys at scattered slots (values also over column ranges
  * and key counts past its key blocks), the same two over q8_0 blocks (q8_scores_all, q8_values_all; at
- * the AVX-512 level with and without VNNI), and the f16 rounding. Built and run by
+ * the AVX-512 level with and without VNNI; at the AVX2 level fused and not, as AMD and Intel take them), and
+ * the f16 rounding. Built and run by
  * tests/test_native_kernels_cross.py, for this machine and for aarch64 under qemu. Exit status 0 iff every
  * check passes.
  */
@@ -184,6 +185,11 @@ int main(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
         if (loops(kt) == &loops_avx512_vnni) { /* and the AVX-512 CPUs without VNNI */
             fails += check_level(&loops_avx512, "avx512 without vnni");
+            levels++;
+        }
+        if (level == ED_LEVEL_AVX2) { /* the other vendor's AVX2 loops (fused on AMD, not on Intel) */
+            const int fused = loops(kt) == &loops_avx_fma;
+            fails += check_level(fused ? &loops_avx : &loops_avx_fma, fused ? "avx2 unfused" : "avx2 fused");
             levels++;
         }
 #endif
