@@ -1023,8 +1023,7 @@ static void store_row(const float *x, uintptr_t cache, int64_t slot, int64_t row
         kt->from_float[ED_Q8_0](x, (kv_q8 *)cache + slot * (row / 32), row);
         return;
     }
-    uint16_t *c = (uint16_t *)cache + slot * row;
-    for (int64_t j = 0; j < row; j++) c[j] = ed_f32_to_f16(x[j]);
+    kt->from_float[ED_F16](x, (uint16_t *)cache + slot * row, row); /* nearest even (F16C's where the level has it) */
 }
 
 static void store(const ed_op *op, ed_ctx *ctx) {
