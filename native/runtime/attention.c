@@ -20,6 +20,7 @@
  * edgellm/backends/reference.py's q8_0_scores and attention define the same operations.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "f16.h"
@@ -59,7 +60,7 @@ typedef struct { uint16_t d; int8_t qs[32]; } kv_q8; /* ggml's block_q8_0 */
  * 3 x 3 x 64 the same (59-67); on the Sapphire Rapids-class Xeon fused measured within noise. The AVX2
  * loops fuse them on AMD CPUs (the Zen 5 held to the AVX2 level, same runs: 104-111 us against 124-129,
  * 81-85 against 91-94, 68-71 against 71-73) and multiply then add on Intel's: fused they were 0-20% slower
- * on that Xeon, a tile's 8 sums then waiting on the FMA's latency. q8_0 products (unrounded weights times d * q, or d_k * d_q times an integer sum) are not
+ * on that Xeon, a tile's 8 sums then waiting on the FMA's latency (EDGELLM_ATTN_FMA=0 / 1 picks either). q8_0 products (unrounded weights times d * q, or d_k * d_q times an integer sum) are not
  * exact and are never fused. */
 typedef struct {
     void (*qk)(const float *q, int64_t group, int64_t dh, const uint16_t *krow, float *row, float *s);
@@ -993,10 +994,25 @@ static const attn_loops loops_neon = {qk_neon,  pv_neon, round_f16_neon, scores_
                                       q8_values_all_c, max_of_c, sub_c, div_c, mul_c};
 #endif
 
+#if defined(__x86_64__) && defined(__GNUC__)
+/* whether the AVX2 level takes the fused loops: on AMD CPUs, or as EDGELLM_ATTN_FMA says (0 or 1: to
+ * measure them on a new CPU); decided once */
+static int avx2_fused(void) {
+    static atomic_int fused = -1;
+    int f = atomic_load_explicit(&fused, memory_order_relaxed);
+    if (f < 0) {
+        const char *env = getenv("EDGELLM_ATTN_FMA");
+        f = env && (env[0] == '0' || env[0] == '1') && !env[1] ? env[0] == '1' : !ed_cpu_is_intel();
+        atomic_store_explicit(&fused, f, memory_order_relaxed);
+    }
+    return f;
+}
+#endif
+
 static const attn_loops *loops(const ed_kernel_table *kt) {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (kt->level == ED_LEVEL_AVX512) return ed_cpu_has_avx512vnni() ? &loops_avx512_vnni : &loops_avx512;
-    if (kt->level == ED_LEVEL_AVX2) return ed_cpu_is_intel() ? &loops_avx : &loops_avx_fma;
+    if (kt->level == ED_LEVEL_AVX2) return avx2_fused() ? &loops_avx_fma : &loops_avx;
 #endif
 #if defined(__aarch64__)
     if (kt->level == ED_LEVEL_NEON) return &loops_neon;

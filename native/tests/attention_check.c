@@ -187,7 +187,7 @@ int main(void) {
             fails += check_level(&loops_avx512, "avx512 without vnni");
             levels++;
         }
-        if (level == ED_LEVEL_AVX2) { /* the other vendor's AVX2 loops (fused on AMD, not on Intel) */
+        if (level == ED_LEVEL_AVX2) { /* the other AVX2 loops (fused on AMD, not on Intel) */
             const int fused = loops(kt) == &loops_avx_fma;
             fails += check_level(fused ? &loops_avx : &loops_avx_fma, fused ? "avx2 unfused" : "avx2 fused");
             levels++;
