@@ -543,7 +543,12 @@ ED_AVX2 static void values_avx_fma(float *out, const float *w, int64_t ldw, int6
     values_blocks(out, dh, w, ldw, group, 0, 1, d0, d1, (const char *)kv, 2 * stride, 2 * d0, 2 * d1, slots, t, t_pf);
 }
 
-#define ED_VPF 8 /* the AVX-512 value tiles prefetch the rows this many keys ahead */
+/* The AVX-512 value tiles prefetch the rows this many keys ahead: a split decode step's next run of 64
+ * keys (the same key in it). On the Zen 5, 2048 keys deep over 28 layers (scripts/bench_attention.py -r 9,
+ * 3 interleaved rounds): 62-65 us a layer against 83-87 at 8 keys ahead for Qwen2.5-1.5B's 2 x 6 x 128,
+ * 48-52 against 67-69 for gemma3's 1 x 4 x 256, 47-50 against 57-60 for SmolLM2's 3 x 3 x 64 (16 or 32
+ * ahead: between; 96 or 128: no better). The AVX2 loops' prefetch a block ahead gained nothing from 2 or 4. */
+#define ED_VPF 64
 /* values_avx's bits in AVX-512's 512-bit registers (each column's sum alone, so any width gives the same
  * bits): nh heads x nv vectors of 16 columns (nh * nv <= 24) held over all the keys, each value vector
  * converted once per key (one pass over the tile's columns); value rows at kv + slots[j] * stride bytes,
