@@ -60,8 +60,9 @@ typedef struct { uint16_t d; int8_t qs[32]; } kv_q8; /* ggml's block_q8_0 */
  * 3 x 3 x 64 the same (59-67); on the Sapphire Rapids-class Xeon fused measured within noise. The AVX2
  * loops fuse them on AMD CPUs (the Zen 5 held to the AVX2 level, same runs: 104-111 us against 124-129,
  * 81-85 against 91-94, 68-71 against 71-73) and multiply then add on Intel's: fused they were 0-20% slower
- * on that Xeon, a tile's 8 sums then waiting on the FMA's latency (EDGELLM_ATTN_FMA=0 / 1 picks either). q8_0 products (unrounded weights times d * q, or d_k * d_q times an integer sum) are not
- * exact and are never fused. */
+ * on that Xeon, a tile's 8 sums then waiting on the FMA's latency (EDGELLM_ATTN_FMA=0 / 1 picks either).
+ * q8_0 products (unrounded weights times d * q, or d_k * d_q times an integer sum) are not exact and are
+ * never fused. */
 typedef struct {
     void (*qk)(const float *q, int64_t group, int64_t dh, const uint16_t *krow, float *row, float *s);
     void (*pv)(float *out, const float *w, int64_t wstride, int64_t group, int64_t dh, const uint16_t *vrow,
@@ -444,7 +445,8 @@ ED_AVX2 static inline __attribute__((always_inline)) void values_tile_avx(float 
         for (int h = 0; h < nh; h++) {
             const __m256 wj = _mm256_set1_ps(w[h * ldw + j]);
             for (int v = 0; v < nv; v++) /* fused only over f16 values (exact products) */
-                acc[h][v] = fuse && !q8 ? _mm256_fmadd_ps(wj, x[v], acc[h][v]) : _mm256_add_ps(acc[h][v], _mm256_mul_ps(wj, x[v]));
+                acc[h][v] = fuse && !q8 ? _mm256_fmadd_ps(wj, x[v], acc[h][v])
+                                        : _mm256_add_ps(acc[h][v], _mm256_mul_ps(wj, x[v]));
         }
     }
     for (int h = 0; h < nh; h++)
@@ -480,8 +482,8 @@ static inline int64_t values_vectors(int64_t nh, int64_t n8) {
  * blocks), the rows' bytes [pf_begin, pf_end) prefetched a block ahead (past t, up to key t_pf) */
 ED_AVX2 static inline __attribute__((always_inline)) void values_blocks(float *out, int64_t ldo, const float *w,
                                                                       int64_t ldw, int64_t group, const int q8,
-                                                                      const int fuse, int64_t d0, int64_t d1, const char *kv,
-                                                                      int64_t stride, int64_t pf_begin,
+                                                                      const int fuse, int64_t d0, int64_t d1,
+                                                                      const char *kv, int64_t stride, int64_t pf_begin,
                                                                       int64_t pf_end, const int64_t *slots, int64_t t,
                                                                       int64_t t_pf) {
     int64_t tiles = 0; /* of a block */
@@ -584,7 +586,8 @@ ED_AVX512 static inline __attribute__((always_inline)) void values_tile_avx512(f
                 x = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + d + 16 * v)));
             }
             for (int h = 0; h < nh; h++) /* f16 weights times f16 values: exact products, fused (above) */
-                acc[h][v] = q8 ? _mm512_add_ps(acc[h][v], _mm512_mul_ps(wj[h], x)) : _mm512_fmadd_ps(wj[h], x, acc[h][v]);
+                acc[h][v] = q8 ? _mm512_add_ps(acc[h][v], _mm512_mul_ps(wj[h], x))
+                               : _mm512_fmadd_ps(wj[h], x, acc[h][v]);
         }
     }
     for (int h = 0; h < nh; h++)
