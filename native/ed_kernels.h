@@ -158,7 +158,7 @@ int ed_cpu_is_intel(void);
 int ed_cpu_family(void);
 /* $name as a byte count (decimal, at most 1 MiB), else fallback: the decode prefetch distances can be
  * set from the environment (EDGELLM_PF_Q4K, EDGELLM_PF_Q6K, EDGELLM_PF_AVX2, EDGELLM_PF_AVX2_Q4K) to
- * measure them on a new CPU. */
+ * measure them on a new CPU, as can attention's AVX2 loops (EDGELLM_ATTN_FMA, 0 or 1). */
 size_t ed_env_bytes(const char *name, size_t fallback);
 /* The kernel table for a level, or NULL when that level was not compiled into this build or the CPU
  * cannot run it. Each level's functions live in their own translation unit or carry

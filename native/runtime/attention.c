@@ -20,7 +20,6 @@
  * edgellm/backends/reference.py's q8_0_scores and attention define the same operations.
  */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "f16.h"
@@ -1004,13 +1003,12 @@ static const attn_loops loops_neon = {qk_neon,  pv_neon, round_f16_neon, scores_
 
 #if defined(__x86_64__) && defined(__GNUC__)
 /* whether the AVX2 level takes the fused loops: on AMD CPUs, or as EDGELLM_ATTN_FMA says (0 or 1: to
- * measure them on a new CPU); decided once */
+ * measure them on a new CPU; read as the prefetch distances are); decided once */
 static int avx2_fused(void) {
     static atomic_int fused = -1;
     int f = atomic_load_explicit(&fused, memory_order_relaxed);
     if (f < 0) {
-        const char *env = getenv("EDGELLM_ATTN_FMA");
-        f = env && (env[0] == '0' || env[0] == '1') && !env[1] ? env[0] == '1' : !ed_cpu_is_intel();
+        f = ed_env_bytes("EDGELLM_ATTN_FMA", !ed_cpu_is_intel()) != 0;
         atomic_store_explicit(&fused, f, memory_order_relaxed);
     }
     return f;
